@@ -1,0 +1,44 @@
+"""Small per-component configs. Each component takes its own config plus runtime objects;
+nothing receives a whole run config or an argparse namespace."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class DataConfig:
+    root: Path | None = None
+    """Folder holding the real dataset (None: the workload's usual place, see its error message)."""
+    synthetic: bool = False
+    """Use generated data of the real shapes instead of files."""
+    synthetic_train_size: int | None = None
+    """Number of synthetic training samples (None: the workload's default)."""
+    synthetic_val_size: int | None = None
+    """Number of synthetic validation samples (None: the workload's default)."""
+    download: bool = False
+    """Fetch the real dataset from its official URL (md5-verified) when it is missing."""
+    strict: bool = False
+    """Make the first bad sample an error instead of a skipped, counted warning."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 1
+    """Training length in epochs (fractions allowed)."""
+    batch_size: int = 100
+    """Samples per step."""
+    lr: float = 1e-3
+    """Learning rate."""
+    seed: int = 0
+    """Seed for weights, data order and augmentation."""
+    device: str = "cpu"
+    """Where to train: cpu or cuda (cuda:N for one GPU)."""
+    out: Path = Path("result")
+    """Folder for the log, snapshots and plots."""
+    log_interval: int | None = None
+    """Iterations between log lines (None: once per epoch)."""
+    snapshot_interval: int | None = None
+    """Iterations between snapshots (None: once per epoch, plus on interrupt)."""
+    progress: bool = True
+    """Show a progress bar with rate and ETA."""

@@ -1,0 +1,51 @@
+"""The dataset contract every kasoku loader relies on.
+
+A dataset is a map-style object: ``len(ds)`` samples and ``ds[i] -> (input, target)``.
+Two optional methods make it fast and reproducible:
+
+* ``get_batch(indices: LongTensor) -> (inputs, targets)``: gather a whole batch at once
+  (in-memory datasets); loaders use it instead of per-sample ``__getitem__`` + stacking.
+* ``set_epoch(epoch: int)``: random augmentation derives its randomness from
+  ``(seed, epoch, index)`` only, never from global RNG state, so the same sample gets the same
+  augmentation in any process, any loader, and after a resume.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class ArrayDataset:
+    """Samples held in memory as tensors, gathered a batch at a time.
+
+    ``inputs`` and ``targets`` share their first dimension. ``transform``, if given, maps a
+    batch of inputs to a batch of inputs (e.g. uint8 -> normalized float); it must be
+    deterministic so resume stays exact.
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 name: str = "array"):
+        if len(inputs) != len(targets):
+            raise ValueError(f"{name}: {len(inputs)} inputs but {len(targets)} targets")
+        self.inputs = inputs
+        self.targets = targets
+        self.transform = transform
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        x, t = self.get_batch(torch.tensor([index]))
+        return x[0], t[0]
+
+    def get_batch(self, indices: torch.Tensor):
+        x = self.inputs[indices]
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, self.targets[indices]
+
+    def __repr__(self) -> str:
+        return f"ArrayDataset({self.name}, n={len(self)}, input={tuple(self.inputs.shape[1:])})"

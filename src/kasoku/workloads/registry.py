@@ -1,0 +1,94 @@
+"""Workload registry: ``@register_workload``, ``create_workload``, ``list_workloads``.
+
+A workload bundles what a seed study trains: a model, its data (real and synthetic), a loss,
+a metric and a default recipe. Tests sweep the whole registry, so a new entry is covered.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+from torch import nn
+
+from kasoku.config import DataConfig
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Default training recipe of a workload (seed 001 where it gives one)."""
+    optimizer: str = "adam"
+    """sgd | momentum | adam"""
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 100
+    epochs: float = 20
+    schedule: str = "none"
+    """none | step | cosine (see kasoku.train.extensions.lr_schedule)"""
+    warmup_epochs: float = 0.0
+
+
+class Workload:
+    """Base class. Subclasses set the class attributes and implement the builders."""
+    name: str = ""
+    description: str = ""
+    recipe: Recipe = Recipe()
+    has_accuracy: bool = True
+    """False for regression workloads (no main/accuracy column)."""
+
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def build_datasets(self, data: DataConfig, seed: int = 0):
+        """Return ``(train_set, val_set)``: real data from ``data.root``, or synthetic data of
+        the same shapes when ``data.synthetic``. Missing real data raises ``DataError`` saying
+        where to put it, how to download it, and that ``--synthetic`` exists."""
+        raise NotImplementedError
+
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target)
+
+    def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+        """Accuracy for classification (a 0-dim tensor, no host sync); None when not defined."""
+        return (output.argmax(dim=1) == target).float().mean()
+
+    def __repr__(self) -> str:
+        return f"<workload {self.name}: {self.description}>"
+
+
+_REGISTRY: dict[str, Callable[[], Workload]] = {}
+
+
+def register_workload(name: str):
+    """Class decorator: register a ``Workload`` subclass under ``name``."""
+    def deco(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"workload {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def list_workloads() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def create_workload(name: str, **recipe_overrides) -> Workload:
+    """Instantiate a registered workload; keyword arguments override fields of its recipe."""
+    _load_builtin()
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown workload {name!r}; known workloads: {known} (see `kasoku list`)")
+    wl = _REGISTRY[name]()
+    overrides = {k: v for k, v in recipe_overrides.items() if v is not None}
+    if overrides:
+        wl.recipe = replace(wl.recipe, **overrides)
+    return wl
+
+
+def _load_builtin() -> None:
+    # Importing the package registers the built-in workloads (one module each).
+    import kasoku.workloads  # noqa: F401
