@@ -1,0 +1,150 @@
+"""An ImageNet-style folder of JPEG/PNG files, ``root/<class>/<image>``, decoded with Pillow.
+
+Training samples get the usual ImageNet recipe (random-resized-crop + horizontal flip),
+validation samples resize-shorter-side + center-crop; both are normalized with the ImageNet
+mean/std. Randomness comes from ``(seed, epoch, index)`` (``set_epoch``), so any worker
+process produces the same sample, and so does a resumed run.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box, normalize,
+                                    random_resized_crop_params, resize_shorter_to, sample_rng)
+from kasoku.errors import DataError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+VAL_CROP_FRACTION = 0.875  # resize to 256 then crop 224, the standard ImageNet evaluation
+_LAYOUT = ("expected an ImageNet-style layout: ROOT/<class name>/<image>.jpg (or .jpeg/.png), "
+           "one folder per class; `kasoku data make-jpeg` makes a synthetic one")
+
+
+class ImageFolder:
+    """Map-style dataset over ``root/<class>/*.{jpg,jpeg,png}`` (case-insensitive).
+
+    ``classes``: sorted class folder names; ``samples``: ``(path, class_index)`` sorted by class
+    then file name. ``ds[i] -> (float32 [3, image_size, image_size], int64 label)``. A file
+    Pillow cannot fully decode raises ``DataError`` naming it.
+    """
+
+    def __init__(self, root: str | Path, train: bool, image_size: int = 224, seed: int = 0):
+        self.root, self.train = Path(root), bool(train)
+        self.image_size, self.seed, self.epoch = int(image_size), int(seed), 0
+        self.classes, self.samples = _scan(self.root)
+        self.name = f"{self.root} ({'train' if self.train else 'val'})"
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        if index < 0:
+            index += len(self.samples)
+        img = self._load(path, index)
+        x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+        x = normalize(x.to(torch.float32) / 255.0, IMAGENET_MEAN, IMAGENET_STD)
+        return x, torch.tensor(label, dtype=torch.int64)
+
+    def _load(self, path: Path, index: int) -> Image.Image:
+        try:
+            with Image.open(path) as img:
+                return self._train_view(img, index) if self.train else self._val_view(img)
+        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as e:
+            raise DataError(f"{path}: cannot decode image ({type(e).__name__}: {e}); the file "
+                            "is corrupt, truncated or not an image. Replace or delete it.") from e
+
+    def _train_view(self, img: Image.Image, index: int) -> Image.Image:
+        size = self.image_size
+        width, height = img.size
+        rng = sample_rng(self.seed, self.epoch, index)
+        top, left, h, w = random_resized_crop_params(rng, height, width)
+        flip = rng.random() < 0.5
+        # JPEG can decode at 1/2, 1/4, 1/8 scale for free; only do it while the crop keeps at
+        # least `size` pixels per side, so the result is still a downscale.
+        scale = _draft(img, min(h, w) // size)
+        img = _decoded_rgb(img)
+        box = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
+        out = img.resize((size, size), Image.BILINEAR, box=box)
+        return out.transpose(Image.FLIP_LEFT_RIGHT) if flip else out
+
+    def _val_view(self, img: Image.Image) -> Image.Image:
+        size = self.image_size
+        resize_to = int(round(size / VAL_CROP_FRACTION))
+        width, height = img.size
+        _draft(img, min(width, height) // resize_to)
+        img = _decoded_rgb(img)
+        new_w, new_h = resize_shorter_to(img.size[1], img.size[0], resize_to)
+        img = img.resize((new_w, new_h), Image.BILINEAR)
+        return img.crop(center_crop_box(new_h, new_w, size))
+
+    def __repr__(self) -> str:
+        return (f"ImageFolder({self.name}, n={len(self)}, classes={len(self.classes)}, "
+                f"image_size={self.image_size})")
+
+
+def _draft(img: Image.Image, reduce: int) -> float:
+    """Ask a JPEG decoder for a 1/2, 1/4 or 1/8 scale decode, at most ``reduce`` times smaller;
+    returns the scale it chose (original pixels per decoded pixel, 1.0 for a full decode)."""
+    if img.format != "JPEG" or reduce < 2:
+        return 1.0
+    factor = 2 ** min(3, int(math.log2(reduce)))
+    width, height = img.size
+    chosen = img.draft("RGB", (max(1, width // factor), max(1, height // factor)))
+    # draft() reports the area it covers in decoded pixels: (0, 0, width/scale, height/scale).
+    return width / chosen[1][2] if chosen else 1.0
+
+
+def _decoded_rgb(img: Image.Image) -> Image.Image:
+    img.load()  # decode everything now, so a truncated file fails here and not half-way later
+    return img.convert("RGB") if img.mode != "RGB" else img
+
+
+def _scan(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    if not root.is_dir():
+        raise DataError(f"image folder {root} does not exist; {_LAYOUT}.")
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_dirs:
+        raise DataError(f"{root} has no class folders; {_LAYOUT}.")
+    classes, samples = [], []
+    for label, folder in enumerate(class_dirs):
+        files = sorted(p for p in folder.iterdir()
+                       if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
+                       and p.is_file())
+        if not files:
+            raise DataError(f"class folder {folder} has no .jpg/.jpeg/.png images; add images or "
+                            f"remove the folder ({_LAYOUT}).")
+        classes.append(folder.name)
+        samples.extend((p, label) for p in files)
+    return classes, samples
+
+
+def imagefolder_datasets(root: str | Path, image_size: int = 224, seed: int = 0
+                         ) -> tuple[ImageFolder, ImageFolder | None]:
+    """``(train, val or None)``: ``root/train`` and ``root/val`` when ``root/train`` exists
+    (val None without ``root/val``), else ``root`` itself is the training set and val is None.
+    Both share the class list of the training set; a val class it lacks is a ``DataError``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"image folder {root} does not exist; {_LAYOUT} (optionally split into "
+                        "ROOT/train and ROOT/val).")
+    if not (root / "train").is_dir():
+        return ImageFolder(root, train=True, image_size=image_size, seed=seed), None
+    train = ImageFolder(root / "train", train=True, image_size=image_size, seed=seed)
+    if not (root / "val").is_dir():
+        return train, None
+    val = ImageFolder(root / "val", train=False, image_size=image_size, seed=seed)
+    if val.classes != train.classes:
+        only_val = sorted(set(val.classes) - set(train.classes))
+        only_train = sorted(set(train.classes) - set(val.classes))
+        raise DataError(f"{root / 'val'} and {root / 'train'} have different class folders "
+                        f"(only in val: {only_val[:5]}, only in train: {only_train[:5]}); labels "
+                        "would not match. Give both the same class folders.")
+    return train, val
