@@ -36,6 +36,8 @@ class Workload:
     recipe: Recipe = Recipe()
     has_accuracy: bool = True
     """False for regression workloads (no main/accuracy column)."""
+    generated_data: bool = False
+    """True when the workload generates its data (no files, ``--data`` is ignored)."""
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError

@@ -1,0 +1,34 @@
+"""``cifar10-lenet5``: seed 001's CNN study, LeNet5 with sigmoids on CIFAR-10 (~60% val. acc.
+in 50 epochs)."""
+from __future__ import annotations
+
+from torch import nn
+
+from kasoku.config import DataConfig
+from kasoku.models import LeNet5
+from kasoku.workloads.common import (CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET, require_root,
+                                     synthetic_cifar10)
+from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+SYNTHETIC_SIZES = (10000, 1000)
+"""Default synthetic (train, val) sizes."""
+
+
+@register_workload("cifar10-lenet5")
+class Cifar10LeNet5(Workload):
+    description = "LeNet5 (sigmoid, conv 6/16/120, fc 84/10) on CIFAR-10, holdout batch 5"
+    # Seed 001 trains LeNet5 with the same Chainer trainer script as its MNIST run: Adam
+    # (alpha 1e-3), minibatch 100, 50 epochs, no augmentation.
+    recipe = Recipe(optimizer="adam", lr=1e-3, batch_size=100, epochs=50)
+
+    def build_model(self) -> nn.Module:
+        return LeNet5(in_channels=3, num_classes=10)
+
+    def build_datasets(self, data: DataConfig, seed: int = 0):
+        if data.synthetic:
+            return synthetic_cifar10(data, SYNTHETIC_SIZES, seed)
+        root = require_root(data, self.name, CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET)
+        from kasoku.data.cifar10 import cifar10_datasets
+        # Holdout protocol: train on batches 1-4 (40k), validate on batch 5 (10k).
+        return cifar10_datasets(root, train_batches=(1, 2, 3, 4), val_batches=(5,),
+                                augment=False, seed=seed, download=data.download)

@@ -1,0 +1,96 @@
+"""Pieces the workload modules share: synthetic train/val splits of a real dataset's shapes and
+scale, and the error for a missing real dataset."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kasoku.config import DataConfig
+from kasoku.data.synthetic import SyntheticDataset
+from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat
+from kasoku.errors import DataError
+
+
+class SyntheticSplit:
+    """Samples ``[start, start + n)`` of a ``SyntheticDataset``, inputs passed through
+    ``transform`` (a batch transform such as ``ToUnitFloat``: the real sets store uint8 and
+    emit float, and synthetic data must reach the model in the same dtype and scale).
+
+    Train and val are two disjoint ranges of one dataset rather than two seeds, because the
+    label rule (a fixed random projection) derives from the seed: a second seed would label
+    the validation images by a different rule, and validation accuracy would mean nothing."""
+
+    def __init__(self, base: SyntheticDataset, start: int, n: int,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None, name: str):
+        assert 0 <= start and start + n <= len(base), (start, n, len(base))
+        self.base, self.start, self.n = base, start, n
+        self.transform, self.name = transform, name
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        x, t = self.get_batch(torch.tensor([index]))
+        return x[0], t[0]
+
+    def get_batch(self, indices: torch.Tensor):
+        indices = torch.as_tensor(indices, dtype=torch.int64)
+        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.n):
+            raise IndexError(f"{self.name}: index out of range for {self.n} samples")
+        x, t = self.base.get_batch(indices + self.start)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, t
+
+    def __repr__(self) -> str:
+        return f"SyntheticSplit({self.name}, n={self.n}, input={self.base.input_shape})"
+
+
+def synthetic_image_datasets(data: DataConfig, input_shape: tuple[int, ...], num_classes: int,
+                             default_sizes: tuple[int, int],
+                             transform: Callable[[torch.Tensor], torch.Tensor] | None,
+                             seed: int = 0, name: str = "synthetic"
+                             ) -> tuple[SyntheticSplit, SyntheticSplit]:
+    """``(train, val)`` uint8 images of ``input_shape`` with learnable labels, sized by
+    ``data.synthetic_train_size`` / ``data.synthetic_val_size`` or else ``default_sizes``."""
+    n_train, n_val = synthetic_sizes(data, default_sizes)
+    base = SyntheticDataset(n_train + n_val, input_shape, num_classes=num_classes,
+                            dtype=torch.uint8, seed=seed, name=name)
+    return (SyntheticSplit(base, 0, n_train, transform, f"{name}-train"),
+            SyntheticSplit(base, n_train, n_val, transform, f"{name}-val"))
+
+
+def synthetic_sizes(data: DataConfig, default_sizes: tuple[int, int]) -> tuple[int, int]:
+    """``(n_train, n_val)``: the config's sizes where set, else the workload's defaults."""
+    n_train = data.synthetic_train_size if data.synthetic_train_size is not None \
+        else default_sizes[0]
+    n_val = data.synthetic_val_size if data.synthetic_val_size is not None else default_sizes[1]
+    if n_train < 1 or n_val < 1:
+        raise DataError(f"synthetic data needs at least one training and one validation "
+                        f"sample, got {n_train} and {n_val}; pass a positive --synthetic-size")
+    return n_train, n_val
+
+
+def require_root(data: DataConfig, workload: str, contents: str, how_to_get: str) -> Path:
+    """``data.root`` as a Path, or a ``DataError`` saying what ``--data DIR`` must hold, how to
+    get it, and that ``--synthetic`` runs without it."""
+    if data.root is not None:
+        return Path(data.root)
+    raise DataError(f"workload {workload} trains on real data: pass --data DIR, where DIR holds "
+                    f"{contents}. {how_to_get} Or pass --synthetic to train on generated data of "
+                    "the same shapes (for throughput work, or on machines without the dataset).")
+
+
+CIFAR10_CONTENTS = ("cifar-10-batches-bin/ (the binary version of CIFAR-10: data_batch_1.bin .. "
+                    "data_batch_5.bin)")
+CIFAR10_HOW_TO_GET = "Get it with `kasoku data download cifar10 DIR` (or add --download)."
+
+
+def synthetic_cifar10(data: DataConfig, default_sizes: tuple[int, int], seed: int = 0):
+    """Synthetic (3, 32, 32) images normalized with CIFAR-10's channel statistics, as
+    ``kasoku.data.cifar10`` delivers the real ones."""
+    return synthetic_image_datasets(data, (3, 32, 32), 10, default_sizes,
+                                    ToUnitFloat(CIFAR10_MEAN, CIFAR10_STD), seed=seed,
+                                    name="synthetic-cifar10")
