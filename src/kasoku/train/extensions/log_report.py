@@ -1,0 +1,79 @@
+"""LogReport: the averaged observations of each interval, kept in ``log`` and appended as one
+JSON line per interval to ``out/log.jsonl``."""
+from __future__ import annotations
+
+import json
+import os
+
+from kasoku.train.reporter import PRIORITY_LOG, DictSummary
+from kasoku.train.snapshot import fsync_dir
+from kasoku.train.triggers import get_trigger
+
+
+class LogReport:
+    """Accumulates every iteration's observation (lazily, see ``DictSummary``) and, when
+    ``trigger`` fires, appends the means plus ``epoch``, ``iteration`` and ``elapsed_time`` to
+    ``log`` and as one flushed line to ``out/filename``.
+
+    It is called every iteration (class ``trigger``); its own ``trigger`` argument is the log
+    interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).
+    ``log`` and the running sums are in its state, so a resumed run continues the same log;
+    ``initialize`` rewrites the file from ``log``, dropping lines written after the snapshot.
+    """
+    trigger = (1, "iteration")
+    priority = PRIORITY_LOG
+    name = "LogReport"
+
+    def __init__(self, keys=None, trigger=(1, "epoch"), filename: str | None = "log.jsonl"):
+        self.keys = None if keys is None else list(keys)
+        self.log_trigger = get_trigger(trigger)
+        self.filename = filename
+        self.log: list[dict] = []
+        self._summary = DictSummary()
+        self._file = None
+
+    def initialize(self, trainer) -> None:
+        if self.filename is None:
+            return
+        path = trainer.out / self.filename
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w") as f:
+            f.writelines(_line(entry) for entry in self.log)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        self._file = open(path, "a")
+
+    def __call__(self, trainer) -> None:
+        obs = trainer.updater.observation
+        self._summary.add(obs if self.keys is None else
+                          {k: obs[k] for k in self.keys if k in obs})
+        if self.log_trigger(trainer):
+            self._write(trainer)
+
+    def _write(self, trainer) -> None:
+        u = trainer.updater
+        entry = self._summary.compute_mean()
+        entry.update(epoch=u.epoch, iteration=u.iteration, elapsed_time=u.elapsed_time)
+        self.log.append(entry)
+        self._summary.reset()
+        if self._file is not None:
+            self._file.write(_line(entry))
+            self._file.flush()
+
+    def finalize(self, trainer) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def state_dict(self) -> dict:
+        return {"log": [dict(e) for e in self.log], "summary": self._summary.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.log = [dict(e) for e in state["log"]]
+        self._summary.load_state_dict(state["summary"])
+
+
+def _line(entry: dict) -> str:
+    return json.dumps(entry) + "\n"

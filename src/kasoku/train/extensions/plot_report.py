@@ -1,0 +1,51 @@
+"""PlotReport: a PNG of LogReport's values against epoch (or iteration)."""
+from __future__ import annotations
+
+import os
+
+from kasoku.train.reporter import PRIORITY_READER
+
+
+class PlotReport:
+    """Redraws ``out/filename`` whenever LogReport's ``log`` has grown: one line per key of
+    ``y_keys`` against ``x_key``; entries without a key are skipped. matplotlib is imported
+    on the first draw and used through its Agg canvas directly (no pyplot, no global backend
+    change), and the file is written to a temporary name and renamed, so a viewer never sees
+    a half-written image."""
+    trigger = (1, "iteration")
+    priority = PRIORITY_READER
+    name = "PlotReport"
+
+    def __init__(self, y_keys, x_key: str = "epoch", filename: str = "loss.png",
+                 log_report="LogReport", marker: str | None = "."):
+        self.y_keys = [y_keys] if isinstance(y_keys, str) else list(y_keys)
+        self.x_key, self.filename, self.marker = x_key, filename, marker
+        self.log_report = log_report
+        self._plotted = 0
+
+    def __call__(self, trainer) -> None:
+        source = self.log_report
+        log = (trainer.get_extension(source) if isinstance(source, str) else source).log
+        if len(log) > self._plotted:
+            self.draw(log, trainer.out / self.filename)
+            self._plotted = len(log)
+
+    def draw(self, log: list[dict], path) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6.4, 4.0))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for key in self.y_keys:
+            points = [(e[self.x_key], e[key]) for e in log if key in e and self.x_key in e]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker=self.marker, label=key)
+        ax.set_xlabel(self.x_key)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend()
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+        os.replace(tmp, path)

@@ -1,0 +1,111 @@
+"""Snapshot files: written atomically, read with ``torch.load(weights_only=True)``.
+
+A snapshot holds only tensors and plain containers (dict, list, tuple, str, int, float, bool,
+None), so loading one never runs pickled code. RNG states are converted to that form here.
+"""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class SnapshotError(ValueError):
+    """A snapshot file is missing, truncated or not a kasoku snapshot."""
+
+
+def save_snapshot(state: dict, path) -> Path:
+    """Write ``state`` to ``path`` so that a crash at any moment leaves either the previous
+    file or the new one, never a torn one: the bytes go to a temporary file in the same folder
+    (same file system, so the rename is atomic), are fsynced, then renamed over ``path``, and
+    the folder is fsynced so the rename itself survives a power loss."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def load_snapshot(path, map_location="cpu") -> dict:
+    """Read a snapshot written by ``save_snapshot``. Raises ``SnapshotError`` (a ValueError)
+    naming the file when it is missing or unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise SnapshotError(f"no snapshot at {path}; give the path of a snapshot_*.pt file "
+                            f"written by a previous run, or train without --resume")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise SnapshotError(f"snapshot {path} is unreadable ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}); it is truncated "
+                            f"or not a kasoku snapshot: resume from another one") from exc
+    if not isinstance(state, dict):
+        raise SnapshotError(f"snapshot {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def fsync_dir(folder) -> None:
+    """Make a rename inside ``folder`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems (and Windows) refuse fsync on a directory
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def capture_rng_state() -> dict:
+    """The global RNG states (torch CPU, every CUDA device, numpy, python) in weights_only-safe
+    form."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda,
+            "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)),
+                      "pos": int(np_pos), "has_gauss": int(np_has_gauss),
+                      "cached_gaussian": float(np_gauss)},
+            "python": {"version": py_version, "state": list(py_state), "gauss_next": py_gauss}}
+
+
+def restore_rng_state(state: dict) -> None:
+    """Inverse of ``capture_rng_state``."""
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if len(cuda) != count:
+            warnings.warn(f"snapshot has RNG states of {len(cuda)} CUDA devices, this machine "
+                          f"{count}: restoring the first {min(count, len(cuda))}; "
+                          f"the resumed run may not be bit-identical", stacklevel=2)
+        for i, s in enumerate(cuda[:count]):
+            torch.cuda.set_rng_state(s.cpu(), i)
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))

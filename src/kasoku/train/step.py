@@ -1,0 +1,121 @@
+"""The hot step (forward, loss, backward, update) and the Updater that feeds it batches.
+
+Features (mixed precision, CUDA graphs, compilation, gradient accumulation) attach from
+outside by wrapping or replacing the step function (``trainer.step_fn``), never as ``if``s in
+here. A step function is ``step(model, batch, optimizer) -> observations``, where the
+observations are detached 0-dim tensors: converting them to floats would be a host sync.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from kasoku.train.reporter import Reporter
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+StepFn = Callable[[torch.nn.Module, tuple, torch.optim.Optimizer], dict]
+
+
+def train_step(model, batch, loss_fn: LossFn, metric_fn: LossFn, optimizer) -> dict:
+    """One optimization step on ``batch = (inputs, targets)``, already on the model's device.
+
+    Returns ``{"main/loss": loss, "main/accuracy": metric}`` as detached 0-dim tensors
+    (``metric_fn`` may return None for "not defined"; the reporter drops it).
+    """
+    inputs, targets = batch
+    optimizer.zero_grad(set_to_none=True)
+    output = model(inputs)
+    loss = loss_fn(output, targets)
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        metric = metric_fn(output.detach(), targets)
+    return {"main/loss": loss.detach(), "main/accuracy": metric}
+
+
+def loss_only_step(model, batch, loss_fn: LossFn, optimizer) -> dict:
+    """``train_step`` for models without a metric: returns ``{"main/loss": loss}``."""
+    inputs, targets = batch
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    return {"main/loss": loss.detach()}
+
+
+class StandardStep:
+    """The default step function of the Trainer: ``step(model, batch, optimizer) -> dict``.
+
+    Whether there is a metric is decided here, once, by picking ``train_step`` or
+    ``loss_only_step``; the step itself has no branch.
+    """
+
+    def __init__(self, loss_fn: LossFn, metric_fn: LossFn | None = None):
+        self.loss_fn, self.metric_fn = loss_fn, metric_fn
+        if metric_fn is None:
+            self._step = lambda model, batch, opt: loss_only_step(model, batch, loss_fn, opt)
+        else:
+            self._step = lambda model, batch, opt: train_step(model, batch, loss_fn,
+                                                              metric_fn, opt)
+
+    def __call__(self, model, batch, optimizer) -> dict:
+        return self._step(model, batch, optimizer)
+
+    def __repr__(self) -> str:
+        return f"StandardStep(loss_fn={self.loss_fn!r}, metric_fn={self.metric_fn!r})"
+
+
+class Updater:
+    """Pulls a batch, moves it to the device, runs the step, and counts.
+
+    ``iteration`` counts steps done; ``epoch``, ``epoch_detail`` and ``is_new_epoch`` are the
+    loader's; ``previous_iteration`` / ``previous_epoch_detail`` are the values before the latest
+    step (what stateless triggers compare against); ``elapsed_time`` counts seconds inside
+    ``run()`` across resumes; ``observation`` is the current iteration's dict.
+    """
+
+    def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,
+                 reporter: Reporter):
+        self.loader, self.model, self.optimizer = loader, model, optimizer
+        self.step_fn, self.device, self.reporter = step_fn, device, reporter
+        self.iteration = self.previous_iteration = 0
+        self.previous_epoch_detail = 0.0
+        self._elapsed_before, self._started_at = 0.0, None
+
+    def update(self) -> None:
+        self.previous_iteration = self.iteration
+        self.previous_epoch_detail = self.loader.epoch_detail
+        inputs, targets = next(self.loader)
+        # non_blocking: the copy overlaps with the host work before the step when the batch
+        # sits in pinned memory; from pageable memory it is a plain copy.
+        batch = (inputs.to(self.device, non_blocking=True),
+                 targets.to(self.device, non_blocking=True))
+        self.reporter.start(self.step_fn(self.model, batch, self.optimizer))
+        self.iteration += 1
+
+    epoch = property(lambda self: self.loader.epoch)
+    epoch_detail = property(lambda self: self.loader.epoch_detail)
+    is_new_epoch = property(lambda self: self.loader.is_new_epoch)
+    batches_per_epoch = property(lambda self: self.loader.batches_per_epoch)
+    observation = property(lambda self: self.reporter.observation)
+
+    @property
+    def elapsed_time(self) -> float:
+        running = 0.0 if self._started_at is None else time.perf_counter() - self._started_at
+        return self._elapsed_before + running
+
+    def start_clock(self) -> None:
+        self._started_at = time.perf_counter()
+
+    def stop_clock(self) -> None:
+        self._elapsed_before, self._started_at = self.elapsed_time, None
+
+    def state_dict(self) -> dict:
+        return {"iteration": self.iteration, "elapsed_time": self.elapsed_time}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iteration = self.previous_iteration = int(state["iteration"])
+        self.previous_epoch_detail = self.loader.epoch_detail
+        self._elapsed_before = float(state["elapsed_time"])

@@ -1,0 +1,271 @@
+"""The Trainer: a loop of ``updater.update()`` then the extensions whose trigger fires.
+
+Everything that is not forward/loss/backward/update (evaluation, logging, schedules,
+snapshots, progress) is an extension: a callable ``ext(trainer)`` with optional ``trigger``,
+``priority``, ``name``, ``initialize``, ``finalize``, ``on_error``, ``state_dict`` and
+``load_state_dict`` (see docs/architecture.md).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
+from kasoku.train.snapshot import capture_rng_state, load_snapshot, restore_rng_state, \
+    save_snapshot
+from kasoku.train.step import StandardStep, Updater
+from kasoku.train.triggers import get_trigger
+
+SNAPSHOT_FORMAT = 1
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped training after a snapshot was written. ``exit_code`` is what a
+    shell reports for the signal (130 SIGINT, 143 SIGTERM); ``snapshot`` resumes the run."""
+
+    def __init__(self, signum: int, iteration: int, snapshot: Path):
+        self.signum, self.iteration, self.snapshot = signum, iteration, snapshot
+        self.exit_code = 128 + int(signum)
+        super().__init__(f"interrupted at iteration {iteration}; resume with: --resume {snapshot}")
+
+
+@dataclass
+class _Entry:
+    extension: Callable
+    trigger: Callable
+    priority: int
+    name: str
+
+
+class _SchedulerStep:
+    """Steps a torch LR scheduler once per iteration and reports the ``lr`` the step used (the
+    scheduler's state lives in the snapshot's ``scheduler`` entry)."""
+    priority = PRIORITY_WRITER
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def __call__(self, trainer) -> None:
+        trainer.reporter.report({"lr": trainer.optimizer.param_groups[0]["lr"]})
+        self.scheduler.step()
+
+
+class Trainer:
+    """Chainer-style training loop; see the module docstring and docs/architecture.md.
+
+    ``stop_trigger`` ends the run when it fires (``(20, "epoch")``: after 20 epochs).
+    ``scheduler``: an optional torch LR scheduler, stepped every iteration. ``step_fn``:
+    ``step(model, batch, optimizer) -> observations`` (default ``StandardStep``); it can be
+    replaced later through ``trainer.step_fn`` by transforms (precision, graphs).
+    """
+
+    def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
+                 device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
+                 step_fn=None):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.optimizer, self.train_loader = optimizer, train_loader
+        self.loss_fn, self.metric_fn, self.scheduler = loss_fn, metric_fn, scheduler
+        self.stop_trigger = get_trigger(stop_trigger)
+        self.out = Path(out)
+        self.reporter = Reporter()
+        self.updater = Updater(train_loader, self.model, optimizer,
+                               step_fn or StandardStep(loss_fn, metric_fn), self.device,
+                               self.reporter)
+        self._entries: dict[str, _Entry] = {}
+        if scheduler is not None:
+            self.extend(_SchedulerStep(scheduler), trigger=(1, "iteration"), name="scheduler")
+
+    step_fn = property(lambda self: self.updater.step_fn,
+                       lambda self, fn: setattr(self.updater, "step_fn", fn))
+    observation = property(lambda self: self.reporter.observation)
+
+    def extend(self, extension, trigger=None, priority=None, name=None) -> None:
+        """Register ``extension``. ``None`` arguments take the extension's own ``trigger``
+        (else every iteration), ``priority`` (else PRIORITY_READER) and ``name`` (else its class
+        or function name; a repeated name gets a ``_1``, ``_2`` suffix)."""
+        trigger = getattr(extension, "trigger", (1, "iteration")) if trigger is None else trigger
+        priority = getattr(extension, "priority", PRIORITY_READER) if priority is None \
+            else priority
+        base = name or getattr(extension, "name", None) or getattr(extension, "__name__", None) \
+            or type(extension).__name__
+        name, k = base, 0
+        while name in self._entries:
+            k += 1
+            name = f"{base}_{k}"
+        self._entries[name] = _Entry(extension, get_trigger(trigger), priority, name)
+
+    def get_extension(self, name: str):
+        if name not in self._entries:
+            raise ValueError(f"no extension named {name!r}; registered: {list(self._entries)}")
+        return self._entries[name].extension
+
+    @property
+    def extensions(self) -> list[_Entry]:
+        """Registered extensions in the order they run (priority, then registration)."""
+        return sorted(self._entries.values(), key=lambda e: -e.priority)
+
+    def run(self, resume=None) -> None:
+        """Train until the stop trigger fires; ``resume``: a snapshot path to continue from.
+
+        SIGINT/SIGTERM finish the current step, write a snapshot, finalize the extensions and
+        raise ``TrainingInterrupted``. Any other exception runs every extension's
+        ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged.
+        """
+        if resume is not None:
+            self.load_state_dict(load_snapshot(resume, map_location="cpu"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        entries = self.extensions
+        try:
+            with _SignalFlag() as signals:
+                self._run_guarded(entries, signals)
+        except TrainingInterrupted as exc:
+            print(str(exc), file=sys.stderr, flush=True)
+            raise
+
+    def _run_guarded(self, entries: list[_Entry], signals: "_SignalFlag") -> None:
+        initialized, failed = [], True
+        try:
+            for entry in entries:
+                _call_optional(entry.extension, "initialize", self)
+                initialized.append(entry)
+            self.updater.start_clock()
+            self._loop(entries, signals)
+            failed = False
+        except TrainingInterrupted:
+            raise
+        except BaseException as exc:
+            for entry in entries:
+                _call_quietly(entry, "on_error", self, exc)
+            raise
+        finally:
+            self.updater.stop_clock()
+            _finalize(initialized, self, quiet=failed)
+
+    def _loop(self, entries: list[_Entry], signals: "_SignalFlag") -> None:
+        if getattr(self.stop_trigger, "reached", lambda t: False)(self):
+            print(f"kasoku: already at iteration {self.updater.iteration} (epoch "
+                  f"{self.updater.epoch_detail:.2f}), at or past the stop trigger "
+                  f"{self.stop_trigger!r}: nothing to train", file=sys.stderr, flush=True)
+            return
+        updater, stop = self.updater, self.stop_trigger
+        while True:
+            updater.update()
+            for entry in entries:
+                if entry.trigger(self):
+                    entry.extension(self)
+            if stop(self):
+                return
+            if signals.received is not None:
+                self._interrupt(signals.received)
+
+    def _interrupt(self, signum: int) -> None:
+        writer = next((e.extension for e in self.extensions
+                       if hasattr(e.extension, "write_snapshot")), None)
+        path = writer.write_snapshot(self) if writer is not None else \
+            save_snapshot(self.state_dict(), self.out / "snapshot_latest.pt")
+        raise TrainingInterrupted(signum, self.updater.iteration, path)
+
+    def state_dict(self) -> dict:
+        """Everything exact resume needs; weights_only-safe (see ``kasoku.train.snapshot``)."""
+        return {"format": SNAPSHOT_FORMAT,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "loader": self.train_loader.state_dict(),
+                "updater": self.updater.state_dict(),
+                "rng": capture_rng_state(),
+                "extensions": {name: e.extension.state_dict() for name, e in self._entries.items()
+                               if hasattr(e.extension, "state_dict")}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"snapshot format {state.get('format')!r} is not {SNAPSHOT_FORMAT}: "
+                             f"it was written by another kasoku version or another program")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.train_loader.load_state_dict(state["loader"])
+        self.updater.load_state_dict(state["updater"])
+        restore_rng_state(state["rng"])
+        saved = state.get("extensions", {})
+        for name, entry in self._entries.items():
+            if name in saved and hasattr(entry.extension, "load_state_dict"):
+                entry.extension.load_state_dict(saved[name])
+        unknown = sorted(set(saved) - set(self._entries))
+        if unknown:
+            warnings.warn(f"snapshot holds state of extensions not registered now: {unknown}; "
+                          f"it is ignored", stacklevel=2)
+
+
+class _SignalFlag:
+    """Turns SIGINT/SIGTERM into a flag the loop checks between steps; a second signal stops
+    at once (KeyboardInterrupt). Handlers are restored on exit. Only the main thread may
+    install handlers, so elsewhere this is inert."""
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        print(f"\nreceived {signal.Signals(signum).name}: finishing this step and writing a "
+              f"snapshot (signal again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "_SignalFlag":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            # None: the old handler was installed from C; the default is the closest we have.
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _call_optional(extension, method: str, *args) -> None:
+    fn = getattr(extension, method, None)
+    if fn is not None:
+        fn(*args)
+
+
+def _finalize(entries: list[_Entry], trainer, quiet: bool) -> None:
+    """Finalize every extension even if one fails; after a clean run the first failure is
+    raised, on a failure path it is only printed (the original exception wins)."""
+    first = None
+    for entry in entries:
+        try:
+            _call_optional(entry.extension, "finalize", trainer)
+        except Exception as exc:
+            if quiet:
+                _print_failure(entry, "finalize")
+            first = first or exc
+    if first is not None and not quiet:
+        raise first
+
+
+def _print_failure(entry: _Entry, method: str) -> None:
+    print(f"kasoku: {entry.name}.{method} failed:\n{traceback.format_exc()}",
+          file=sys.stderr, flush=True)
+
+
+def _call_quietly(entry: _Entry, method: str, *args) -> None:
+    """Call a failure-path hook; its own failure is printed, never allowed to mask the
+    exception being handled."""
+    try:
+        _call_optional(entry.extension, method, *args)
+    except Exception:
+        _print_failure(entry, method)

@@ -1,0 +1,89 @@
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from kasoku.train import snapshot as snap
+from kasoku.train.snapshot import (SnapshotError, capture_rng_state, load_snapshot,
+                                   restore_rng_state, save_snapshot)
+
+
+def test_round_trip_is_weights_only(tmp_path):
+    state = {"model": {"w": torch.arange(6.).reshape(2, 3)}, "n": 3, "name": "x", "f": 0.5,
+             "nested": [1, (2, 3), None, True], "rng": capture_rng_state()}
+    path = save_snapshot(state, tmp_path / "sub" / "snapshot_latest.pt")
+    loaded = torch.load(path, weights_only=True)  # would raise on any pickled object
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"])
+    assert loaded["nested"] == [1, (2, 3), None, True]
+    assert load_snapshot(path)["name"] == "x"
+    assert os.listdir(tmp_path / "sub") == ["snapshot_latest.pt"]  # no temp file left
+
+
+def crash_half_way(obj, f, *args, **kwargs):
+    f.write(b"PK\x03\x04 half a snapshot")
+    raise OSError("disk full")
+
+
+def test_crash_while_writing_keeps_the_previous_snapshot(tmp_path, monkeypatch):
+    path = tmp_path / "snapshot_latest.pt"
+    save_snapshot({"iteration": 1, "w": torch.ones(3)}, path)
+    monkeypatch.setattr(torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        save_snapshot({"iteration": 2, "w": torch.zeros(3)}, path)
+    assert load_snapshot(path)["iteration"] == 1
+    assert os.listdir(tmp_path) == ["snapshot_latest.pt"]
+
+
+def test_failing_rename_keeps_the_previous_snapshot(tmp_path, monkeypatch):
+    path = tmp_path / "snapshot_latest.pt"
+    save_snapshot({"iteration": 1}, path)
+
+    def fail(src, dst):
+        raise OSError("rename failed")
+    monkeypatch.setattr(snap.os, "replace", fail)
+    with pytest.raises(OSError, match="rename failed"):
+        save_snapshot({"iteration": 2}, path)
+    monkeypatch.undo()
+    assert load_snapshot(path)["iteration"] == 1
+    assert os.listdir(tmp_path) == ["snapshot_latest.pt"]
+
+
+def test_missing_and_corrupt_snapshots_name_the_file(tmp_path):
+    missing = tmp_path / "nope.pt"
+    with pytest.raises(ValueError, match="nope.pt"):
+        load_snapshot(missing)
+    path = tmp_path / "snapshot_latest.pt"
+    save_snapshot({"w": torch.randn(100)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SnapshotError, match="snapshot_latest.pt.*unreadable"):
+        load_snapshot(path)
+    path.write_bytes(b"not a snapshot at all")
+    with pytest.raises(ValueError, match="snapshot_latest.pt"):
+        load_snapshot(path)
+
+
+def test_pickled_objects_are_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"obj": object()}, path)
+    with pytest.raises(SnapshotError, match="evil.pt"):
+        load_snapshot(path)
+
+
+def test_rng_states_round_trip(tmp_path):
+    torch.manual_seed(1)
+    np.random.seed(2)
+    random.seed(3)
+    np.random.normal()  # leaves a cached gaussian in numpy's state
+    path = save_snapshot({"rng": capture_rng_state()}, tmp_path / "s.pt")
+    expected = (torch.rand(5), np.random.normal(size=5), random.random(), random.gauss(0, 1))
+    torch.manual_seed(99)
+    np.random.seed(99)
+    random.seed(99)
+    restore_rng_state(load_snapshot(path)["rng"])
+    got = (torch.rand(5), np.random.normal(size=5), random.random(), random.gauss(0, 1))
+    assert torch.equal(got[0], expected[0])
+    assert np.array_equal(got[1], expected[1])
+    assert got[2:] == expected[2:]
