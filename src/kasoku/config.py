@@ -24,12 +24,12 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: float = 1
-    """Training length in epochs (fractions allowed)."""
-    batch_size: int = 100
-    """Samples per step."""
-    lr: float = 1e-3
-    """Learning rate."""
+    epochs: float | None = None
+    """Training length in epochs, fractions allowed (None: the workload's recipe)."""
+    batch_size: int | None = None
+    """Samples per step (None: the workload's recipe)."""
+    lr: float | None = None
+    """Learning rate (None: the workload's recipe)."""
     seed: int = 0
     """Seed for weights, data order and augmentation."""
     device: str = "cpu"

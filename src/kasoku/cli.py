@@ -1,0 +1,134 @@
+"""``kasoku`` command line: a thin adapter from argv to configs and library calls."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kasoku.config import DataConfig, TrainConfig
+from kasoku.errors import ConfigError, DataError
+
+
+def _resolution(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"resolution must look like 500x375, got {text!r}")
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError(f"resolution must be positive, got {text!r}")
+    return w, h
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a workload with a Chainer-style log")
+    p.add_argument("workload", help="a name from `kasoku list`")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--epochs", type=float, help="epochs to train (default: the workload's recipe)")
+    p.add_argument("--batch-size", type=int, help="samples per step (default: the recipe's)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the recipe's)")
+    p.add_argument("--data", type=Path, help="folder holding the real dataset")
+    p.add_argument("--download", action="store_true",
+                   help="fetch the real dataset into --data from its official URL when missing")
+    p.add_argument("--synthetic", action="store_true",
+                   help="train on generated data of the real shapes (no files needed)")
+    p.add_argument("--synthetic-size", type=int,
+                   help="number of synthetic training samples (default: the workload's)")
+    p.add_argument("--out", type=Path, default=Path("result"),
+                   help="folder for log.jsonl, snapshots and plots (default: result)")
+    p.add_argument("--resume", nargs="?", const="auto", metavar="PATH",
+                   help="continue from a snapshot (default: OUT/snapshot_latest.pt)")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, order, augmentation")
+    p.add_argument("--log-interval", type=int, metavar="ITERS",
+                   help="iterations between log lines (default: once per epoch)")
+    p.add_argument("--snapshot-interval", type=int, metavar="ITERS",
+                   help="iterations between snapshots (default: once per epoch)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_data(sub) -> None:
+    p = sub.add_parser("data", help="dataset tools")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    mk = dsub.add_parser("make-jpeg", help="write a synthetic ImageNet-style JPEG folder")
+    mk.add_argument("out", type=Path, help="folder to create (root/class_XXX/img_XXXXXX.jpg)")
+    mk.add_argument("--count", type=int, default=1000, help="number of images (default 1000)")
+    mk.add_argument("--resolution", type=_resolution, default=(500, 375),
+                    help="WIDTHxHEIGHT (default 500x375, ImageNet's typical size)")
+    mk.add_argument("--classes", type=int, default=10, help="number of class folders")
+    mk.add_argument("--quality", type=int, default=90, help="JPEG quality 1-95")
+    mk.add_argument("--seed", type=int, default=0)
+    dl = dsub.add_parser("download", help="fetch a dataset from its official URL (md5 checked)")
+    dl.add_argument("dataset", choices=["mnist", "cifar10"])
+    dl.add_argument("out", type=Path, help="folder to put the files in")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kasoku", description="Measure, explain and accelerate deep-learning training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the registered workloads and their recipes")
+    _add_train(sub)
+    _add_data(sub)
+    return parser
+
+
+def _cmd_list(args) -> int:
+    from kasoku.workloads import create_workload, list_workloads
+    from kasoku.report import print_table
+    rows = []
+    for name in list_workloads():
+        wl = create_workload(name)
+        r = wl.recipe
+        rows.append([name, wl.description, r.optimizer, f"{r.lr:g}", str(r.batch_size),
+                     f"{r.epochs:g}"])
+    print_table(["workload", "what", "optimizer", "lr", "batch", "epochs"], rows)
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from kasoku.run import train_workload
+    data = DataConfig(root=args.data, synthetic=args.synthetic, download=args.download,
+                      synthetic_train_size=args.synthetic_size)
+    train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        seed=args.seed, device=args.device, out=args.out,
+                        log_interval=args.log_interval, snapshot_interval=args.snapshot_interval,
+                        progress=not args.no_progress)
+    resume = None
+    if args.resume == "auto":
+        resume = args.out / "snapshot_latest.pt"
+    elif args.resume is not None:
+        resume = Path(args.resume)
+    train_workload(args.workload, data, train, resume=resume)
+    return 0
+
+
+def _cmd_data(args) -> int:
+    if args.data_command == "make-jpeg":
+        from kasoku.data.jpeg_synth import make_jpeg_folder
+        w, h = args.resolution
+        stats = make_jpeg_folder(args.out, args.count, w, h, num_classes=args.classes,
+                                 quality=args.quality, seed=args.seed)
+        print(f"wrote {stats}")
+        return 0
+    if args.data_command == "download":
+        from kasoku.data.download import fetch_dataset
+        path = fetch_dataset(args.dataset, args.out)
+        print(f"{args.dataset} is ready in {path}")
+        return 0
+    raise AssertionError(args.data_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"list": _cmd_list, "train": _cmd_train, "data": _cmd_data}
+    try:
+        return handlers[args.command](args)
+    except (DataError, ConfigError) as exc:
+        print(f"kasoku: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        code = getattr(exc, "exit_code", 130)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Train a registered workload: the library call behind ``kasoku train``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from kasoku.config import DataConfig, TrainConfig
+from kasoku.errors import ConfigError
+from kasoku.optim import make_optimizer
+from kasoku.workloads import Workload, create_workload
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``; a clear error when CUDA is asked for but absent."""
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {spec!r}; use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {spec}: this PyTorch sees no CUDA device "
+                          f"(torch {torch.__version__}); use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {spec!r} is not supported yet; use cpu or cuda")
+    return device
+
+
+def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
+    """Model, data, optimizer, schedule and the standard extensions of ``kasoku train``."""
+    from kasoku.data.loader import SerialLoader
+    from kasoku.train import Trainer
+    from kasoku.train import extensions as ext
+
+    recipe = workload.recipe
+    epochs = train.epochs if train.epochs is not None else recipe.epochs
+    batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
+    lr = train.lr if train.lr is not None else recipe.lr
+    if epochs <= 0 or batch_size <= 0:
+        raise ConfigError(f"epochs and batch size must be positive, got {epochs} and {batch_size}")
+    device = resolve_device(train.device)
+
+    torch.manual_seed(train.seed)
+    train_set, val_set = workload.build_datasets(data, seed=train.seed)
+    model = workload.build_model().to(device)
+    optimizer = make_optimizer(recipe.optimizer, model.parameters(), lr,
+                               momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+    loader = SerialLoader(train_set, batch_size, shuffle=True, seed=train.seed)
+    metric_fn = workload.metric_fn if workload.has_accuracy else None
+    trainer = Trainer(model, optimizer, loader, workload.loss_fn, metric_fn=metric_fn,
+                      device=device, stop_trigger=(epochs, "epoch"), out=train.out)
+
+    for schedule in _schedules(recipe, epochs):
+        trainer.extend(schedule)
+    if val_set is not None:
+        trainer.extend(ext.Evaluator(val_set, model, workload.loss_fn, metric_fn=metric_fn,
+                                     device=device, batch_size=max(batch_size, 100)))
+    log_trigger = (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
+    trainer.extend(ext.LogReport(trigger=log_trigger))
+    trainer.extend(ext.PrintReport(_print_entries(workload, val_set is not None)))
+    trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger)
+    trainer.extend(ext.PlotReport(["main/loss", "validation/main/loss"], filename="loss.png"),
+                   trigger=log_trigger)
+    if workload.has_accuracy:
+        trainer.extend(ext.PlotReport(["main/accuracy", "validation/main/accuracy"],
+                                      filename="accuracy.png"), trigger=log_trigger)
+    snap_trigger = (train.snapshot_interval, "iteration") if train.snapshot_interval \
+        else (1, "epoch")
+    trainer.extend(ext.Snapshot(), trigger=snap_trigger)
+    if train.progress:
+        trainer.extend(ext.ProgressBar())
+    return trainer
+
+
+def _schedules(recipe, epochs: float) -> list:
+    from kasoku.train import extensions as ext
+    if recipe.schedule == "none":
+        inner = None
+    elif recipe.schedule == "cosine":
+        inner = ext.CosineLR(total_epochs=epochs)
+    elif recipe.schedule == "step":
+        inner = ext.StepLR(step_size_epochs=max(1, int(epochs * 0.3)), gamma=0.1)
+    else:
+        raise ConfigError(f"unknown schedule {recipe.schedule!r}; use none, step or cosine")
+    if recipe.warmup_epochs > 0:
+        return [ext.LinearWarmup(recipe.warmup_epochs, inner=inner)]
+    return [inner] if inner is not None else []
+
+
+def _print_entries(workload: Workload, has_val: bool) -> list[str]:
+    entries = ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
+               "validation/main/accuracy", "elapsed_time"]
+    if not workload.has_accuracy:
+        entries = [e for e in entries if not e.endswith("accuracy")]
+    if not has_val:
+        entries = [e for e in entries if not e.startswith("validation/")]
+    return entries
+
+
+def train_workload(name: str, data: DataConfig, train: TrainConfig,
+                   resume: Path | None = None):
+    """Train workload ``name``; returns the trainer (its LogReport holds the figures)."""
+    workload = create_workload(name)
+    trainer = build_trainer(workload, data, train)
+    if resume is not None and not Path(resume).exists():
+        raise ConfigError(f"--resume: no snapshot at {resume}; train without --resume first, "
+                          f"or give the snapshot's path")
+    source = "synthetic" if data.synthetic else str(data.root)
+    print(f"# workload: {name}  data: {source}  device: {train.device}  out: {train.out}",
+          file=sys.stderr)
+    trainer.run(resume=resume)
+    return trainer
