@@ -1,11 +1,15 @@
 """Synthetic data of a workload's real shapes, for throughput work and machines without data.
 
-Samples are generated from their index (no storage), so any size is free, every process sees
-the same sample for the same index, and resume stays exact.
+Small datasets (up to ``MATERIALIZE_BYTES``) are generated once, in one call, and gathered a
+batch at a time, so the data never limits a small model's throughput. Larger ones generate each
+sample from its index on demand (no storage), so any size is free. Either way every process
+sees the same sample for the same index, and resume stays exact.
 """
 from __future__ import annotations
 
 import torch
+
+MATERIALIZE_BYTES = 256 * 2**20
 
 
 class SyntheticDataset:
@@ -34,6 +38,11 @@ class SyntheticDataset:
         numel = _numel(self.input_shape)
         self._features = torch.randperm(numel, generator=g)[:4096].sort().values
         self._projection = torch.randn(len(self._features), outputs, generator=g)
+        self._inputs = self._targets = None
+        if n * numel * dtype.itemsize <= MATERIALIZE_BYTES:
+            self._inputs = self._draw((n, *self.input_shape),
+                                      torch.Generator().manual_seed(seed * 1_000_003))
+            self._targets = self._label(self._inputs)
 
     def __len__(self) -> int:
         return self.n
@@ -42,24 +51,32 @@ class SyntheticDataset:
         x, t = self.get_batch(torch.tensor([index]))
         return x[0], t[0]
 
-    def _sample(self, index: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(index))
+    def _draw(self, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
         if self.dtype == torch.uint8:
-            return torch.randint(0, 256, self.input_shape, generator=g, dtype=torch.uint8)
-        return torch.randn(self.input_shape, generator=g).to(self.dtype)
+            return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+        return torch.randn(shape, generator=g).to(self.dtype)
+
+    def _sample(self, index: int) -> torch.Tensor:
+        return self._draw(self.input_shape,
+                          torch.Generator().manual_seed(self.seed * 1_000_003 + 1 + int(index)))
 
     def get_batch(self, indices: torch.Tensor):
         if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.n):
             raise IndexError(f"{self.name}: index out of range for {self.n} samples")
+        if self._inputs is not None:
+            return self._inputs[indices], self._targets[indices]
         x = torch.stack([self._sample(int(i)) for i in indices])
+        return x, self._label(x)
+
+    def _label(self, x: torch.Tensor) -> torch.Tensor:
         features = x.flatten(1)[:, self._features].float()
         if self.dtype == torch.uint8:
             features -= 127.5  # centred, so labels are balanced across classes
         score = features @ self._projection
         if self.num_classes is not None:
-            return x, score.argmax(dim=1)
+            return score.argmax(dim=1)
         t = torch.tanh(score / self._projection.shape[0] ** 0.5)
-        return x, t.reshape(len(x), *self.target_shape)
+        return t.reshape(len(x), *self.target_shape)
 
     def __repr__(self) -> str:
         return f"SyntheticDataset({self.name}, n={self.n}, input={self.input_shape})"
