@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.errors import ConfigError, DataError
+from kasoku.train.snapshot import SnapshotError
 
 
 def _resolution(text: str) -> tuple[int, int]:
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"list": _cmd_list, "train": _cmd_train, "data": _cmd_data}
     try:
         return handlers[args.command](args)
-    except (DataError, ConfigError) as exc:
+    except (DataError, ConfigError, SnapshotError) as exc:
         print(f"kasoku: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from kasoku.config import DataConfig
+from kasoku.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def create_workload(name: str, **recipe_overrides) -> Workload:
     _load_builtin()
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"unknown workload {name!r}; known workloads: {known} (see `kasoku list`)")
+        raise ConfigError(f"unknown workload {name!r}; known workloads: {known} (see `kasoku list`)")
     wl = _REGISTRY[name]()
     overrides = {k: v for k, v in recipe_overrides.items() if v is not None}
     if overrides:
