@@ -78,6 +78,8 @@ def test_sigint_writes_snapshot_exits_130_and_resume_finishes(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "resume with" in err
+    assert "to continue this run: kasoku train mnist-mlp --synthetic" in err
+    assert err.rstrip().endswith(f"--resume {out / 'snapshot_latest.pt'}")
     state = load_snapshot(out / "snapshot_latest.pt")
     stopped_at = state["updater"]["iteration"]
     assert stopped_at > 0

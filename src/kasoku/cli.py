@@ -98,8 +98,26 @@ def _cmd_train(args) -> int:
         resume = args.out / "snapshot_latest.pt"
     elif args.resume is not None:
         resume = Path(args.resume)
-    train_workload(args.workload, data, train, resume=resume)
+    from kasoku.train import TrainingInterrupted
+    try:
+        train_workload(args.workload, data, train, resume=resume)
+    except TrainingInterrupted as exc:
+        command = " ".join(["kasoku", *_without_resume(args.argv), "--resume", str(exc.snapshot)])
+        print(f"to continue this run: {command}", file=sys.stderr)
+        raise
     return 0
+
+
+def _without_resume(argv: list[str]) -> list[str]:
+    kept, skip_value = [], False
+    for token in argv:
+        if skip_value and not token.startswith("-"):
+            skip_value = False
+            continue
+        skip_value = token == "--resume"
+        if not skip_value and not token.startswith("--resume="):
+            kept.append(token)
+    return kept
 
 
 def _cmd_data(args) -> int:
@@ -119,7 +137,9 @@ def _cmd_data(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = argv
     handlers = {"list": _cmd_list, "train": _cmd_train, "data": _cmd_data}
     try:
         return handlers[args.command](args)
