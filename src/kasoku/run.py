@@ -21,6 +21,9 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {spec}: this PyTorch sees no CUDA device "
                           f"(torch {torch.__version__}); use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA "
+                          f"device(s), numbered from 0")
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"device {spec!r} is not supported yet; use cpu or cuda")
     return device
