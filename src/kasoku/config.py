@@ -40,5 +40,9 @@ class TrainConfig:
     """Iterations between log lines (None: once per epoch)."""
     snapshot_interval: int | None = None
     """Iterations between snapshots (None: once per epoch, plus on interrupt)."""
+    threads: int | None = None
+    """CPU threads for PyTorch's operators (None: PyTorch's default, one per core). Small
+    models such as sine-lstm run faster on one thread, and far faster when other jobs share
+    the cores: spinning OpenMP barriers stall on a descheduled thread."""
     progress: bool = True
     """Show a progress bar with rate and ETA."""

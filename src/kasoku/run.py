@@ -42,6 +42,12 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
     if epochs <= 0 or batch_size <= 0:
         raise ConfigError(f"epochs and batch size must be positive, got {epochs} and {batch_size}")
     device = resolve_device(train.device)
+    threads = train.threads if train.threads is not None else \
+        (workload.cpu_threads if device.type == "cpu" else None)
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
 
     torch.manual_seed(train.seed)
     train_set, val_set = workload.build_datasets(data, seed=train.seed)

@@ -37,6 +37,8 @@ class Workload:
     recipe: Recipe = Recipe()
     has_accuracy: bool = True
     """False for regression workloads (no main/accuracy column)."""
+    cpu_threads: int | None = None
+    """Preferred PyTorch CPU threads (None: one per core); tiny models run faster on one."""
     generated_data: bool = False
     """True when the workload generates its data (no files, ``--data`` is ignored)."""
 

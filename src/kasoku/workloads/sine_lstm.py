@@ -28,6 +28,10 @@ class SineLSTMWorkload(Workload):
     # validation MSE from ~0.5 to 6e-3 in one epoch and 1.3e-3 in five; at 1e-3 it is still
     # 2.4e-2 after five epochs (a 5-unit LSTM wants the larger step).
     recipe = Recipe(optimizer="adam", lr=1e-2, batch_size=100, epochs=20)
+    # A 5-unit LSTM is hundreds of tiny operators per step: one thread beats two (0.4 vs
+    # 1.7 s per epoch on the 2-core CPU with another job running), as OpenMP barriers cost
+    # more than the arithmetic they split.
+    cpu_threads = 1
 
     def build_model(self) -> nn.Module:
         return SineLSTM(n_input=1, n_units=5, n_output=1)
