@@ -1,0 +1,32 @@
+"""Configs of the acceleration levers (seed 004). Each lever is an ``apply_*`` transform in its
+own module of ``kasoku.accel``; ``kasoku.accel.compose.accelerate`` applies a whole
+``AccelConfig`` in the order the levers need."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16-pure")
+OPTIMIZER_IMPLS = ("loop", "foreach", "fused")
+
+
+@dataclass(frozen=True)
+class AccelConfig:
+    precision: str = "fp32"
+    """fp32 (TF32 off) | tf32 | fp16 (autocast + dynamic loss scaling, fp32 weights) | bf16
+    (autocast) | fp16-pure (fp16 weights and activations, fp32 master weights in the optimizer,
+    dynamic loss scaling)."""
+    channels_last: bool = False
+    """NHWC memory format for conv nets (warns once when the model has no 4-d convolutions)."""
+    cudnn_benchmark: bool = False
+    """cuDNN autotuning; its time is spent in warm-up, outside the measured rate."""
+    optimizer_impl: str = "foreach"
+    """loop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one kernel for all
+    weights: seed 004's batched weight update)."""
+    compile: bool = False
+    """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
+    compile_mode: str = "default"
+    """torch.compile mode: default | reduce-overhead | max-autotune(-no-cudagraphs)."""
+    cuda_graph: bool = False
+    """Capture the whole step (forward, backward, update) as one CUDA graph and replay it."""
+    loss_scale_init: float = 2.0 ** 16
+    """Initial dynamic loss scale for fp16 / fp16-pure."""
