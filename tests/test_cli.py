@@ -100,3 +100,13 @@ def test_make_jpeg_then_train_resnet50_on_the_folder(tmp_path, capsys):
                  "--batch-size", "2", "--out", str(tmp_path / "r50"), "--no-progress"]) == 0
     log = [json.loads(line) for line in open(tmp_path / "r50" / "log.jsonl")]
     assert log[-1]["iteration"] == 2 and "main/loss" in log[-1]
+
+
+def test_device_loader_trains_the_same_weights_as_serial(tmp_path):
+    args = ["train", "sine-lstm", "--synthetic-size", "200", "--batch-size", "50",
+            "--epochs", "1", "--no-progress"]
+    assert main(args + ["--out", str(tmp_path / "s")]) == 0
+    assert main(args + ["--out", str(tmp_path / "d"), "--loader", "device"]) == 0
+    a = _weights(tmp_path / "s" / "snapshot_latest.pt")
+    b = _weights(tmp_path / "d" / "snapshot_latest.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

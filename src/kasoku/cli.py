@@ -43,6 +43,9 @@ def _add_train(sub) -> None:
                    help="iterations between log lines (default: once per epoch)")
     p.add_argument("--snapshot-interval", type=int, metavar="ITERS",
                    help="iterations between snapshots (default: once per epoch)")
+    p.add_argument("--loader", default="serial", choices=["serial", "device"],
+                   help="serial: batches made in this process; device: the whole dataset "
+                        "resident on --device (MNIST, CIFAR-10)")
     p.add_argument("--threads", type=int,
                    help="CPU threads for PyTorch (default: one per core; 1 suits tiny models)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -94,7 +97,7 @@ def _cmd_train(args) -> int:
     train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, device=args.device, out=args.out,
                         log_interval=args.log_interval, snapshot_interval=args.snapshot_interval,
-                        threads=args.threads, progress=not args.no_progress)
+                        loader=args.loader, threads=args.threads, progress=not args.no_progress)
     resume = None
     if args.resume == "auto":
         resume = args.out / "snapshot_latest.pt"

@@ -40,6 +40,9 @@ class TrainConfig:
     """Iterations between log lines (None: once per epoch)."""
     snapshot_interval: int | None = None
     """Iterations between snapshots (None: once per epoch, plus on interrupt)."""
+    loader: str = "serial"
+    """serial (batches made in the training process) | device (the whole dataset resident on
+    the training device; in-memory datasets such as MNIST and CIFAR-10)."""
     threads: int | None = None
     """CPU threads for PyTorch's operators (None: PyTorch's default, one per core). Small
     models such as sine-lstm run faster on one thread, and far faster when other jobs share

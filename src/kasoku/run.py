@@ -31,7 +31,6 @@ def resolve_device(spec: str) -> torch.device:
 
 def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
     """Model, data, optimizer, schedule and the standard extensions of ``kasoku train``."""
-    from kasoku.data.loader import SerialLoader
     from kasoku.train import Trainer
     from kasoku.train import extensions as ext
 
@@ -54,7 +53,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
     model = workload.build_model().to(device)
     optimizer = make_optimizer(recipe.optimizer, model.parameters(), lr,
                                momentum=recipe.momentum, weight_decay=recipe.weight_decay)
-    loader = SerialLoader(train_set, batch_size, shuffle=True, seed=train.seed)
+    loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed)
     metric_fn = workload.metric_fn if workload.has_accuracy else None
     trainer = Trainer(model, optimizer, loader, workload.loss_fn, metric_fn=metric_fn,
                       device=device, stop_trigger=(epochs, "epoch"), out=train.out)
@@ -62,8 +61,10 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
     for schedule in _schedules(recipe, epochs):
         trainer.extend(schedule)
     if val_set is not None:
-        trainer.extend(ext.Evaluator(val_set, model, workload.loss_fn, metric_fn=metric_fn,
-                                     device=device, batch_size=max(batch_size, 100)))
+        val_loader = _make_loader(train.loader, val_set, max(batch_size, 100), device,
+                                  shuffle=False, repeat=False)
+        trainer.extend(ext.Evaluator(val_loader, model, workload.loss_fn, metric_fn=metric_fn,
+                                     device=device))
     log_trigger = (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
     trainer.extend(ext.LogReport(trigger=log_trigger))
     trainer.extend(ext.PrintReport(_print_entries(workload, val_set is not None)))
@@ -79,6 +80,19 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
     if train.progress:
         trainer.extend(ext.ProgressBar())
     return trainer
+
+
+def _make_loader(kind: str, dataset, batch_size: int, device: torch.device, **kwargs):
+    from kasoku.data.device_loader import DeviceLoader
+    from kasoku.data.loader import SerialLoader
+    if kind == "serial":
+        return SerialLoader(dataset, batch_size, **kwargs)
+    if kind == "device":
+        try:
+            return DeviceLoader(dataset, batch_size, device=device, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"--loader device: {exc}")
+    raise ConfigError(f"unknown loader {kind!r}; use serial or device")
 
 
 def _schedules(recipe, epochs: float) -> list:

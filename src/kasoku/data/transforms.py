@@ -102,14 +102,24 @@ class ToUnitFloat:
             raise ValueError("give both mean and std, or neither")
         self.mean = tuple(mean) if mean is not None else None
         self.std = tuple(std) if std is not None else None
+        self._coefficients: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.mean is None:
             return x.to(torch.float32) / 255.0
-        # (x/255 - mean)/std folded into one multiply-add: this runs on every batch.
-        std = torch.as_tensor(self.std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
-        mean = torch.as_tensor(self.mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
-        return torch.addcmul(-mean / std, x.to(torch.float32), 1.0 / (255.0 * std))
+        # (x/255 - mean)/std folded into one multiply-add: this runs on every batch. The
+        # coefficients are made once per device: building them per batch would be a
+        # host-to-device copy (and a sync) on every GPU batch.
+        if x.device not in self._coefficients:
+            std = torch.as_tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+            mean = torch.as_tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+            self._coefficients[x.device] = ((-mean / std).to(x.device),
+                                            (1.0 / (255.0 * std)).to(x.device))
+        offset, scale = self._coefficients[x.device]
+        return torch.addcmul(offset, x.to(torch.float32), scale)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_coefficients": {}}
 
     def __repr__(self) -> str:
         return f"ToUnitFloat(mean={self.mean}, std={self.std})"
