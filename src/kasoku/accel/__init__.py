@@ -1,0 +1,10 @@
+"""Acceleration levers of seed 004, each an ``apply_*`` transform in its own module:
+
+- ``cudnn.apply_cudnn_benchmark``, ``memory_format.apply_channels_last``,
+  ``precision.apply_precision`` (with ``loss_scale.LossScaler`` / ``MasterWeights``),
+  ``compile.apply_compile``, ``graph.apply_cuda_graph``;
+- optimizers ``lars.LARS`` and ``lamb.LAMB`` (by name through ``kasoku.optim.make_optimizer``)
+  and the large-batch rules in ``scaling``;
+- ``compose.accelerate``: applies a whole ``config.AccelConfig`` in the order the levers need;
+  ``cli_args``: the command-line flags that build one.
+"""

@@ -8,10 +8,16 @@ Each reports ``lr`` (group 0's rate used by the step just done) as an observatio
 
 One schedule extension per optimizer; to combine warmup with a decay, nest them:
 ``LinearWarmup(5, inner=CosineLR(90))``.
+
+A group's ``lr`` may be a 0-dim tensor (on the device, as ``kasoku.accel.graph`` makes it for a
+captured CUDA graph, which reads the rate from that memory): the schedule then writes it in
+place with ``fill_`` (no host sync) and reports a clone of it.
 """
 from __future__ import annotations
 
 import math
+
+import torch
 
 from kasoku.train.reporter import PRIORITY_WRITER
 
@@ -30,18 +36,27 @@ class LRSchedule:
 
     def initialize(self, trainer) -> None:
         for group in trainer.optimizer.param_groups:
-            group.setdefault("initial_lr", group["lr"])
+            # A float even when lr is a tensor: the tensor changes in place later. (One read
+            # of a device tensor here, before training.)
+            group.setdefault("initial_lr", float(group["lr"]))
         self._apply(trainer)
 
     def __call__(self, trainer) -> None:
-        trainer.reporter.report({"lr": trainer.optimizer.param_groups[0]["lr"]})
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        # A clone: the reporter keeps the value while the tensor is rewritten below.
+        trainer.reporter.report({"lr": lr.detach().clone() if isinstance(lr, torch.Tensor)
+                                 else lr})
         self._apply(trainer)
 
     def _apply(self, trainer) -> None:
         u = trainer.updater
         step = 1.0 / u.batches_per_epoch
         for group in trainer.optimizer.param_groups:
-            group["lr"] = self.lr_at(group["initial_lr"], u.epoch_detail, step)
+            lr = self.lr_at(group["initial_lr"], u.epoch_detail, step)
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
 
 class StepLR(LRSchedule):

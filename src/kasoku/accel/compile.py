@@ -1,0 +1,48 @@
+"""torch.compile as a lever (seed 004's fused BN+ReLU(+add) and elementwise chains).
+
+The model is compiled in place (``nn.Module.compile``): it stays the same object of the same
+class, with the same ``state_dict`` keys (``torch.compile(model)`` would return a wrapper whose
+keys gain an ``_orig_mod.`` prefix, and snapshots would not load across the lever). Compilation
+happens at the first forward and the first backward, so its time lands in the warm-up steps,
+which a benchmark measures apart from the steady rate.
+"""
+from __future__ import annotations
+
+import shutil
+
+import torch
+from torch import nn
+
+from kasoku.accel.notes import skip
+from kasoku.errors import ConfigError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+GRAPHING_MODES = ("reduce-overhead", "max-autotune")
+"""Modes that capture CUDA graphs of their own (CUDA graph trees)."""
+
+
+def has_cxx_compiler() -> bool:
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = None,
+                  backend: str = "inductor") -> nn.Module:
+    """Compile ``model`` in place with ``cfg.compile_mode`` when ``cfg.compile``; returns it.
+    Apply after everything that changes the weights' dtype or memory format (the compiled
+    code specializes on them). On a CPU inductor needs a C++ compiler: without one the lever
+    is warned about once, noted and skipped. ``backend``: torch.compile's (tests use
+    ``aot_eager``)."""
+    if not cfg.compile:
+        return model
+    if cfg.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
+                          f"{', '.join(COMPILE_MODES)}")
+    device = torch.device(device) if device is not None else None
+    if backend == "inductor" and device is not None and device.type == "cpu" \
+            and not has_cxx_compiler():
+        skip(notes, "compile: inductor needs a C++ compiler on cpu (g++ or clang++) and none "
+                    "is on PATH; running eagerly")
+        return model
+    mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    model.compile(mode=mode, backend=backend)
+    return model

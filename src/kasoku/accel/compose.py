@@ -1,0 +1,88 @@
+"""``accelerate``: the one function that applies an ``AccelConfig`` (the bench and ``kasoku
+train`` call it), composing the ``apply_*`` transforms in the order they need."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
+from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
+from kasoku.accel.cudnn import apply_cudnn_benchmark
+from kasoku.accel.graph import apply_cuda_graph
+from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, has_conv2d
+from kasoku.accel.precision import apply_precision
+from kasoku.errors import ConfigError
+
+
+@dataclass
+class Accelerated:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    step_fn: Callable
+    """step(model, batch, optimizer) -> observations (the trainer's contract); converts the
+    inputs itself (channels_last in the step, float16 by the model's own hooks)."""
+    notes: list[str]
+    """One line per lever skipped or adjusted on this device, and why."""
+    extensions: list = field(default_factory=list)
+    """Trainer extensions to register (``trainer.extend``): the loss scaler's state and
+    fp16-pure's fp32 master weights in snapshots, for an exact resume."""
+
+
+def check_config(cfg: AccelConfig) -> None:
+    """Refuse unknown values and combinations that cannot work on any device, saying what to
+    use instead. (Combinations that depend on the optimizer are checked in ``accelerate``.)"""
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {cfg.precision!r}; choose one of "
+                          f"{', '.join(PRECISIONS)}")
+    if cfg.optimizer_impl is not None and cfg.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise ConfigError(f"unknown optimizer implementation {cfg.optimizer_impl!r}; choose one "
+                          f"of {', '.join(OPTIMIZER_IMPLS)}")
+    if cfg.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
+                          f"{', '.join(COMPILE_MODES)}")
+    if cfg.cuda_graph and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
+        raise ConfigError(
+            f"--cuda-graph with compile mode {cfg.compile_mode!r} would nest two layers of CUDA "
+            f"graphs (that mode captures its own); use --cuda-graph with compile mode default "
+            f"or max-autotune-no-cudagraphs, or compile mode {cfg.compile_mode!r} without "
+            f"--cuda-graph")
+    if not cfg.loss_scale_init > 0:
+        raise ConfigError(f"loss_scale_init must be positive, got {cfg.loss_scale_init}")
+
+
+def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
+               cfg: AccelConfig, device,
+               make_optimizer: Callable[[list, str | None], torch.optim.Optimizer]
+               ) -> Accelerated:
+    """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
+    the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
+    it must update (fp32 masters for fp16-pure), the step function, the notes, and the
+    extensions to register. Invalid combinations raise ``ConfigError``; a lever that cannot
+    apply on this device or model is skipped with one warning and a note."""
+    check_config(cfg)
+    device = torch.device(device)
+    notes: list[str] = []
+    model = model.to(device)
+    apply_cudnn_benchmark(cfg, device, notes)
+    # Weight layout and dtype first: the compiled code specializes on both, and fp16-pure
+    # decides which tensors the optimizer holds (fp32 masters copied from the final weights).
+    model = apply_channels_last(model, cfg, notes)
+    precision = apply_precision(model, cfg, device, notes)
+    # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
+    # the Parameter objects).
+    model = apply_compile(model, cfg, device, notes)
+    optimizer = make_optimizer(precision.params, cfg.optimizer_impl)
+    step_fn = precision.make_step(loss_fn, metric_fn)
+    if cfg.channels_last and has_conv2d(model):
+        step_fn = ChannelsLastInputs(step_fn)
+    if cfg.cuda_graph and device.type == "cuda" and precision.scaler is not None \
+            and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        raise ConfigError(
+            f"--cuda-graph with precision {precision.mode}: {type(optimizer).__name__} in this "
+            f"implementation decides on the host whether to skip an overflowing step, which a "
+            f"graph cannot; use --optimizer-impl fused (or optimizer lars/lamb)")
+    # The graph last: it must hold the whole step, input conversion and loss scaling included.
+    step_fn = apply_cuda_graph(step_fn, cfg, device, optimizer, notes)
+    return Accelerated(model, optimizer, step_fn, notes, list(precision.extensions))

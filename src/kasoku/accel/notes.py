@@ -1,0 +1,36 @@
+"""How a lever says it cannot apply on this device: one warning per process, and a note.
+
+Every ``apply_*`` transform takes ``notes`` (a list, or None) and appends one line per lever
+it skipped or adjusted; ``kasoku.accel.compose.accelerate`` returns them so a benchmark can
+record what actually ran. The warning is printed once per process however many models are
+accelerated (a bench subprocess, a test session).
+"""
+from __future__ import annotations
+
+import warnings
+
+
+class LeverWarning(UserWarning):
+    """A lever has no effect on this device or model and was skipped or adjusted."""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message in _warned:
+        return
+    _warned.add(message)
+    warnings.warn(message, LeverWarning, stacklevel=3)
+
+
+def skip(notes: list[str] | None, message: str) -> None:
+    """Record ``message`` in ``notes`` (every time) and warn with it (once per process)."""
+    if notes is not None:
+        notes.append(message)
+    warn_once(message)
+
+
+def reset_warnings() -> None:
+    """Forget which warnings were given (for tests)."""
+    _warned.clear()
