@@ -49,6 +49,8 @@ def _add_train(sub) -> None:
     p.add_argument("--threads", type=int,
                    help="CPU threads for PyTorch (default: one per core; 1 suits tiny models)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from kasoku.accel.cli_args import add_accel_arguments
+    add_accel_arguments(p)
 
 
 def _add_data(sub) -> None:
@@ -105,7 +107,9 @@ def _cmd_train(args) -> int:
         resume = Path(args.resume)
     from kasoku.train import TrainingInterrupted
     try:
-        train_workload(args.workload, data, train, resume=resume)
+        from kasoku.accel.cli_args import accel_config_from_args
+        train_workload(args.workload, data, train, resume=resume,
+                       accel=accel_config_from_args(args))
     except TrainingInterrupted as exc:
         command = " ".join(["kasoku", *_without_resume(args.argv), "--resume", str(exc.snapshot)])
         print(f"to continue this run: {command}", file=sys.stderr)

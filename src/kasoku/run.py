@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from kasoku.accel.compose import accelerate
+from kasoku.accel.config import AccelConfig
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.errors import ConfigError
 from kasoku.optim import make_optimizer
@@ -29,8 +31,10 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
-    """Model, data, optimizer, schedule and the standard extensions of ``kasoku train``."""
+def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
+                  accel: AccelConfig | None = None):
+    """Model, data, optimizer, schedule, the acceleration levers of ``accel`` and the standard
+    extensions of ``kasoku train``."""
     from kasoku.train import Trainer
     from kasoku.train import extensions as ext
 
@@ -50,13 +54,19 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig):
 
     torch.manual_seed(train.seed)
     train_set, val_set = workload.build_datasets(data, seed=train.seed)
-    model = workload.build_model().to(device)
-    optimizer = make_optimizer(recipe.optimizer, model.parameters(), lr,
-                               momentum=recipe.momentum, weight_decay=recipe.weight_decay)
-    loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed)
     metric_fn = workload.metric_fn if workload.has_accuracy else None
+    accelerated = accelerate(
+        workload.build_model(), workload.loss_fn, metric_fn, accel or AccelConfig(), device,
+        lambda params, impl: make_optimizer(recipe.optimizer, params, lr, impl=impl,
+                                            momentum=recipe.momentum,
+                                            weight_decay=recipe.weight_decay))
+    model, optimizer = accelerated.model, accelerated.optimizer
+    loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed)
     trainer = Trainer(model, optimizer, loader, workload.loss_fn, metric_fn=metric_fn,
-                      device=device, stop_trigger=(epochs, "epoch"), out=train.out)
+                      device=device, stop_trigger=(epochs, "epoch"), out=train.out,
+                      step_fn=accelerated.step_fn)
+    for extension in accelerated.extensions:
+        trainer.extend(extension)
 
     for schedule in _schedules(recipe, epochs):
         trainer.extend(schedule)
@@ -121,10 +131,10 @@ def _print_entries(workload: Workload, has_val: bool) -> list[str]:
 
 
 def train_workload(name: str, data: DataConfig, train: TrainConfig,
-                   resume: Path | None = None):
+                   resume: Path | None = None, accel: AccelConfig | None = None):
     """Train workload ``name``; returns the trainer (its LogReport holds the figures)."""
     workload = create_workload(name)
-    trainer = build_trainer(workload, data, train)
+    trainer = build_trainer(workload, data, train, accel)
     if resume is not None and not Path(resume).exists():
         raise ConfigError(f"--resume: no snapshot at {resume}; train without --resume first, "
                           f"or give the snapshot's path")

@@ -19,9 +19,10 @@ class AccelConfig:
     """NHWC memory format for conv nets (warns once when the model has no 4-d convolutions)."""
     cudnn_benchmark: bool = False
     """cuDNN autotuning; its time is spent in warm-up, outside the measured rate."""
-    optimizer_impl: str = "foreach"
+    optimizer_impl: str | None = None
     """loop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one kernel for all
-    weights: seed 004's batched weight update)."""
+    weights: seed 004's batched weight update) | None: fused where PyTorch has it, else
+    foreach."""
     compile: bool = False
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"

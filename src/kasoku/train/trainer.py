@@ -54,7 +54,9 @@ class _SchedulerStep:
         self.scheduler = scheduler
 
     def __call__(self, trainer) -> None:
-        trainer.reporter.report({"lr": trainer.optimizer.param_groups[0]["lr"]})
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        # A tensor lr (under a CUDA graph) is updated in place: report a copy.
+        trainer.reporter.report({"lr": lr.detach().clone() if torch.is_tensor(lr) else lr})
         self.scheduler.step()
 
 
