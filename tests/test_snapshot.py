@@ -87,3 +87,36 @@ def test_rng_states_round_trip(tmp_path):
     assert torch.equal(got[0], expected[0])
     assert np.array_equal(got[1], expected[1])
     assert got[2:] == expected[2:]
+
+
+class _FakeTrainer:
+    def __init__(self, out, weights):
+        from types import SimpleNamespace
+        self.out, self.weights = out, weights
+        self.updater = SimpleNamespace(iteration=7, epoch=1)
+
+    def state_dict(self):
+        return {"w": self.weights, "iteration": self.updater.iteration}
+
+
+def test_background_snapshot_is_a_copy_taken_at_the_call(tmp_path):
+    from kasoku.train.extensions import Snapshot
+    weights = torch.ones(4)
+    trainer = _FakeTrainer(tmp_path, weights)
+    ext = Snapshot(background=True)
+    ext(trainer)
+    weights.add_(5)  # training goes on in place while the file is written
+    ext.finalize(trainer)
+    assert torch.equal(load_snapshot(tmp_path / "snapshot_latest.pt")["w"], torch.ones(4))
+
+
+def test_background_write_failure_is_raised_at_finalize(tmp_path, monkeypatch):
+    from kasoku.train.extensions import Snapshot
+    trainer = _FakeTrainer(tmp_path, torch.ones(2))
+    save_snapshot({"w": torch.zeros(2)}, tmp_path / "snapshot_latest.pt")
+    monkeypatch.setattr(torch, "save", crash_half_way)
+    ext = Snapshot(background=True)
+    ext(trainer)
+    with pytest.raises(OSError, match="disk full"):
+        ext.finalize(trainer)
+    assert torch.equal(load_snapshot(tmp_path / "snapshot_latest.pt")["w"], torch.zeros(2))

@@ -287,3 +287,14 @@ def test_torch_scheduler_is_stepped_and_resumed(tmp_path):
     resumed.run(resume=tmp_path / "snapshot_latest.pt")
     assert lrs == whole_lrs[3:]
     assert resumed.scheduler.last_epoch == whole.scheduler.last_epoch == 6
+
+
+def test_plot_report_redraws_at_most_every_interval_and_at_the_end(tmp_path, monkeypatch):
+    trainer, _ = make_trainer(tmp_path, epochs=3)
+    trainer.extend(LogReport())
+    plot = PlotReport(["main/loss"], filename="loss.png", min_interval_s=3600)
+    drawn = []
+    monkeypatch.setattr(plot, "draw", lambda log, path: drawn.append(len(log)))
+    trainer.extend(plot)
+    trainer.run()
+    assert drawn == [1, 3]  # the first interval at once, then only the final redraw

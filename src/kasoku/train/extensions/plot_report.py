@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from kasoku.train.reporter import PRIORITY_READER
 
@@ -11,24 +12,37 @@ class PlotReport:
     ``y_keys`` against ``x_key``; entries without a key are skipped. matplotlib is imported
     on the first draw and used through its Agg canvas directly (no pyplot, no global backend
     change), and the file is written to a temporary name and renamed, so a viewer never sees
-    a half-written image."""
+    a half-written image.
+
+    A redraw costs tens of milliseconds, so it happens at most every ``min_interval_s``
+    seconds (the first one at once), and once more in ``finalize`` if the log grew since: a
+    short epoch of a small model is not held up by drawing charts."""
     trigger = (1, "iteration")
     priority = PRIORITY_READER
     name = "PlotReport"
 
     def __init__(self, y_keys, x_key: str = "epoch", filename: str = "loss.png",
-                 log_report="LogReport", marker: str | None = "."):
+                 log_report="LogReport", marker: str | None = ".",
+                 min_interval_s: float = 10.0):
         self.y_keys = [y_keys] if isinstance(y_keys, str) else list(y_keys)
         self.x_key, self.filename, self.marker = x_key, filename, marker
         self.log_report = log_report
-        self._plotted = 0
+        self.min_interval_s = min_interval_s
+        self._plotted, self._drawn_at = 0, None
 
     def __call__(self, trainer) -> None:
+        if self._drawn_at is None or time.monotonic() - self._drawn_at >= self.min_interval_s:
+            self._draw_if_new(trainer)
+
+    def finalize(self, trainer) -> None:
+        self._draw_if_new(trainer)
+
+    def _draw_if_new(self, trainer) -> None:
         source = self.log_report
         log = (trainer.get_extension(source) if isinstance(source, str) else source).log
         if len(log) > self._plotted:
             self.draw(log, trainer.out / self.filename)
-            self._plotted = len(log)
+            self._plotted, self._drawn_at = len(log), time.monotonic()
 
     def draw(self, log: list[dict], path) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
