@@ -61,7 +61,7 @@ def run(variant: str, data: Path, epochs: int, batch: int = 100) -> dict:
             loss.backward()
             opt.step()
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
         sx, sy = x[:batch].clone(), y[:batch].clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
