@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the registered workloads and their recipes")
     _add_train(sub)
+    from kasoku.bench.cli_args import add_bench_parser
+    add_bench_parser(sub)
     _add_data(sub)
     return parser
 
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv
-    handlers = {"list": _cmd_list, "train": _cmd_train, "data": _cmd_data}
+    from kasoku.bench.cli_args import cmd_bench
+    handlers = {"list": _cmd_list, "train": _cmd_train, "bench": cmd_bench, "data": _cmd_data}
     try:
         return handlers[args.command](args)
     except (DataError, ConfigError, SnapshotError) as exc:

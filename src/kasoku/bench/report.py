@@ -1,0 +1,134 @@
+"""The ladder as a terminal table and as seed 004's chart, made from result records only."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kasoku.bench.results import median_rate, read_results
+from kasoku.report import print_table
+
+
+def unit(records: list[dict]) -> str:
+    """"images/s" for image workloads (inputs of shape C x H x W), else "samples/s"."""
+    for r in records:
+        shape = (r.get("data") or {}).get("input_shape")
+        if shape is not None:
+            return "images/s" if len(shape) == 3 else "samples/s"
+    return "samples/s"
+
+
+def _grid(records: list[dict]):
+    rungs = list(dict.fromkeys(r["rung"] for r in records))
+    sizes = sorted({r["batch_size"] for r in records})
+    cells = {(r["rung"], r["batch_size"]): r for r in records}
+    return rungs, sizes, cells
+
+
+def _cell(record: dict | None, plain: dict | None) -> str:
+    if record is None:
+        return "-"
+    if record["status"] != "ok":
+        return record["status"].upper() if record["status"] == "oom" else record["status"]
+    rate = median_rate(record)
+    text = f"{rate:,.0f}"
+    base = median_rate(plain) if plain is not None else None
+    if base:
+        text += f" x{rate / base:.2f}"
+    mfu = record["figures"].get("mfu")
+    if mfu is not None:
+        text += f" {100 * mfu:.0f}%"
+    if record.get("numerics", {}).get("status") == "FAIL":
+        text += " NUMERICS FAIL"
+    return text
+
+
+def print_ladder(records: list[dict], title: str | None = None, file=None) -> None:
+    """Rung rows x batch-size columns: median rate, speed-up over ``plain`` at the same batch
+    size, MFU; then the numerics verdict of the rung."""
+    rungs, sizes, cells = _grid(records)
+    rows = []
+    for rung in rungs:
+        verdicts = {cells[(rung, bs)].get("numerics", {}).get("status")
+                    for bs in sizes if (rung, bs) in cells}
+        numerics = "FAIL" if "FAIL" in verdicts else "ok" if "ok" in verdicts else "n/a"
+        rows.append([rung, *[_cell(cells.get((rung, bs)), cells.get(("plain", bs)))
+                             for bs in sizes], numerics])
+    headers = ["rung", *[f"bs {bs}" for bs in sizes], "numerics"]
+    title = (title or "") + f"  [cells: {unit(records)} median, x speed-up vs plain, MFU]"
+    print_table(headers, rows, title=title.strip(), file=file)
+
+
+def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
+    """Grouped bars as in seed 004: x = batch size, one bar per rung, y = median rate, with
+    min-max whiskers; an OOM is written where its bar would stand, a numerics failure is
+    hatched."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rungs, sizes, cells = _grid(records)
+    fig = Figure(figsize=(max(6.4, 1.2 + 1.1 * len(sizes) * max(1, len(rungs)) / 3), 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(rungs))
+    top = max([median_rate(r) or 0.0 for r in records] + [1.0])
+    for i, rung in enumerate(rungs):
+        xs, heights, errs, hatches = [], [], [[], []], []
+        for j, bs in enumerate(sizes):
+            x = j - 0.4 + width * (i + 0.5)
+            record = cells.get((rung, bs))
+            rate = median_rate(record) if record else None
+            if rate is None:
+                if record is not None:
+                    ax.text(x, top * 0.01, record["status"].upper(), rotation=90, ha="center",
+                            va="bottom", fontsize=7)
+                continue
+            s = record["figures"]["samples_per_s"]
+            xs.append(x)
+            heights.append(rate)
+            errs[0].append(rate - s["min"])
+            errs[1].append(s["max"] - rate)
+            hatches.append(record.get("numerics", {}).get("status") == "FAIL")
+        bars = ax.bar(xs, heights, width, yerr=errs, capsize=2, label=rung)
+        for bar, failed in zip(bars, hatches):
+            if failed:
+                bar.set_hatch("xx")
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), "FAIL",
+                        ha="center", va="bottom", fontsize=7, color="red")
+    ax.set_xticks(range(len(sizes)), [f"bs:{bs}" for bs in sizes])
+    ax.set_xlim(-0.5, len(sizes) - 0.5)  # also where only OOM labels stand
+    ax.set_ylabel(unit(records).capitalize())
+    ax.set_title(f"{title}\nbars: median, whiskers: min-max of the timed windows", fontsize=9)
+    ax.legend(fontsize=7, ncols=min(4, max(1, len(rungs))), loc="upper left")
+    ax.set_ylim(0, top * 1.25)
+    ax.grid(axis="y", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+    return path
+
+
+def latest_runs(records: list[dict], workload: str, device_type: str) -> list[dict]:
+    """The last record of each (rung, batch size) of ``workload`` on ``device_type``, plain
+    first and the rest in the order they first appear: what ``--report`` shows after a ladder
+    split over several commands."""
+    latest: dict = {}
+    for r in records:
+        if r.get("workload") == workload and r.get("device") == device_type:
+            latest.pop((r["rung"], r["batch_size"]), None)
+            latest[(r["rung"], r["batch_size"])] = r
+    # plain first, then as measured (the sweep measures the fp32 reference before plain).
+    order = list(dict.fromkeys(["plain", *(r["rung"] for r in records)]))
+    return sorted(latest.values(), key=lambda r: (order.index(r["rung"]), r["batch_size"]))
+
+
+def report_results(out: Path, workload: str, device_type: str, file=None) -> Path | None:
+    """Table and chart from ``out/results.jsonl`` alone; returns the chart's path (None when
+    nothing was measured)."""
+    records = latest_runs(read_results(out), workload, device_type)
+    if not records:
+        raise FileNotFoundError(f"no {workload} runs on {device_type} in {out}")
+    env = records[0].get("env", {})
+    title = (f"{workload} on {env.get('device_name', device_type)} (torch {env.get('torch')}, "
+             f"synthetic on-device, latest run of each rung and batch size)")
+    print_ladder(records, title=title, file=file)
+    if any(median_rate(r) for r in records):
+        return plot_ladder(records, Path(out) / "ladder.png", title)
+    return None

@@ -1,0 +1,66 @@
+"""The results store: one JSON line per measured run in ``OUT/results.jsonl`` (appended, never
+rewritten), from which the table and the chart are made.
+
+A line (schema ``kasoku.bench/1``)::
+
+    schema, sweep_id, time (UTC ISO-8601), wall_s (the run's subprocess, start to exit)
+    workload, rung, batch_size, device, status ("ok" | "oom" | "error" | "timeout"),
+    error (the error's last line, or null)
+    config:   {"kind": "plain", ...} or {"kind": "kasoku", <every AccelConfig field>}
+    settings: steps_per_window, windows, warmup_steps, numerics_steps, seed, pool_batches,
+              optimizer, lr, momentum, weight_decay
+    data:     source ("synthetic on-device"), input_shape, input_dtype, input_range, target
+    env:      kasoku_version, kasoku_git, python, torch, cuda, cudnn, driver, device_type,
+              device_name, device_count, compute_capability (CUDA), cpu_name, cpu_count,
+              cpu_affinity, torch_threads, platform
+    figures:  samples_per_s {median, min, max, n}, step_time_ms {median, min, max},
+              steps_per_window, warmup_s, first_step_s, final_loss, mem_peak_gib,
+              mem_peak_kind, model_flops_per_step, flops_method, compute_dtype,
+              peak_flops_per_s, peak (the probe's record), mfu, mfu_note
+    numerics: status ("ok" | "FAIL" | "n/a"), losses (the first K), loss (step K),
+              mean_loss, reference_mean_loss, rel_diff, tolerance, steps, reason
+    notes:    levers skipped or adjusted on this device, and why
+    log:      (failed runs only) the file holding the run's whole stderr
+
+mem_peak_gib is torch.cuda.max_memory_allocated over the whole run on a GPU (the pool of
+synthetic batches included), the process's peak resident memory on a CPU (mem_peak_kind).
+
+Figures a run did not reach are absent or null (an OOM has no samples_per_s).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SCHEMA = "kasoku.bench/1"
+RESULTS_FILE = "results.jsonl"
+
+
+def append_result(out: Path, record: dict) -> None:
+    """Append one line; the folder is created on first use."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / RESULTS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=False) + "\n")
+
+
+def read_results(path: Path, sweep_id: str | None = None) -> list[dict]:
+    """Every line of ``path`` (a results.jsonl or the folder holding it), optionally only one
+    sweep's."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                if sweep_id is None or record.get("sweep_id") == sweep_id:
+                    records.append(record)
+    return records
+
+
+def median_rate(record: dict) -> float | None:
+    """Median samples/s of an ``ok`` run, else None."""
+    if record.get("status") != "ok":
+        return None
+    return (record.get("figures", {}).get("samples_per_s") or {}).get("median")

@@ -1,0 +1,254 @@
+"""Run ONE (workload, rung, batch size) in this process and report it as one JSON line.
+
+    python -m kasoku.bench.worker --json --workload mnist-mlp --rung fp32 \
+        --config '{"kind": "kasoku", "precision": "fp32", ...}' --batch-size 100 --device cpu
+
+Phases: build the model (seeded) and a pool of synthetic batches on the device; apply the rung;
+numerics (the first K steps on the fixed batches, whose losses the sweep compares with the fp32
+rung's, see ``kasoku.bench.numerics``); warm-up (absorbing compilation, cuDNN autotuning and
+graph capture: the first step is timed on its own, ``warmup_s`` covers both phases); then
+``windows`` timed windows of ``steps`` steps. ``--numerics-only`` stops after the numerics
+phase. ``--probe-peak DTYPES`` instead measures matmul peaks (``kasoku.perf.peak``).
+
+Test hooks (environment): ``KASOKU_BENCH_SIMULATE_OOM=64[,128]`` raises an out-of-memory
+error at those batch sizes; ``KASOKU_BENCH_SIMULATE_DIVERGENCE=LABEL[,LABEL]`` multiplies the
+learning rate of those rungs by 1e4, so the numerics guard has something to catch.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import resource
+import sys
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from kasoku.accel.config import AccelConfig
+from kasoku.bench import plain
+from kasoku.bench.numerics import DEFAULT_STEPS
+from kasoku.bench.pool import batch_spec, cycle, make_pool
+from kasoku.bench.rungs import Rung, compute_dtype
+from kasoku.bench.timing import measure_windows, timed
+from kasoku.perf.sysinfo import environment
+from kasoku.workloads import create_workload
+
+OOM_ENV = "KASOKU_BENCH_SIMULATE_OOM"
+DIVERGE_ENV = "KASOKU_BENCH_SIMULATE_DIVERGENCE"
+DIVERGE_LR_SCALE = 1e4
+OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    workload: str
+    rung: Rung
+    batch_size: int
+    device: str = "cpu"
+    steps: int = 20
+    """Steps per timed window."""
+    windows: int = 3
+    warmup: int = 5
+    """Warm-up steps after the numerics phase (which already absorbs compilation)."""
+    numerics_steps: int = DEFAULT_STEPS
+    seed: int = 0
+    threads: int | None = None
+    """CPU threads (None: the workload's preference, else PyTorch's default)."""
+    pool_batches: int = 4
+    numerics_only: bool = False
+
+
+def run(req: WorkerRequest) -> dict:
+    """Measure one configuration; never raises for an OOM or a failing step: the returned
+    record says ``status`` ("ok", "oom" or "error") and ``error`` (the error's last line)."""
+    device = torch.device(req.device)
+    wl = create_workload(req.workload)
+    threads = req.threads or (wl.cpu_threads if device.type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    record = {
+        "workload": req.workload, "rung": req.rung.label, "batch_size": req.batch_size,
+        "device": device.type, "config": req.rung.config_dict(),
+        "settings": {"steps_per_window": req.steps, "windows": req.windows,
+                     "warmup_steps": req.warmup, "numerics_steps": req.numerics_steps,
+                     "seed": req.seed, "pool_batches": req.pool_batches,
+                     "optimizer": wl.recipe.optimizer, "lr": wl.recipe.lr,
+                     "momentum": wl.recipe.momentum, "weight_decay": wl.recipe.weight_decay},
+        "env": environment(device), "status": "error", "error": None, "notes": [],
+        "numerics": {"loss": None, "steps": req.numerics_steps},
+        "figures": {"compute_dtype": compute_dtype(req.rung)},
+    }
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        _measure(req, wl, device, record)
+        record["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+        record["status"] = "oom" if _is_oom(exc) else "error"
+        record["error"] = _last_line(exc)
+        if record["status"] == "error":
+            traceback.print_exc(file=sys.stderr)
+    record["figures"].update(_memory_peak(device))
+    return record
+
+
+def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None:
+    figures, notes = record["figures"], record["notes"]
+    torch.manual_seed(req.seed)
+    model = wl.build_model()
+    spec = batch_spec(wl, model)
+    record["data"] = {"source": "synthetic on-device", **spec.describe()}
+    simulated = os.environ.get(OOM_ENV, "")
+    if str(req.batch_size) in [s.strip() for s in simulated.split(",")]:
+        raise OutOfMemoryError(f"CUDA out of memory (simulated by {OOM_ENV}={simulated} at "
+                               f"batch size {req.batch_size})")
+    lr = wl.recipe.lr
+    if req.rung.label in [s.strip() for s in os.environ.get(DIVERGE_ENV, "").split(",")]:
+        lr *= DIVERGE_LR_SCALE
+        notes.append(f"learning rate x{DIVERGE_LR_SCALE:g} by {DIVERGE_ENV} (test hook)")
+    model = model.to(device)
+    pool = make_pool(spec, req.batch_size, device, req.pool_batches, seed=req.seed)
+    runner = _make_runner(req.rung, wl, model, device, lr, notes)
+
+    # Numerics: the first K steps one at a time, every loss kept on the device (one sync at
+    # the end; cloned, as a graphed step returns the same output tensor at every replay).
+    # The first step, timed alone, holds compilation and graph capture; warm-up steps
+    # follow. ``warmup_s`` covers all of these.
+    k, losses = req.numerics_steps, []
+
+    def one_by_one(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            losses.append(runner(cycle(pool, 1, i)).clone())
+
+    _, first_s = timed(device, lambda: one_by_one(0, 1))
+    _, rest_s = timed(device, lambda: one_by_one(1, k - 1))
+    done = max(k, 1)
+    figures["first_step_s"] = first_s
+    if k:
+        trajectory = torch.stack(losses).float().tolist()  # note: host sync, outside timing
+        record["numerics"].update(loss=trajectory[-1], losses=trajectory)
+        if req.numerics_only:
+            return
+    warm_s = 0.0
+    if req.warmup:
+        _, warm_s = timed(device, lambda: runner(cycle(pool, req.warmup, done)))
+        done += req.warmup
+    figures["warmup_s"] = first_s + rest_s + warm_s
+    m, loss = measure_windows(runner, pool, device, req.batch_size, req.steps, req.windows,
+                              start=done)
+    figures.update(m.figures())
+    figures["final_loss"] = float(loss)
+
+
+def _make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
+    from kasoku.optim import make_optimizer
+    r = wl.recipe
+    if rung.is_plain:
+        plain.setup_backends()
+        optimizer = plain.make_optimizer(r, model.parameters(), lr)
+        return functools.partial(plain.train_steps, model, optimizer, loss_fn=wl.loss_fn)
+    from kasoku.accel.compose import accelerate
+
+    def build_optimizer(params, impl):
+        return make_optimizer(r.optimizer, params, lr, momentum=r.momentum,
+                              weight_decay=r.weight_decay, impl=impl)
+
+    acc = accelerate(model, wl.loss_fn, wl.metric_fn if wl.has_accuracy else None,
+                     rung.config, device, build_optimizer)
+    notes.extend(acc.notes)
+    acc.model.train()
+    step_fn, acc_model, optimizer = acc.step_fn, acc.model, acc.optimizer
+
+    def run_steps(batches):
+        for batch in batches:
+            observation = step_fn(acc_model, batch, optimizer)
+        return observation["main/loss"]
+
+    return run_steps
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _last_line(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
+def _memory_peak(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"mem_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                "mem_peak_kind": "torch.cuda.max_memory_allocated"}
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"mem_peak_gib": kib / 2**20, "mem_peak_kind": "host max RSS of the process"}
+
+
+def probe_peaks(device: str, dtypes: list[str], size: int | None, threads: int | None) -> dict:
+    """``{dtype: PeakResult dict or {"error": ...}}``, measured in this process."""
+    from kasoku.perf.peak import measure_matmul_peak
+    if threads:
+        torch.set_num_threads(threads)
+    out = {}
+    for dtype in dtypes:
+        try:
+            out[dtype] = measure_matmul_peak(device, dtype, size=size).to_dict()
+        except (RuntimeError, ValueError) as exc:
+            out[dtype] = {"error": _last_line(exc)}
+    return out
+
+
+def config_from_json(text: str) -> AccelConfig | None:
+    data = json.loads(text)
+    if data.pop("kind", "kasoku") == "plain":
+        return None
+    names = {f.name for f in dataclasses.fields(AccelConfig)}
+    return AccelConfig(**{k: v for k, v in data.items() if k in names})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kasoku.bench.worker",
+                                description="one benchmark run, reported as one JSON line")
+    p.add_argument("--json", action="store_true", help="print the record as one JSON line")
+    p.add_argument("--workload")
+    p.add_argument("--rung", default="custom", help="label of the rung")
+    p.add_argument("--config", default='{"kind": "plain"}', help="rung config as JSON")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--numerics-steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--numerics-only", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--pool-batches", type=int, default=4)
+    p.add_argument("--probe-peak", metavar="DTYPES", help="measure matmul peaks instead")
+    p.add_argument("--peak-size", type=int)
+    args = p.parse_args(argv)
+    if args.probe_peak:
+        result = probe_peaks(args.device, args.probe_peak.split(","), args.peak_size,
+                             args.threads)
+        print(json.dumps(result))
+        return 0
+    if not args.workload or not args.batch_size:
+        p.error("--workload and --batch-size are required")
+    req = WorkerRequest(args.workload, Rung(args.rung, config_from_json(args.config)),
+                        args.batch_size, args.device, args.steps, args.windows, args.warmup,
+                        args.numerics_steps, args.seed, args.threads, args.pool_batches,
+                        args.numerics_only)
+    record = run(req)
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps(record))
+    else:
+        print(record)
+    return 1 if record["status"] == "error" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""This device's matrix-product peak for a dtype, measured (MFU's denominator).
+
+GPU: square ``size``-cubed products (8192 by default, large enough to reach the tensor cores'
+plateau on an H200), timed with CUDA events around a run of back-to-back products, the median
+of ``reps`` runs. CPU: a smaller product (2048 by default) timed with ``perf_counter``, on the
+threads PyTorch is set to use, so the peak matches what the benchmark's operators get.
+
+Each dtype is measured in a state that touches no other: ``tf32`` turns TF32 on for the fp32
+product and restores the previous setting; ``fp32`` forces it off.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+PEAK_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+               "fp16": torch.float16}
+DEFAULT_SIZE = {"cuda": 8192, "cpu": 2048}
+TARGET_RUN_S = {"cuda": 0.02, "cpu": 0.05}
+"""Each timed run repeats the product until it lasts about this long."""
+
+
+@dataclass(frozen=True)
+class PeakResult:
+    dtype: str
+    device: str
+    device_name: str
+    size: int
+    flops_per_s: float
+    """Median over the runs."""
+    min_flops_per_s: float
+    max_flops_per_s: float
+    reps: int
+    products_per_rep: int
+    threads: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_matmul_peak(device: str | torch.device, dtype: str, size: int | None = None,
+                        reps: int | None = None) -> PeakResult:
+    """Measure the product rate of two ``size``x``size`` matrices of ``dtype`` (a key of
+    ``PEAK_DTYPES``) on ``device``, in FLOP/s (2 * size^3 per product)."""
+    device = torch.device(device)
+    if dtype not in PEAK_DTYPES:
+        raise ValueError(f"unknown peak dtype {dtype!r}; choose one of {', '.join(PEAK_DTYPES)}")
+    if dtype == "tf32" and device.type != "cuda":
+        raise ValueError("tf32 is a CUDA tensor-core mode; there is no tf32 peak on "
+                         f"{device.type}")
+    size = size or DEFAULT_SIZE.get(device.type, DEFAULT_SIZE["cpu"])
+    reps = reps or (7 if device.type == "cuda" else 5)
+    if size < 1 or reps < 1:
+        raise ValueError(f"size and reps must be >= 1, got {size} and {reps}")
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        rates, inner = _measure(device, PEAK_DTYPES[dtype], size, reps)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return PeakResult(dtype=dtype, device=device.type, device_name=_device_name(device),
+                      size=size, flops_per_s=statistics.median(rates),
+                      min_flops_per_s=min(rates), max_flops_per_s=max(rates), reps=reps,
+                      products_per_rep=inner, threads=torch.get_num_threads())
+
+
+def _measure(device: torch.device, dtype: torch.dtype, size: int, reps: int):
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, generator=g).to(dtype)
+    b = torch.randn(size, size, device=device, generator=g).to(dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    flops = 2.0 * size ** 3
+    # Warm-up: library initialization, kernel selection, clocks ramping up.
+    one = max(_timed(device, lambda: torch.mm(a, b, out=out)) for _ in range(3))
+    inner = max(1, round(TARGET_RUN_S.get(device.type, 0.05) / max(one, 1e-9)))
+
+    def run():
+        for _ in range(inner):
+            torch.mm(a, b, out=out)
+
+    rates = [flops * inner / _timed(device, run) for _ in range(reps)]
+    return rates, inner
+
+
+def _timed(device: torch.device, fn) -> float:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()  # note: a host sync, outside the timed span
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from kasoku.perf.sysinfo import cpu_name
+    return cpu_name()

@@ -1,0 +1,116 @@
+"""``kasoku bench`` end to end on the CPU, one sweep shared by the tests of this file: every
+run in its own worker process, results.jsonl, the table, ladder.png, a simulated OOM, and the
+numerics guard failing a deliberately broken rung. Compile rungs are left out: compiling
+takes longer here than this whole file may."""
+import argparse
+import contextlib
+import io
+import json
+
+import pytest
+from PIL import Image
+
+from kasoku.bench.cli_args import add_bench_parser, cmd_bench
+from kasoku.bench.sweep import SweepResult
+from kasoku.bench.worker import DIVERGE_ENV, OOM_ENV
+
+pytestmark = pytest.mark.slow  # one sweep of 12 worker processes, ~30 s on 2 cores
+
+MLP_FLOPS_PER_SAMPLE = 2 * 1_794_000 * 2 + 2 * (1000 * 1000 + 1000 * 10)
+"""784-1000-1000-10: forward and weight gradients 2*in*out per layer, input gradients for
+all layers but the first."""
+BROKEN = "precision=bf16"
+"""A custom rung whose learning rate the worker's test hook multiplies by 1e4."""
+FAST = ["--device", "cpu", "--steps", "2", "--windows", "2", "--warmup", "1",
+        "--numerics-steps", "4", "--threads", "1", "--peak-size", "128"]
+
+
+def bench(argv):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cmd_bench(parser.parse_args(["bench", *argv]))
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(OOM_ENV, "64")
+        mp.setenv(DIVERGE_ENV, BROKEN)
+        code, text = bench(["mnist-mlp", "--batch-size", "8,16,64", "--config", "fp32",
+                            "--config", "bf16", "--config", "+channels_last", "--config",
+                            BROKEN, "--out", str(out), *FAST])
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    return code, text, records, out
+
+
+def test_cpu_ladder_writes_the_documented_results(sweep):
+    code, text, records, out = sweep
+    assert "+channels_last skipped" in text and "channels_last does not apply" in text
+    assert {(r["rung"], r["batch_size"]) for r in records} == \
+        {(rung, bs) for rung in ("plain", "fp32", "bf16", BROKEN) for bs in (8, 16, 64)}
+    assert len({r["sweep_id"] for r in records}) == 1
+    for r in records:
+        assert r["schema"] == "kasoku.bench/1" and r["workload"] == "mnist-mlp"
+        assert r["device"] == "cpu" and r["wall_s"] > 0
+        for key in ("kasoku_git", "torch", "cuda", "cudnn", "driver", "device_name",
+                    "device_count", "cpu_count"):
+            assert key in r["env"], key
+        assert r["data"]["source"] == "synthetic on-device"
+        assert r["config"]["kind"] == ("plain" if r["rung"] == "plain" else "kasoku")
+        if r["batch_size"] == 64:
+            continue
+        assert r["status"] == "ok", r["error"]
+        f = r["figures"]
+        s = f["samples_per_s"]
+        assert s["n"] == 2 and 0 < s["min"] <= s["median"] <= s["max"]
+        assert f["step_time_ms"]["median"] > 0 and f["warmup_s"] > 0 and f["mem_peak_gib"] > 0
+        assert f["model_flops_per_step"] == MLP_FLOPS_PER_SAMPLE * r["batch_size"]
+        assert f["compute_dtype"] == ("fp32" if r["rung"] in ("plain", "fp32") else "bf16")
+        assert f["peak"]["dtype"] == f["compute_dtype"] and f["peak_flops_per_s"] > 0
+        assert "mfu" in f and (f["mfu"] is None or 0 < f["mfu"] <= 1) and f["mfu_note"]
+        assert len(r["numerics"]["losses"]) == 4
+    table = text[text.index("rung "):]
+    for needle in ("bs 8", "bs 16", "bs 64", "plain", "fp32", "bf16", "OOM", "x1.00"):
+        assert needle in table, needle
+    with Image.open(out / "ladder.png") as img:
+        assert img.format == "PNG" and img.size[0] > 300
+
+
+def test_oom_is_recorded_and_the_other_sizes_measured(sweep):
+    code, text, records, out = sweep
+    for r in records:
+        if r["batch_size"] == 64:
+            assert r["status"] == "oom" and "simulated" in r["error"], r
+            assert "samples_per_s" not in r["figures"]
+        else:
+            assert r["status"] == "ok"
+    # An OOM is a result, not a failure: alone it leaves the exit code at 0.
+    assert SweepResult([r for r in records if r["rung"] != BROKEN]).exit_code == 0
+
+
+def test_numerics_guard_fails_the_broken_rung_and_the_exit_code(sweep):
+    code, text, records, out = sweep
+    assert code == 1
+    by = {(r["rung"], r["batch_size"]): r for r in records}
+    for bs in (8, 16):
+        for rung in ("plain", "fp32", "bf16"):
+            assert by[(rung, bs)]["numerics"]["status"] == "ok", by[(rung, bs)]["numerics"]
+        bad = by[(BROKEN, bs)]
+        assert bad["status"] == "ok" and bad["numerics"]["status"] == "FAIL"  # runs, no training
+        assert f"NUMERICS FAIL: {BROKEN} at bs {bs}" in text
+    # plain and kasoku's fp32 step take the same steps.
+    assert by[("plain", 8)]["numerics"]["rel_diff"] < 1e-4
+    row = next(line for line in text.splitlines() if line.startswith(BROKEN + " "))
+    assert "NUMERICS FAIL" in row and row.rstrip().endswith("FAIL")
+
+
+def test_report_redraws_from_the_lines_alone(sweep):
+    code, text, records, out = sweep
+    (out / "ladder.png").unlink()
+    code, again = bench(["mnist-mlp", "--device", "cpu", "--out", str(out), "--report"])
+    assert code == 0 and "OOM" in again and "NUMERICS FAIL" in again
+    assert (out / "ladder.png").exists()
