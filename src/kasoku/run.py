@@ -55,13 +55,18 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     torch.manual_seed(train.seed)
     train_set, val_set = workload.build_datasets(data, seed=train.seed)
     metric_fn = workload.metric_fn if workload.has_accuracy else None
+    accel = accel or AccelConfig()
     accelerated = accelerate(
-        workload.build_model(), workload.loss_fn, metric_fn, accel or AccelConfig(), device,
+        workload.build_model(), workload.loss_fn, metric_fn, accel, device,
         lambda params, impl: make_optimizer(recipe.optimizer, params, lr, impl=impl,
                                             momentum=recipe.momentum,
                                             weight_decay=recipe.weight_decay))
     model, optimizer = accelerated.model, accelerated.optimizer
-    loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed)
+    # The step takes chunks of steps_per_call batches (MultiStep): the loader makes them.
+    loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed,
+                          batches_per_call=accel.steps_per_call)
+    if accel.cuda_graph and device.type == "cuda" and accel.steps_per_call > 1:
+        _warn_short_chunks(accel.steps_per_call, loader.full_batches_per_epoch)
     trainer = Trainer(model, optimizer, loader, workload.loss_fn, metric_fn=metric_fn,
                       device=device, stop_trigger=(epochs, "epoch"), out=train.out,
                       step_fn=accelerated.step_fn)
@@ -92,17 +97,34 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     return trainer
 
 
-def _make_loader(kind: str, dataset, batch_size: int, device: torch.device, **kwargs):
-    from kasoku.data.device_loader import DeviceLoader
+def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
+                 batches_per_call: int = 1, **kwargs):
+    from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
     from kasoku.data.loader import SerialLoader
+    if batches_per_call > 1 and kind not in ("serial", "device"):
+        raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands out "
+                          f"several batches per call; use --loader serial or --loader device, "
+                          f"or drop --steps-per-call")
     if kind == "serial":
+        if batches_per_call > 1:
+            return ChunkedLoader(dataset, batch_size, batches_per_call=batches_per_call,
+                                 **kwargs)
         return SerialLoader(dataset, batch_size, **kwargs)
     if kind == "device":
         try:
-            return DeviceLoader(dataset, batch_size, device=device, **kwargs)
+            return DeviceLoader(dataset, batch_size, device=device,
+                                batches_per_call=batches_per_call, **kwargs)
         except TypeError as exc:
             raise ConfigError(f"--loader device: {exc}")
     raise ConfigError(f"unknown loader {kind!r}; use serial or device")
+
+
+def _warn_short_chunks(steps_per_call: int, full_batches: int) -> None:
+    from kasoku.accel.multistep import short_chunk_advice
+    from kasoku.accel.notes import warn_once
+    advice = short_chunk_advice(steps_per_call, full_batches)
+    if advice is not None:
+        warn_once(advice)
 
 
 def _schedules(recipe, epochs: float) -> list:

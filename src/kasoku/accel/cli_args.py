@@ -31,7 +31,8 @@ def field_docs(cls) -> dict[str, str]:
 
 def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--precision``, ``--channels-last``, ``--cudnn-benchmark``, ``--optimizer-impl``,
-    ``--compile [MODE]``, ``--cuda-graph`` and ``--loss-scale-init`` to ``parser``."""
+    ``--compile [MODE]``, ``--cuda-graph``, ``--loss-scale-init`` and ``--steps-per-call`` to
+    ``parser``."""
     d = AccelConfig()
     # "%" would be read as a format specifier by argparse's help.
     h = {k: field_docs(AccelConfig).get(k, "").replace("%", "%%")
@@ -48,6 +49,8 @@ def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph", action="store_true", help=h["cuda_graph"])
     g.add_argument("--loss-scale-init", type=float, default=d.loss_scale_init,
                    help=f"{h['loss_scale_init']} (default: {d.loss_scale_init:g})")
+    g.add_argument("--steps-per-call", type=int, default=d.steps_per_call, metavar="K",
+                   help=f"{h['steps_per_call']} (default: {d.steps_per_call})")
 
 
 def accel_config_from_args(args: argparse.Namespace) -> AccelConfig:
@@ -56,4 +59,5 @@ def accel_config_from_args(args: argparse.Namespace) -> AccelConfig:
                        cudnn_benchmark=args.cudnn_benchmark, optimizer_impl=args.optimizer_impl,
                        compile=args.compile is not None,
                        compile_mode=args.compile or AccelConfig.compile_mode,
-                       cuda_graph=args.cuda_graph, loss_scale_init=args.loss_scale_init)
+                       cuda_graph=args.cuda_graph, loss_scale_init=args.loss_scale_init,
+                       steps_per_call=args.steps_per_call)

@@ -12,6 +12,7 @@ from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.graph import apply_cuda_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, has_conv2d
+from kasoku.accel.multistep import apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.errors import ConfigError
 
@@ -22,7 +23,9 @@ class Accelerated:
     optimizer: torch.optim.Optimizer
     step_fn: Callable
     """step(model, batch, optimizer) -> observations (the trainer's contract); converts the
-    inputs itself (channels_last in the step, float16 by the model's own hooks)."""
+    inputs itself (channels_last in the step, float16 by the model's own hooks). With
+    ``steps_per_call`` K > 1 it takes a chunk ``(inputs [k, B, ...], targets [k, B, ...])``
+    from a loader built with ``batches_per_call=K`` and runs k steps (``MultiStep``)."""
     notes: list[str]
     """One line per lever skipped or adjusted on this device, and why."""
     extensions: list = field(default_factory=list)
@@ -50,6 +53,10 @@ def check_config(cfg: AccelConfig) -> None:
             f"--cuda-graph")
     if not cfg.loss_scale_init > 0:
         raise ConfigError(f"loss_scale_init must be positive, got {cfg.loss_scale_init}")
+    if isinstance(cfg.steps_per_call, bool) or not isinstance(cfg.steps_per_call, int) \
+            or cfg.steps_per_call < 1:
+        raise ConfigError(f"steps_per_call must be a whole number >= 1 (1: one step per call), "
+                          f"got {cfg.steps_per_call!r}")
 
 
 def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
@@ -83,6 +90,9 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
             f"--cuda-graph with precision {precision.mode}: {type(optimizer).__name__} in this "
             f"implementation decides on the host whether to skip an overflowing step, which a "
             f"graph cannot; use --optimizer-impl fused (or optimizer lars/lamb)")
+    # Several steps per call: outside the per-batch input conversion, inside the graph, so
+    # that one replay runs all of them.
+    step_fn = apply_multistep(step_fn, cfg)
     # The graph last: it must hold the whole step, input conversion and loss scaling included.
     step_fn = apply_cuda_graph(step_fn, cfg, device, optimizer, notes)
     return Accelerated(model, optimizer, step_fn, notes, list(precision.extensions))

@@ -31,3 +31,10 @@ class AccelConfig:
     """Capture the whole step (forward, backward, update) as one CUDA graph and replay it."""
     loss_scale_init: float = 2.0 ** 16
     """Initial dynamic loss scale for fp16 / fp16-pure."""
+    steps_per_call: int = 1
+    """Optimizer steps per trainer iteration (Keras' steps_per_execution): the loader hands out
+    K batches at once and one call (one CUDA graph replay under --cuda-graph) runs K steps, so
+    the per-iteration host cost is paid once per K steps. Extensions and LR schedules run once
+    per call; the iteration count still counts steps. With --cuda-graph choose K dividing the
+    batches per epoch (MNIST at batch 100: 600 batches -> 50), else each epoch's last, shorter
+    chunk runs outside the graph. Needs --loader serial or device."""

@@ -70,10 +70,11 @@ class StandardStep:
 class Updater:
     """Pulls a batch, moves it to the device, runs the step, and counts.
 
-    ``iteration`` counts steps done; ``epoch``, ``epoch_detail`` and ``is_new_epoch`` are the
-    loader's; ``previous_iteration`` / ``previous_epoch_detail`` are the values before the latest
-    step (what stateless triggers compare against); ``elapsed_time`` counts seconds inside
-    ``run()`` across resumes; ``observation`` is the current iteration's dict.
+    ``iteration`` counts optimizer steps done (k per call when the loader hands out chunks of
+    k batches: ``kasoku.data.device_loader.ChunkedLoader``); ``epoch``, ``epoch_detail`` and
+    ``is_new_epoch`` are the loader's; ``previous_iteration`` / ``previous_epoch_detail`` are the
+    values before the latest call (what stateless triggers compare against); ``elapsed_time``
+    counts seconds inside ``run()`` across resumes; ``observation`` is the current call's dict.
     """
 
     def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,
@@ -93,7 +94,9 @@ class Updater:
         batch = (inputs.to(self.device, non_blocking=True),
                  targets.to(self.device, non_blocking=True))
         self.reporter.start(self.step_fn(self.model, batch, self.optimizer))
-        self.iteration += 1
+        # A loader that hands out several batches per call (``batches_per_call``, for a step
+        # that runs one optimizer step per batch) says how many the chunk held.
+        self.iteration += getattr(self.loader, "last_chunk_batches", 1)
 
     epoch = property(lambda self: self.loader.epoch)
     epoch_detail = property(lambda self: self.loader.epoch_detail)
