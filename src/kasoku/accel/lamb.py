@@ -72,7 +72,13 @@ class LAMB(torch.optim.Optimizer):
 
 def _lamb_update(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
                  weight_decay, adapt: bool, keep) -> None:
-    torch._foreach_add_(steps, 1.0 if keep is None else keep)
+    if keep is None:
+        torch._foreach_add_(steps, 1.0)
+    else:
+        # One add per 0-dim step counter: foreach add of a device-tensor scalar to 0-dim
+        # tensors failed under CUDA graph capture (torch 2.11).
+        for step in steps:
+            step.add_(keep)
     torch._foreach_mul_(exp_avgs, lw.hold_when_skipped(beta1, keep))
     torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
     torch._foreach_mul_(exp_avg_sqs, lw.hold_when_skipped(beta2, keep))
