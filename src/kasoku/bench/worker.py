@@ -157,8 +157,10 @@ def _make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
         return make_optimizer(r.optimizer, params, lr, momentum=r.momentum,
                               weight_decay=r.weight_decay, impl=impl)
 
-    acc = accelerate(model, wl.loss_fn, wl.metric_fn if wl.has_accuracy else None,
-                     rung.config, device, build_optimizer)
+    # No metric: the plain rung computes none, and each rung must do the same arithmetic for
+    # its rate to be read against plain's (the accuracy is the trainer's reporting, not part
+    # of the training step being timed).
+    acc = accelerate(model, wl.loss_fn, None, rung.config, device, build_optimizer)
     notes.extend(acc.notes)
     acc.model.train()
     step_fn, acc_model, optimizer = acc.step_fn, acc.model, acc.optimizer
