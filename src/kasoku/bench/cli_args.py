@@ -12,7 +12,7 @@ from pathlib import Path
 from kasoku.errors import ConfigError
 
 GPU_DEFAULTS = {"steps": 20, "warmup": 5}
-CPU_DEFAULTS = {"steps": 5, "warmup": 2}
+CPU_DEFAULTS = {"steps": 30, "warmup": 3}
 
 
 def _int_list(text: str) -> list[int]:
@@ -48,10 +48,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                        " (plain is always measured too, and the fp32 reference of the "
                        "numerics guard runs for its losses)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--steps", type=int, help="steps per timed window (default: 20 GPU, 5 CPU)")
+    p.add_argument("--steps", type=int, help="steps per timed window (default: 20 GPU, 30 CPU)")
     p.add_argument("--windows", type=int, default=3, help="timed windows per run (default 3)")
     p.add_argument("--warmup", type=int,
-                   help="warm-up steps after the numerics phase (default: 5 GPU, 2 CPU)")
+                   help="warm-up steps after the numerics phase (default: 5 GPU, 3 CPU)")
     p.add_argument("--numerics-steps", type=int, default=10,
                    help="steps of the numerics guard, compared with fp32 (0: off; default 10)")
     p.add_argument("--out", type=Path,
