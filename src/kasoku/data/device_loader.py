@@ -74,21 +74,13 @@ class ChunkedLoader(SerialLoader):
             batch = super().__next__()
             self.last_chunk_batches = 1
             return batch
-        if self._order is None:
-            if not self.repeat and self.epoch > 0:
-                raise StopIteration
-            self._order = self.epoch_indices(self.epoch)
-            if self._set_epoch is not None:
-                self._set_epoch(self.epoch)
+        self._start_epoch_if_needed()
         k = self._chunk_batches(self.position)
         start = self.position * self.batch_size
         indices = self._order[start:start + k * self.batch_size]
         chunk = tuple(x.unflatten(0, (k, len(indices) // k)) for x in self._fetch(indices))
-        self.position += k
         self.last_chunk_batches = k
-        self.is_new_epoch = self.position == self.batches_per_epoch
-        if self.is_new_epoch:
-            self.epoch, self.position, self._order = self.epoch + 1, 0, None
+        self._advance(k)
         return chunk
 
     def _chunk_batches(self, position: int) -> int:

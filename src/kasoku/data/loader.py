@@ -78,19 +78,26 @@ class SerialLoader:
         return self
 
     def __next__(self):
+        self._start_epoch_if_needed()
+        start = self.position * self.batch_size
+        batch = self._fetch(self._order[start:start + self.batch_size])
+        self._advance(1)
+        return batch
+
+    def _start_epoch_if_needed(self) -> None:
+        """Draw the epoch's order (and tell the dataset the epoch) before its first batch."""
         if self._order is None:
             if not self.repeat and self.epoch > 0:
                 raise StopIteration
             self._order = self.epoch_indices(self.epoch)
             if self._set_epoch is not None:
                 self._set_epoch(self.epoch)
-        start = self.position * self.batch_size
-        batch = self._fetch(self._order[start:start + self.batch_size])
-        self.position += 1
+
+    def _advance(self, batches: int) -> None:
+        self.position += batches
         self.is_new_epoch = self.position == self.batches_per_epoch
         if self.is_new_epoch:
             self.epoch, self.position, self._order = self.epoch + 1, 0, None
-        return batch
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for ``epoch``, in order (int64, length a multiple of the
