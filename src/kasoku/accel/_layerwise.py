@@ -63,3 +63,41 @@ def check_lr(lr) -> None:
             raise ValueError("a tensor learning rate must have one element")
     elif not lr > 0:
         raise ValueError(f"learning rate must be positive, got {lr}")
+
+
+class LayerwiseOptimizer(torch.optim.Optimizer):
+    """The step shared by LARS and LAMB: per group, the tensors with gradients, their state
+    (``self._state(p)``), the gradients unscaled and masked for a skipped AMP step, then
+    ``self._update(group, params, grads, states, adapt, keep)`` per batch of tensors that
+    share ``adapt`` (trust ratio and weight decay, or neither for excluded 1-d tensors)."""
+    graph_safe = True
+
+    def __init__(self, params, defaults: dict):
+        super().__init__(params, defaults)
+        self._step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = [self._state(p) for p in params]
+            grads, keep = prepare_grads([p.grad for p in params],
+                                        getattr(self, "grad_scale", None),
+                                        getattr(self, "found_inf", None))
+            for idx, adapt in batches(params, group["exclude_bias_and_norm"], group["foreach"]):
+                self._update(group, [params[i] for i in idx], [grads[i] for i in idx],
+                             [states[i] for i in idx], adapt, keep)
+        return loss
+
+    def _state(self, p: torch.Tensor) -> dict:
+        raise NotImplementedError
+
+    def _update(self, group: dict, params: list, grads: list, states: list, adapt: bool,
+                keep) -> None:
+        raise NotImplementedError

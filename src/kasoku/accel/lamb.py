@@ -6,7 +6,7 @@ import torch
 from kasoku.accel import _layerwise as lw
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(lw.LayerwiseOptimizer):
     """Adam's bias-corrected moments, then each tensor's step scaled by its trust ratio
     (Algorithm 2 of the paper, with phi the identity; weight decay decoupled, in the update)::
 
@@ -20,8 +20,6 @@ class LAMB(torch.optim.Optimizer):
     one too: no host reads, so the step can be captured in a CUDA graph (``graph_safe``).
     AMP: ``found_inf`` / ``grad_scale`` attributes as in ``LARS`` (sync-free skip).
     """
-    graph_safe = True
-
     def __init__(self, params, lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, exclude_bias_and_norm: bool = False,
@@ -33,33 +31,15 @@ class LAMB(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         exclude_bias_and_norm=exclude_bias_and_norm, foreach=foreach)
         super().__init__(params, defaults)
-        self._step_supports_amp_scaling = True
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            states = [self._state(p) for p in params]
-            grads, keep = lw.prepare_grads([p.grad for p in params],
-                                           getattr(self, "grad_scale", None),
-                                           getattr(self, "found_inf", None))
-            beta1, beta2 = group["betas"]
-            for idx, adapt in lw.batches(params, group["exclude_bias_and_norm"],
-                                         group["foreach"]):
-                _lamb_update([params[i] for i in idx], [grads[i] for i in idx],
-                             [states[i]["exp_avg"] for i in idx],
-                             [states[i]["exp_avg_sq"] for i in idx],
-                             [states[i]["step"] for i in idx], lr=group["lr"], beta1=beta1,
-                             beta2=beta2, eps=group["eps"],
-                             weight_decay=group["weight_decay"] if adapt else 0.0,
-                             adapt=adapt, keep=keep)
-        return loss
+    def _update(self, group, params, grads, states, adapt, keep) -> None:
+        beta1, beta2 = group["betas"]
+        _lamb_update(params, grads, [state["exp_avg"] for state in states],
+                     [state["exp_avg_sq"] for state in states],
+                     [state["step"] for state in states], lr=group["lr"], beta1=beta1,
+                     beta2=beta2, eps=group["eps"],
+                     weight_decay=group["weight_decay"] if adapt else 0.0,
+                     adapt=adapt, keep=keep)
 
     def _state(self, p: torch.Tensor) -> dict:
         state = self.state[p]

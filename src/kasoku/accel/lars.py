@@ -6,7 +6,7 @@ import torch
 from kasoku.accel import _layerwise as lw
 
 
-class LARS(torch.optim.Optimizer):
+class LARS(lw.LayerwiseOptimizer):
     """SGD with momentum where each tensor's step is scaled by its trust ratio (Algorithm 1 of
     the paper; the rate sits inside the momentum, as there and in MLPerf's ResNet-50)::
 
@@ -25,8 +25,6 @@ class LARS(torch.optim.Optimizer):
     GradScaler), an overflowing step leaves weights and momentum untouched without a host sync;
     ``grad_scale``, if set, divides the gradients first.
     """
-    graph_safe = True
-
     def __init__(self, params, lr: float | torch.Tensor, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001, eps: float = 0.0,
                  exclude_bias_and_norm: bool = False, foreach: bool = True):
@@ -39,36 +37,19 @@ class LARS(torch.optim.Optimizer):
                         trust_coefficient=trust_coefficient, eps=eps,
                         exclude_bias_and_norm=exclude_bias_and_norm, foreach=foreach)
         super().__init__(params, defaults)
-        self._step_supports_amp_scaling = True
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            bufs = [self._buffer(p) for p in params]
-            grads, keep = lw.prepare_grads([p.grad for p in params],
-                                           getattr(self, "grad_scale", None),
-                                           getattr(self, "found_inf", None))
-            for idx, adapt in lw.batches(params, group["exclude_bias_and_norm"],
-                                         group["foreach"]):
-                _lars_update([params[i] for i in idx], [grads[i] for i in idx],
-                             [bufs[i] for i in idx], lr=group["lr"], momentum=group["momentum"],
-                             weight_decay=group["weight_decay"] if adapt else 0.0,
-                             trust_coefficient=group["trust_coefficient"], eps=group["eps"],
-                             adapt=adapt, keep=keep)
-        return loss
+    def _update(self, group, params, grads, states, adapt, keep) -> None:
+        _lars_update(params, grads, [state["momentum_buffer"] for state in states],
+                     lr=group["lr"], momentum=group["momentum"],
+                     weight_decay=group["weight_decay"] if adapt else 0.0,
+                     trust_coefficient=group["trust_coefficient"], eps=group["eps"],
+                     adapt=adapt, keep=keep)
 
-    def _buffer(self, p: torch.Tensor) -> torch.Tensor:
+    def _state(self, p: torch.Tensor) -> dict:
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        return state["momentum_buffer"]
+        return state
 
 
 def _lars_update(params, grads, bufs, *, lr, momentum, weight_decay, trust_coefficient, eps,
