@@ -41,7 +41,7 @@ def sweep(tmp_path_factory):
         mp.setenv(OOM_ENV, "64")
         mp.setenv(DIVERGE_ENV, BROKEN)
         code, text = bench(["mnist-mlp", "--batch-size", "8,16,64", "--config", "fp32",
-                            "--config", "bf16", "--config", "+channels_last", "--config",
+                            "--config", "+bf16", "--config", "+channels_last", "--config",
                             BROKEN, "--out", str(out), *FAST])
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     return code, text, records, out
@@ -51,7 +51,7 @@ def test_cpu_ladder_writes_the_documented_results(sweep):
     code, text, records, out = sweep
     assert "+channels_last skipped" in text and "channels_last does not apply" in text
     assert {(r["rung"], r["batch_size"]) for r in records} == \
-        {(rung, bs) for rung in ("plain", "fp32", "bf16", BROKEN) for bs in (8, 16, 64)}
+        {(rung, bs) for rung in ("plain", "fp32", "+bf16", BROKEN) for bs in (8, 16, 64)}
     assert len({r["sweep_id"] for r in records}) == 1
     for r in records:
         assert r["schema"] == "kasoku.bench/1" and r["workload"] == "mnist-mlp"
@@ -97,7 +97,7 @@ def test_numerics_guard_fails_the_broken_rung_and_the_exit_code(sweep):
     assert code == 1
     by = {(r["rung"], r["batch_size"]): r for r in records}
     for bs in (8, 16):
-        for rung in ("plain", "fp32", "bf16"):
+        for rung in ("plain", "fp32", "+bf16"):
             assert by[(rung, bs)]["numerics"]["status"] == "ok", by[(rung, bs)]["numerics"]
         bad = by[(BROKEN, bs)]
         assert bad["status"] == "ok" and bad["numerics"]["status"] == "FAIL"  # runs, no training

@@ -71,11 +71,14 @@ def gpu_ladder() -> list[Rung]:
 
 def cpu_ladder() -> list[Rung]:
     fp32 = reference_rung("cpu").config
-    bf16 = replace(fp32, precision="bf16")
+    # The fused update first: on a CPU it is the cheapest lever and often the largest (the
+    # MNIST MLP's Adam step takes half the time fused).
+    fused = replace(fp32, optimizer_impl="fused")
+    bf16 = replace(fused, precision="bf16")
     nhwc = replace(bf16, channels_last=True)
     compiled = replace(nhwc, compile=True)
-    return [PLAIN, Rung("fp32", fp32), Rung("bf16", bf16), Rung("+channels_last", nhwc),
-            Rung("+compile", compiled)]
+    return [PLAIN, Rung("fp32", fp32), Rung("+fused", fused), Rung("+bf16", bf16),
+            Rung("+channels_last", nhwc), Rung("+compile", compiled)]
 
 
 def default_ladder(device_type: str) -> list[Rung]:
