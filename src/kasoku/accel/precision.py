@@ -44,20 +44,6 @@ def _no_metric(output, targets):
     return None
 
 
-def autocast_train_step(model, batch, optimizer, *, loss_fn, metric_fn, autocast) -> dict:
-    """``train_step`` with the forward and the loss under ``autocast()`` (bf16)."""
-    inputs, targets = batch
-    optimizer.zero_grad(set_to_none=True)
-    with autocast():
-        output = model(inputs)
-        loss = loss_fn(output, targets)
-    loss.backward()
-    optimizer.step()
-    with torch.no_grad():
-        metric = metric_fn(output.detach(), targets)
-    return {"main/loss": loss.detach(), "main/accuracy": metric}
-
-
 def scaled_train_step(model, batch, optimizer, *, loss_fn, metric_fn, autocast,
                       scaler: LossScaler) -> dict:
     """One loss-scaled step (fp16, fp16-pure); no host sync when the optimizer can skip an
@@ -96,10 +82,10 @@ class PrecisionPlan:
             return StandardStep(loss_fn, metric_fn)
         autocast = contextlib.nullcontext if self.autocast_dtype is None else \
             functools.partial(torch.autocast, self.device.type, dtype=self.autocast_dtype)
-        parts = dict(loss_fn=loss_fn, metric_fn=metric_fn or _no_metric, autocast=autocast)
         if self.scaler is None:
-            return functools.partial(autocast_train_step, **parts)
-        return functools.partial(scaled_train_step, scaler=self.scaler, **parts)
+            return StandardStep(loss_fn, metric_fn, autocast=autocast)
+        return functools.partial(scaled_train_step, scaler=self.scaler, loss_fn=loss_fn,
+                                 metric_fn=metric_fn or _no_metric, autocast=autocast)
 
 
 def apply_precision(model: nn.Module, cfg, device, notes: list[str] | None = None

@@ -7,6 +7,7 @@ observations are detached 0-dim tensors: converting them to floats would be a ho
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable
 
@@ -18,16 +19,19 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 StepFn = Callable[[torch.nn.Module, tuple, torch.optim.Optimizer], dict]
 
 
-def train_step(model, batch, loss_fn: LossFn, metric_fn: LossFn, optimizer) -> dict:
-    """One optimization step on ``batch = (inputs, targets)``, already on the model's device.
+def train_step(model, batch, loss_fn: LossFn, metric_fn: LossFn, optimizer,
+               autocast: Callable = contextlib.nullcontext) -> dict:
+    """One optimization step on ``batch = (inputs, targets)``, already on the model's device;
+    the forward and the loss run inside ``autocast()`` (a mixed-precision context, or none).
 
     Returns ``{"main/loss": loss, "main/accuracy": metric}`` as detached 0-dim tensors
     (``metric_fn`` may return None for "not defined"; the reporter drops it).
     """
     inputs, targets = batch
     optimizer.zero_grad(set_to_none=True)
-    output = model(inputs)
-    loss = loss_fn(output, targets)
+    with autocast():
+        output = model(inputs)
+        loss = loss_fn(output, targets)
     loss.backward()
     optimizer.step()
     with torch.no_grad():
@@ -35,11 +39,13 @@ def train_step(model, batch, loss_fn: LossFn, metric_fn: LossFn, optimizer) -> d
     return {"main/loss": loss.detach(), "main/accuracy": metric}
 
 
-def loss_only_step(model, batch, loss_fn: LossFn, optimizer) -> dict:
+def loss_only_step(model, batch, loss_fn: LossFn, optimizer,
+                   autocast: Callable = contextlib.nullcontext) -> dict:
     """``train_step`` for models without a metric: returns ``{"main/loss": loss}``."""
     inputs, targets = batch
     optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(model(inputs), targets)
+    with autocast():
+        loss = loss_fn(model(inputs), targets)
     loss.backward()
     optimizer.step()
     return {"main/loss": loss.detach()}
@@ -52,13 +58,15 @@ class StandardStep:
     ``loss_only_step``; the step itself has no branch.
     """
 
-    def __init__(self, loss_fn: LossFn, metric_fn: LossFn | None = None):
+    def __init__(self, loss_fn: LossFn, metric_fn: LossFn | None = None,
+                 autocast: Callable = contextlib.nullcontext):
         self.loss_fn, self.metric_fn = loss_fn, metric_fn
         if metric_fn is None:
-            self._step = lambda model, batch, opt: loss_only_step(model, batch, loss_fn, opt)
+            self._step = lambda model, batch, opt: loss_only_step(model, batch, loss_fn, opt,
+                                                                  autocast)
         else:
             self._step = lambda model, batch, opt: train_step(model, batch, loss_fn,
-                                                              metric_fn, opt)
+                                                              metric_fn, opt, autocast)
 
     def __call__(self, model, batch, optimizer) -> dict:
         return self._step(model, batch, optimizer)
