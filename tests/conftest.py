@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DATA = Path(os.environ.get("KASOKU_SHARED_DATA",
                                   Path(__file__).resolve().parents[1].parent / "shared" / "data"))
@@ -21,3 +22,15 @@ def cifar10_dir():
     if not (d / "cifar-10-batches-bin" / "data_batch_1.bin").exists():
         pytest.skip(f"real CIFAR-10 not found under {d}")
     return d
+
+
+@pytest.fixture
+def one_thread_fresh_lever_warnings():
+    """Tiny tensors on one thread (a second only adds contention), and the accel levers'
+    warn-once memory cleared so each test sees its own warnings."""
+    from kasoku.accel.notes import reset_warnings
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    reset_warnings()
+    yield
+    torch.set_num_threads(before)

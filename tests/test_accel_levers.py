@@ -13,7 +13,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.graph import apply_cuda_graph, prepare_optimizer_for_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last
-from kasoku.accel.notes import LeverWarning, reset_warnings
+from kasoku.accel.notes import LeverWarning
 from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.errors import ConfigError
 from kasoku.models.mlp import MLP
@@ -21,13 +21,7 @@ from kasoku.optim import make_optimizer
 from kasoku.train.step import StandardStep
 
 
-@pytest.fixture(autouse=True)
-def _setup():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: a second thread only adds contention
-    reset_warnings()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 
 
 class ConvNet(nn.Module):

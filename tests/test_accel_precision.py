@@ -7,7 +7,7 @@ from torch import nn
 
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.loss_scale import LossScaler, MasterWeights, PrecisionState
-from kasoku.accel.notes import LeverWarning, reset_warnings
+from kasoku.accel.notes import LeverWarning
 from kasoku.accel.precision import apply_precision, build_precision
 from kasoku.optim import make_optimizer
 from kasoku.train.step import StandardStep
@@ -15,13 +15,7 @@ from kasoku.train.step import StandardStep
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True)
-def _setup():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: a second thread only adds contention
-    reset_warnings()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 
 
 class Net(nn.Module):
