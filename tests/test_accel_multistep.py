@@ -249,7 +249,7 @@ def test_flag_and_loader_wiring():
     assert _make_loader("device", ds, 8, torch.device("cpu"), batches_per_call=4) \
         .batches_per_call == 4
     with pytest.raises(ConfigError, match="--loader serial or --loader device"):
-        _make_loader("workers", ds, 8, torch.device("cpu"), batches_per_call=4)
+        _make_loader("threads", ds, 8, torch.device("cpu"), batches_per_call=4)
 
 
 def test_short_chunk_advice():

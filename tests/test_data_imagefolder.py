@@ -100,7 +100,7 @@ def test_bad_image_file_is_a_data_error_naming_it(tmp_path, content):
     bad = tmp_path / "apple" / "zz_bad.jpg"
     bad.write_bytes(data)
     for train in (True, False):
-        ds = ImageFolder(tmp_path, train=train, image_size=32)
+        ds = ImageFolder(tmp_path, train=train, image_size=32, strict=True)
         index = [p for p, _ in ds.samples].index(bad)
         with pytest.raises(DataError) as e:
             ds[index]

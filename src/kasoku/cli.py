@@ -20,6 +20,15 @@ def _resolution(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _loader_kind(text: str) -> str:
+    from kasoku.run import _parse_loader
+    try:
+        _parse_loader(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a workload with a Chainer-style log")
     p.add_argument("workload", help="a name from `kasoku list`")
@@ -43,9 +52,14 @@ def _add_train(sub) -> None:
                    help="iterations between log lines (default: once per epoch)")
     p.add_argument("--snapshot-interval", type=int, metavar="ITERS",
                    help="iterations between snapshots (default: once per epoch)")
-    p.add_argument("--loader", default="serial", choices=["serial", "device"],
+    p.add_argument("--loader", default="serial", type=_loader_kind,
+                   metavar="{serial,device,threads[:N],multiprocess[:N]}",
                    help="serial: batches made in this process; device: the whole dataset "
-                        "resident on --device (MNIST, CIFAR-10)")
+                        "resident on --device (MNIST, CIFAR-10); threads[:N]: samples decoded "
+                        "by N threads; multiprocess[:N]: batches made by N worker processes")
+    p.add_argument("--strict-data", action="store_true",
+                   help="make the first bad sample (corrupt image) an error instead of a "
+                        "skipped, counted warning")
     p.add_argument("--threads", type=int,
                    help="CPU threads for PyTorch (default: one per core; 1 suits tiny models)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -97,7 +111,7 @@ def _cmd_list(args) -> int:
 def _cmd_train(args) -> int:
     from kasoku.run import train_workload
     data = DataConfig(root=args.data, synthetic=args.synthetic, download=args.download,
-                      synthetic_train_size=args.synthetic_size)
+                      synthetic_train_size=args.synthetic_size, strict=args.strict_data)
     train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, device=args.device, out=args.out,
                         log_interval=args.log_interval, snapshot_interval=args.snapshot_interval,

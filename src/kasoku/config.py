@@ -42,7 +42,8 @@ class TrainConfig:
     """Iterations between snapshots (None: once per epoch, plus on interrupt)."""
     loader: str = "serial"
     """serial (batches made in the training process) | device (the whole dataset resident on
-    the training device; in-memory datasets such as MNIST and CIFAR-10)."""
+    the training device; in-memory datasets such as MNIST and CIFAR-10) | threads[:N] (samples
+    decoded by N threads) | multiprocess[:N] (batches made by N worker processes)."""
     threads: int | None = None
     """CPU threads for PyTorch's operators (None: PyTorch's default, one per core). Small
     models such as sine-lstm run faster on one thread, and far faster when other jobs share

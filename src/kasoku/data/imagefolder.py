@@ -4,10 +4,19 @@ Training samples get the usual ImageNet recipe (random-resized-crop + horizontal
 validation samples resize-shorter-side + center-crop; both are normalized with the ImageNet
 mean/std. Randomness comes from ``(seed, epoch, index)`` (``set_epoch``), so any worker
 process produces the same sample, and so does a resumed run.
+
+Bad files (corrupt, truncated, zero-byte, not an image): with ``strict=True`` the first one
+raises ``DataError`` naming it. Otherwise (the default) it is warned about once per file,
+added to ``dataset.bad_files``, and the sample is replaced by the next good index searching
+forward, ``(i + 1) % n``, ... -- deterministic, so batches stay full and every loader (and a
+resumed run) sees the same replacement. Loaders whose workers hold their own copy of the
+dataset collect these reports (``loader.skipped``, ``loader.skipped_files``).
 """
 from __future__ import annotations
 
 import math
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +38,28 @@ class ImageFolder:
 
     ``classes``: sorted class folder names; ``samples``: ``(path, class_index)`` sorted by class
     then file name. ``ds[i] -> (float32 [3, image_size, image_size], int64 label)``. A file
-    Pillow cannot fully decode raises ``DataError`` naming it.
+    Pillow cannot fully decode raises ``DataError`` naming it when ``strict``; otherwise it is
+    skipped as the module docstring says (``bad_files``: the paths skipped so far).
     """
 
-    def __init__(self, root: str | Path, train: bool, image_size: int = 224, seed: int = 0):
+    def __init__(self, root: str | Path, train: bool, image_size: int = 224, seed: int = 0,
+                 strict: bool = False):
         self.root, self.train = Path(root), bool(train)
         self.image_size, self.seed, self.epoch = int(image_size), int(seed), 0
+        self.strict = bool(strict)
         self.classes, self.samples = _scan(self.root)
         self.name = f"{self.root} ({'train' if self.train else 'val'})"
+        self.bad_files: set[Path] = set()
+        self._bad_lock = threading.Lock()  # ThreadLoader decodes from several threads
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_bad_lock"]  # locks do not pickle; worker processes get their own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bad_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -45,9 +68,29 @@ class ImageFolder:
         self.epoch = int(epoch)
 
     def __getitem__(self, index: int):
-        path, label = self.samples[index]
+        n = len(self.samples)
         if index < 0:
-            index += len(self.samples)
+            index += n
+        for candidate in range(index, index + n):
+            try:
+                return self._decode(candidate % n)
+            except DataError as exc:
+                if self.strict:
+                    raise
+                self._note_bad(self.samples[candidate % n][0], exc)
+        raise DataError(f"{self.root}: none of its {n} images can be decoded (first: "
+                        f"{self.samples[index][0]}); check the files or the folder.")
+
+    def _note_bad(self, path: Path, exc: DataError) -> None:
+        with self._bad_lock:
+            if path in self.bad_files:
+                return
+            self.bad_files.add(path)
+        warnings.warn(f"skipping {exc} Its samples are replaced by the next good image "
+                      f"(--strict-data makes this an error).", stacklevel=3)
+
+    def _decode(self, index: int):
+        path, label = self.samples[index]
         img = self._load(path, index)
         x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
         x = normalize(x.to(torch.float32) / 255.0, IMAGENET_MEAN, IMAGENET_STD)
@@ -126,21 +169,25 @@ def _scan(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return classes, samples
 
 
-def imagefolder_datasets(root: str | Path, image_size: int = 224, seed: int = 0
-                         ) -> tuple[ImageFolder, ImageFolder | None]:
+def imagefolder_datasets(root: str | Path, image_size: int = 224, seed: int = 0,
+                         strict: bool = False) -> tuple[ImageFolder, ImageFolder | None]:
     """``(train, val or None)``: ``root/train`` and ``root/val`` when ``root/train`` exists
     (val None without ``root/val``), else ``root`` itself is the training set and val is None.
-    Both share the class list of the training set; a val class it lacks is a ``DataError``."""
+    Both share the class list of the training set; a val class it lacks is a ``DataError``.
+    ``strict``: a bad file is an error instead of a skipped, counted warning."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist; {_LAYOUT} (optionally split into "
                         "ROOT/train and ROOT/val).")
     if not (root / "train").is_dir():
-        return ImageFolder(root, train=True, image_size=image_size, seed=seed), None
-    train = ImageFolder(root / "train", train=True, image_size=image_size, seed=seed)
+        return ImageFolder(root, train=True, image_size=image_size, seed=seed,
+                           strict=strict), None
+    train = ImageFolder(root / "train", train=True, image_size=image_size, seed=seed,
+                        strict=strict)
     if not (root / "val").is_dir():
         return train, None
-    val = ImageFolder(root / "val", train=False, image_size=image_size, seed=seed)
+    val = ImageFolder(root / "val", train=False, image_size=image_size, seed=seed,
+                      strict=strict)
     if val.classes != train.classes:
         only_val = sorted(set(val.classes) - set(train.classes))
         only_train = sorted(set(train.classes) - set(val.classes))

@@ -43,4 +43,4 @@ class ImagenetResNet50(Workload):
             "registration); `kasoku data make-jpeg DIR` writes a synthetic JPEG folder of that "
             "layout (add --resolution WxH to match a resolution study).")
         from kasoku.data.imagefolder import imagefolder_datasets
-        return imagefolder_datasets(root, image_size=IMAGE_SIZE, seed=seed)
+        return imagefolder_datasets(root, image_size=IMAGE_SIZE, seed=seed, strict=data.strict)

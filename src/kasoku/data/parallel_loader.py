@@ -1,0 +1,321 @@
+"""Host loaders that decode ahead of the trainer: ``ThreadLoader`` and ``ProcessLoader``.
+
+Both are ``SerialLoader`` with the fetching moved off the training thread: the order, the
+sharding, the batches (same indices, same collation) and the ``(epoch, position)`` resume
+state are ``SerialLoader``'s, so either yields exactly ``SerialLoader``'s batches.
+
+Prefetch stays inside the current epoch: the next epoch's order is drawn (and
+``set_epoch`` called) only when its first batch is asked for, as in ``SerialLoader``, so the
+dataset's epoch never changes under work in flight. Work in flight is discarded when the
+state moves elsewhere (``load_state_dict``, ``reset``).
+
+Bad samples: a dataset that skips bad files (``ImageFolder`` without ``strict``) keeps them in
+``dataset.bad_files``; ``loader.skipped`` / ``loader.skipped_files`` report them, gathered from
+the worker processes for ``ProcessLoader`` (which warns once per file in this process).
+"""
+from __future__ import annotations
+
+import collections
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import traceback
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from kasoku.data.loader import SerialLoader, _stack
+
+_POLL_S = 0.1
+"""How often a wait for a worker's batch checks that the worker is still alive."""
+
+
+class _PrefetchLoader(SerialLoader):
+    """``SerialLoader`` that keeps up to ``depth`` upcoming batches of the epoch in flight.
+
+    Subclasses say how a batch is started (``_submit(position, indices) -> handle``), how it
+    is awaited (``_collect(position, indices, handle) -> batch``) and how a handle is dropped.
+    """
+
+    def __init__(self, dataset, batch_size: int, prefetch_batches: int = 2, **kwargs):
+        if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) \
+                or prefetch_batches < 1:
+            raise ValueError(f"prefetch_batches must be a whole number >= 1, got "
+                             f"{prefetch_batches!r}")
+        self.prefetch_batches = prefetch_batches
+        self._pending: collections.deque = collections.deque()  # ((epoch, pos), indices, handle)
+        super().__init__(dataset, batch_size, **kwargs)
+
+    _depth = property(lambda self: self.prefetch_batches)
+
+    def __next__(self):
+        self._start_epoch_if_needed()
+        key = (self.epoch, self.position)
+        if self._pending and self._pending[0][0] != key:
+            self._discard()  # the state moved (resume, reset): what is in flight is not next
+        self._fill()
+        _, indices, handle = self._pending.popleft()
+        batch = self._collect(self.position, indices, handle)
+        self._advance(1)
+        return batch
+
+    def _fill(self) -> None:
+        start = self._pending[-1][0][1] + 1 if self._pending else self.position
+        stop = min(self.position + self._depth, self.batches_per_epoch)
+        for position in range(start, stop):
+            first = position * self.batch_size
+            indices = self._order[first:first + self.batch_size]
+            self._pending.append(((self.epoch, position), indices,
+                                  self._submit(position, indices)))
+
+    def _discard(self) -> None:
+        while self._pending:
+            self._drop(self._pending.popleft()[2])
+
+    def _drop(self, handle) -> None:
+        pass
+
+    def reset(self) -> None:
+        self._discard()
+        super().reset()
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._discard()
+
+    @property
+    def skipped_files(self) -> list[str]:
+        """Paths of the bad samples skipped so far (sorted)."""
+        return sorted(str(p) for p in self._bad_files())
+
+    @property
+    def skipped(self) -> int:
+        """How many bad files were skipped so far."""
+        return len(self.skipped_files)
+
+    def _bad_files(self):
+        return getattr(self.dataset, "bad_files", ())
+
+    def close(self) -> None:
+        self._discard()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: modules may already be gone
+            pass
+
+
+class ThreadLoader(_PrefetchLoader):
+    """``SerialLoader`` whose samples are decoded by a pool of ``num_threads`` threads.
+
+    Pillow and PyTorch release the GIL while decoding and resizing, so per-sample decodes run
+    in parallel: each sample of the next ``prefetch_batches`` batches is one pool task
+    (``dataset[i]``), stacked as ``SerialLoader`` stacks them; a dataset with ``get_batch``
+    makes one task per batch. Takes ``SerialLoader``'s keyword arguments.
+    """
+
+    def __init__(self, dataset, batch_size: int, num_threads: int | None = None,
+                 prefetch_batches: int = 2, **kwargs):
+        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
+        self._per_item = not hasattr(dataset, "get_batch")
+        self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-loader")
+        super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
+
+    def _submit(self, position, indices):
+        if self._per_item:
+            return [self._pool.submit(self.dataset.__getitem__, i) for i in indices.tolist()]
+        return [self._pool.submit(self._fetch, indices)]
+
+    def _collect(self, position, indices, handle):
+        results = [f.result() for f in handle]  # re-raises a sample's exception (DataError)
+        if self._per_item:
+            return tuple(_stack(field) for field in zip(*results))
+        return results[0]
+
+    def _drop(self, handle) -> None:
+        for future in handle:
+            future.cancel()  # a started decode finishes and is ignored
+
+    def close(self) -> None:
+        super().close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __repr__(self) -> str:
+        return (f"ThreadLoader({self.dataset!r}, batch_size={self.batch_size}, "
+                f"num_threads={self.num_threads}, rank={self.rank}/{self.world_size})")
+
+
+class ProcessLoader(_PrefetchLoader):
+    """``SerialLoader`` whose batches are made by ``num_workers`` persistent worker processes.
+
+    Batch ``p`` of an epoch goes whole to worker ``p % num_workers`` (``dataset.get_batch`` or
+    ``dataset[i]`` per sample and ``SerialLoader``'s stacking, with ``set_epoch`` called in the
+    worker); each worker has its own task and result queue, so results come back in order.
+    Up to ``prefetch_batches`` batches per worker are in flight.
+
+    Start method: ``fork`` where the platform has it and CUDA is not initialized here -- workers
+    start in milliseconds and share the dataset copy-on-write; the workers only decode on the
+    CPU (one torch thread each), so they do not touch the state fork cannot copy. Otherwise
+    (or with ``start_method="spawn"``) the dataset is pickled to each worker and must be
+    picklable. Batches come back as numpy arrays over a pipe (a copy, but nothing a killed
+    worker can leave half-shared).
+
+    A worker that dies (killed, out of memory) makes the next wait for its batch raise
+    ``RuntimeError`` naming the worker, its pid, the batch indices and first file; an
+    exception in the dataset (``DataError`` with ``strict``) is re-raised here. ``close()``
+    (also on ``with`` exit and garbage collection) stops the workers.
+    """
+
+    def __init__(self, dataset, batch_size: int, num_workers: int | None = None,
+                 prefetch_batches: int = 2, pin_memory: bool = False,
+                 start_method: str | None = None, **kwargs):
+        self.num_workers = num_workers or min(4, os.cpu_count() or 1)
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        if pin_memory and not self.pin_memory:
+            warnings.warn("pin_memory has no effect without CUDA; batches stay pageable")
+        if start_method is None:
+            start_method = ("fork" if "fork" in mp.get_all_start_methods()
+                            and not torch.cuda.is_initialized() else "spawn")
+        self.start_method = start_method
+        self._workers: list = []
+        self._reported: set[str] = set()
+        self._next_tag = 0
+        super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
+        self._start_workers()
+
+    _depth = property(lambda self: self.prefetch_batches * self.num_workers)
+
+    def _start_workers(self) -> None:
+        ctx = mp.get_context(self.start_method)
+        for number in range(self.num_workers):
+            tasks, results = ctx.Queue(), ctx.Queue()
+            process = ctx.Process(target=_worker_loop, args=(self.dataset, tasks, results),
+                                  name=f"kasoku-loader-{number}", daemon=True)
+            process.start()
+            self._workers.append((process, tasks, results))
+
+    def _submit(self, position, indices):
+        tag, self._next_tag = self._next_tag, self._next_tag + 1
+        self._workers[position % self.num_workers][1].put((tag, self.epoch, indices.tolist()))
+        return tag
+
+    def _collect(self, position, indices, tag):
+        number = position % self.num_workers
+        process, _, results = self._workers[number]
+        while True:
+            try:
+                got, batch, error, bad = results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not process.is_alive():
+                    raise self._death(number, process, indices) from None
+                continue
+            self._note_bad(bad)
+            if got != tag:
+                continue  # a discarded batch finished: its results are no one's
+            if error is not None:
+                raise error
+            return tuple(self._from_wire(x) for x in batch)
+
+    def _death(self, number, process, indices) -> RuntimeError:
+        held = indices.tolist()
+        samples = getattr(self.dataset, "samples", None)
+        first = f"; first file {samples[held[0]][0]}" if samples is not None else ""
+        return RuntimeError(
+            f"loader worker {number} (pid {process.pid}) died with exit code "
+            f"{process.exitcode} while making the batch of indices {held}{first}. A negative "
+            f"code is the signal that killed it (-9: killed, often out of memory); fewer "
+            f"--loader workers or a smaller batch use less memory.")
+
+    def _note_bad(self, paths) -> None:
+        for path in paths:
+            if path not in self._reported:
+                self._reported.add(path)
+                warnings.warn(f"skipped bad file {path} (decoded in a loader worker); its "
+                              f"samples are replaced by the next good image")
+
+    def _bad_files(self):
+        return self._reported
+
+    def _from_wire(self, x):
+        x = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        return x.pin_memory() if self.pin_memory and isinstance(x, torch.Tensor) else x
+
+    def close(self) -> None:
+        super().close()
+        workers, self._workers = getattr(self, "_workers", []), []
+        for process, tasks, _ in workers:
+            if process.is_alive():
+                try:
+                    tasks.put(None)
+                except (OSError, ValueError):
+                    pass
+        for process, tasks, results in workers:
+            process.join(timeout=1.0)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=1.0)
+            for q in (tasks, results):
+                q.cancel_join_thread()  # never block exit on a pipe no one will read
+                q.close()
+
+    def __repr__(self) -> str:
+        return (f"ProcessLoader({self.dataset!r}, batch_size={self.batch_size}, "
+                f"num_workers={self.num_workers}, start_method={self.start_method}, "
+                f"rank={self.rank}/{self.world_size})")
+
+
+def _worker_loop(dataset, tasks, results) -> None:
+    """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out,
+    until ``None``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # the main process warns once per bad file
+    set_epoch = getattr(dataset, "set_epoch", None)
+    reported: set = set()
+    while (task := tasks.get()) is not None:
+        tag, epoch, indices = task
+        batch = error = None
+        try:
+            if set_epoch is not None:
+                set_epoch(epoch)
+            batch = tuple(_to_wire(x) for x in _fetch(dataset, indices))
+        except Exception as exc:  # sent back and raised in the main process
+            error = _portable(exc)
+        bad = {str(p) for p in getattr(dataset, "bad_files", ())} - reported
+        reported |= bad
+        results.put((tag, batch, error, sorted(bad)))
+
+
+def _fetch(dataset, indices: list[int]):
+    if hasattr(dataset, "get_batch"):
+        return dataset.get_batch(torch.tensor(indices, dtype=torch.int64))
+    return tuple(_stack(field) for field in zip(*(dataset[i] for i in indices)))
+
+
+def _to_wire(x):
+    if isinstance(x, torch.Tensor) and x.dtype != torch.bfloat16:
+        return x.numpy()  # numpy has no bfloat16; such tensors go as tensors
+    return x
+
+
+def _portable(exc: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"loader worker failed:\n{traceback.format_exc()}")

@@ -1,0 +1,174 @@
+import os
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from kasoku.data.base import ArrayDataset
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.data.loader import SerialLoader
+from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
+from kasoku.errors import DataError
+
+LOADERS = {
+    "threads": lambda ds, bs, **kw: ThreadLoader(ds, bs, num_threads=2, **kw),
+    "processes": lambda ds, bs, **kw: ProcessLoader(ds, bs, num_workers=2, **kw),
+}
+
+
+def write_folder(root, per_class=4, classes=3):
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class_{c}").mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (20 + i, 24, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class_{c}" / f"img_{i}.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("jpegs"))
+
+
+def array_set(n=13):
+    return ArrayDataset(torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n))
+
+
+def batches(loader, count):
+    return [next(loader) for _ in range(count)]
+
+
+def assert_same(expected, got):
+    assert len(expected) == len(got)
+    for a, b in zip(expected, got):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+def make_dataset(kind, folder):
+    return ImageFolder(folder, train=True, image_size=8, seed=1) if kind == "folder" \
+        else array_set()
+
+
+@pytest.mark.parametrize("kind", ["folder", "array"])
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_same_batches_as_serial_over_two_epochs_and_two_ranks(name, kind, folder):
+    for rank in (0, 1):
+        kw = dict(shuffle=True, seed=5, rank=rank, world_size=2)
+        serial = SerialLoader(make_dataset(kind, folder), 4, **kw)
+        with LOADERS[name](make_dataset(kind, folder), 4, **kw) as loader:
+            assert len(loader) == len(serial)
+            count = 2 * serial.batches_per_epoch
+            assert_same(batches(serial, count), batches(loader, count))
+            assert loader.epoch == 2 and loader.skipped == 0
+
+
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_exact_mid_epoch_resume_discards_work_in_flight(name, folder):
+    serial = SerialLoader(ImageFolder(folder, train=True, image_size=8), 3, seed=2)
+    expected = batches(serial, 7)
+    with LOADERS[name](ImageFolder(folder, train=True, image_size=8), 3, seed=2) as first:
+        assert_same(expected[:2], batches(first, 2))
+        state = first.state_dict()
+        batches(first, 3)  # moves on, with more batches in flight
+        first.load_state_dict(state)
+        assert_same(expected[2:], batches(first, 5))
+    with LOADERS[name](ImageFolder(folder, train=True, image_size=8), 3, seed=0) as fresh:
+        next(fresh)
+        fresh.load_state_dict(state)
+        assert_same(expected[2:], batches(fresh, 5))
+
+
+def test_repeat_false_stops_after_one_pass(folder):
+    with ThreadLoader(array_set(), 5, shuffle=False, repeat=False) as loader:
+        assert [len(b[1]) for b in loader] == [5, 5, 3]
+
+
+@pytest.fixture
+def bad_folder(tmp_path):
+    root = write_folder(tmp_path / "bad")
+    (root / "class_1" / "img_1.jpg").write_bytes(b"this is not a jpeg")
+    (root / "class_2" / "img_0.jpg").write_bytes(b"")
+    return root
+
+
+BAD = ("img_1.jpg", "img_0.jpg")
+
+
+@pytest.mark.parametrize("name", ["serial", *LOADERS])
+def test_bad_files_are_skipped_warned_once_and_counted(name, bad_folder):
+    make = (lambda ds, bs, **kw: SerialLoader(ds, bs, **kw)) if name == "serial" \
+        else LOADERS[name]
+    dataset = ImageFolder(bad_folder, train=True, image_size=8)
+    loader = make(dataset, 4, seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = batches(loader, 2 * loader.batches_per_epoch)
+    assert all(len(b[0]) == 4 for b in got)  # replaced, so batches stay full
+    messages = [str(w.message) for w in caught if "img_" in str(w.message)]
+    assert len(messages) == 2
+    for path in ("class_1/img_1.jpg", "class_2/img_0.jpg"):
+        assert sum(path in m for m in messages) == 1
+    if name != "serial":
+        assert loader.skipped == 2
+        assert sorted(os.path.basename(p) for p in loader.skipped_files) == sorted(BAD)
+        loader.close()
+    # The replacement is deterministic: the same batches as the serial loader's.
+    serial = SerialLoader(ImageFolder(bad_folder, train=True, image_size=8), 4, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same(batches(serial, len(got)), got)
+
+
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_strict_raises_data_error_naming_the_file(name, bad_folder):
+    dataset = ImageFolder(bad_folder, train=True, image_size=8, strict=True)
+    with LOADERS[name](dataset, 12, shuffle=False) as loader:
+        with pytest.raises(DataError, match="class_1/img_1.jpg"):
+            next(loader)
+
+
+def test_killed_worker_raises_naming_it_instead_of_hanging(folder):
+    loader = ProcessLoader(ImageFolder(folder, train=True, image_size=8), 2, num_workers=2,
+                           shuffle=False)
+    try:
+        next(loader)  # workers up and serving
+        victim = loader._workers[1][0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=5)
+        # Batches the dead worker already sent may still arrive; the first it never made fails.
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {victim.pid}\).*img_"):
+            for _ in range(loader.batches_per_epoch):
+                next(loader)
+        assert time.monotonic() - start < 5
+    finally:
+        loader.close()
+    assert not victim.is_alive()
+
+
+def test_close_stops_the_workers():
+    loader = ProcessLoader(array_set(), 4, num_workers=2)
+    next(loader)
+    processes = [w[0] for w in loader._workers]
+    loader.close()
+    assert not any(p.is_alive() for p in processes)
+
+
+def test_make_loader_parses_counts():
+    from kasoku.errors import ConfigError
+    from kasoku.run import _make_loader
+    cpu = torch.device("cpu")
+    with _make_loader("threads:3", array_set(), 4, cpu) as loader:
+        assert isinstance(loader, ThreadLoader) and loader.num_threads == 3
+    with _make_loader("multiprocess:1", array_set(), 4, cpu) as loader:
+        assert isinstance(loader, ProcessLoader) and loader.num_workers == 1
+    for bad in ("threads:0", "serial:2", "gpu"):
+        with pytest.raises(ConfigError):
+            _make_loader(bad, array_set(), 4, cpu)
