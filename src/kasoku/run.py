@@ -101,22 +101,43 @@ def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
                  batches_per_call: int = 1, **kwargs):
     from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
     from kasoku.data.loader import SerialLoader
-    if batches_per_call > 1 and kind not in ("serial", "device"):
+    name, count = _parse_loader(kind)
+    if batches_per_call > 1 and name not in ("serial", "device"):
         raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands out "
                           f"several batches per call; use --loader serial or --loader device, "
                           f"or drop --steps-per-call")
-    if kind == "serial":
+    if name == "serial":
         if batches_per_call > 1:
             return ChunkedLoader(dataset, batch_size, batches_per_call=batches_per_call,
                                  **kwargs)
         return SerialLoader(dataset, batch_size, **kwargs)
-    if kind == "device":
+    if name == "device":
         try:
             return DeviceLoader(dataset, batch_size, device=device,
                                 batches_per_call=batches_per_call, **kwargs)
         except TypeError as exc:
             raise ConfigError(f"--loader device: {exc}")
-    raise ConfigError(f"unknown loader {kind!r}; use serial or device")
+    from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
+    if name == "threads":
+        return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
+    return ProcessLoader(dataset, batch_size, num_workers=count,
+                         pin_memory=device.type == "cuda", **kwargs)
+
+
+_LOADERS = ("serial", "device", "threads", "multiprocess")
+
+
+def _parse_loader(kind: str) -> tuple[str, int | None]:
+    """``"threads:8" -> ("threads", 8)``; the count is for threads and multiprocess only."""
+    name, _, count = kind.partition(":")
+    if name not in _LOADERS or (count and name not in ("threads", "multiprocess")):
+        raise ConfigError(f"unknown loader {kind!r}; use serial, device, threads[:N] or "
+                          f"multiprocess[:N]")
+    if not count:
+        return name, None
+    if not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"--loader {kind}: N must be a whole number >= 1, got {count!r}")
+    return name, int(count)
 
 
 def _warn_short_chunks(steps_per_call: int, full_batches: int) -> None:
@@ -163,5 +184,11 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig,
     source = "synthetic" if data.synthetic else str(data.root)
     print(f"# workload: {name}  data: {source}  device: {train.device}  out: {train.out}",
           file=sys.stderr)
-    trainer.run(resume=resume)
+    try:
+        trainer.run(resume=resume)
+    finally:
+        # Worker processes and threads of the parallel loaders end here, on every path.
+        close = getattr(trainer.train_loader, "close", None)
+        if close is not None:
+            close()
     return trainer
