@@ -35,6 +35,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                   accel: AccelConfig | None = None):
     """Model, data, optimizer, schedule, the acceleration levers of ``accel`` and the standard
     extensions of ``kasoku train``."""
+    from kasoku.data.prefetch import wrap_for_device
     from kasoku.train import Trainer
     from kasoku.train import extensions as ext
 
@@ -63,8 +64,10 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                             weight_decay=recipe.weight_decay))
     model, optimizer = accelerated.model, accelerated.optimizer
     # The step takes chunks of steps_per_call batches (MultiStep): the loader makes them.
+    # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
     loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed,
                           batches_per_call=accel.steps_per_call)
+    loader = wrap_for_device(loader, device)
     if accel.cuda_graph and device.type == "cuda" and accel.steps_per_call > 1:
         _warn_short_chunks(accel.steps_per_call, loader.full_batches_per_epoch)
     trainer = Trainer(model, optimizer, loader, workload.loss_fn, metric_fn=metric_fn,
@@ -78,11 +81,13 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     if val_set is not None:
         val_loader = _make_loader(train.loader, val_set, max(batch_size, 100), device,
                                   shuffle=False, repeat=False)
+        val_loader = wrap_for_device(val_loader, device)
         trainer.extend(ext.Evaluator(val_loader, model, workload.loss_fn, metric_fn=metric_fn,
                                      device=device))
     log_trigger = (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
     trainer.extend(ext.LogReport(trigger=log_trigger))
     trainer.extend(ext.PrintReport(_print_entries(workload, val_set is not None)))
+    trainer.extend(ext.SkippedReport())
     trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger)
     trainer.extend(ext.PlotReport(["main/loss", "validation/main/loss"], filename="loss.png"),
                    trigger=log_trigger)

@@ -74,6 +74,20 @@ class SerialLoader:
     def __len__(self) -> int:
         return self.batches_per_epoch
 
+    @property
+    def skipped_files(self) -> list[str]:
+        """Paths of the bad files skipped so far (sorted): the dataset's ``bad_files``
+        (``ImageFolder`` without ``strict``), empty for datasets that have none."""
+        return sorted(str(p) for p in self._bad_files())
+
+    @property
+    def skipped(self) -> int:
+        """How many bad files were skipped so far."""
+        return len(self._bad_files())
+
+    def _bad_files(self):
+        return getattr(self.dataset, "bad_files", ())
+
     def __iter__(self):
         return self
 

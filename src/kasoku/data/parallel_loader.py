@@ -87,19 +87,6 @@ class _PrefetchLoader(SerialLoader):
         super().load_state_dict(state)
         self._discard()
 
-    @property
-    def skipped_files(self) -> list[str]:
-        """Paths of the bad samples skipped so far (sorted)."""
-        return sorted(str(p) for p in self._bad_files())
-
-    @property
-    def skipped(self) -> int:
-        """How many bad files were skipped so far."""
-        return len(self.skipped_files)
-
-    def _bad_files(self):
-        return getattr(self.dataset, "bad_files", ())
-
     def close(self) -> None:
         self._discard()
 

@@ -7,8 +7,9 @@ from kasoku.train.extensions.lr_schedule import CosineLR, LinearWarmup, LRSchedu
 from kasoku.train.extensions.plot_report import PlotReport
 from kasoku.train.extensions.print_report import PrintReport
 from kasoku.train.extensions.progress_bar import ProgressBar
+from kasoku.train.extensions.skipped_report import SkippedReport
 from kasoku.train.extensions.snapshot import Snapshot
 
 __all__ = ["CosineLR", "Evaluator", "FailOnNonNumber", "LRSchedule", "LinearWarmup",
-           "LogReport", "NonFiniteError", "PlotReport", "PrintReport", "ProgressBar", "Snapshot",
-           "StepLR"]
+           "LogReport", "NonFiniteError", "PlotReport", "PrintReport", "ProgressBar",
+           "SkippedReport", "Snapshot", "StepLR"]

@@ -13,7 +13,8 @@ from kasoku.train.triggers import get_trigger
 class LogReport:
     """Accumulates every iteration's observation (lazily, see ``DictSummary``) and, when
     ``trigger`` fires, appends the means plus ``epoch``, ``iteration`` and ``elapsed_time`` to
-    ``log`` and as one flushed line to ``out/filename``.
+    ``log`` and as one flushed line to ``out/filename``; with a train loader that counts the
+    bad files it skipped (``loader.skipped``), also ``data/skipped``, that count so far.
 
     It is called every iteration (class ``trigger``); its own ``trigger`` argument is the log
     interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).
@@ -56,6 +57,9 @@ class LogReport:
         u = trainer.updater
         entry = self._summary.compute_mean()
         entry.update(epoch=u.epoch, iteration=u.iteration, elapsed_time=u.elapsed_time)
+        skipped = getattr(trainer.train_loader, "skipped", None)
+        if skipped is not None:
+            entry["data/skipped"] = int(skipped)
         self.log.append(entry)
         self._summary.reset()
         if self._file is not None:
