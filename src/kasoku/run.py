@@ -122,6 +122,12 @@ def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
                                 batches_per_call=batches_per_call, **kwargs)
         except TypeError as exc:
             raise ConfigError(f"--loader device: {exc}")
+    if name == "gpu-jpeg":
+        from kasoku.data.gpu_jpeg import GpuJpegLoader
+        try:
+            return GpuJpegLoader(dataset, batch_size, device=device, num_threads=count, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"--loader {kind}: {exc}")
     from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
     if name == "threads":
         return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
@@ -129,15 +135,17 @@ def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
                          pin_memory=device.type == "cuda", **kwargs)
 
 
-_LOADERS = ("serial", "device", "threads", "multiprocess")
+_LOADERS = ("serial", "device", "threads", "multiprocess", "gpu-jpeg")
+_COUNTED = ("threads", "multiprocess", "gpu-jpeg")
 
 
 def _parse_loader(kind: str) -> tuple[str, int | None]:
-    """``"threads:8" -> ("threads", 8)``; the count is for threads and multiprocess only."""
+    """``"threads:8" -> ("threads", 8)``; the count (threads, processes, or reading threads
+    for gpu-jpeg) is for threads, multiprocess and gpu-jpeg only."""
     name, _, count = kind.partition(":")
-    if name not in _LOADERS or (count and name not in ("threads", "multiprocess")):
-        raise ConfigError(f"unknown loader {kind!r}; use serial, device, threads[:N] or "
-                          f"multiprocess[:N]")
+    if name not in _LOADERS or (count and name not in _COUNTED):
+        raise ConfigError(f"unknown loader {kind!r}; use serial, device, threads[:N], "
+                          f"multiprocess[:N] or gpu-jpeg[:N]")
     if not count:
         return name, None
     if not count.isdigit() or int(count) < 1:

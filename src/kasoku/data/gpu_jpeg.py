@@ -1,0 +1,414 @@
+"""``GpuJpegLoader``: JPEG folders decoded in batches on the GPU (seed 004's DALI step).
+
+Once Tensor Cores make the model fast, decoding JPEGs on the CPU becomes the bottleneck. Here
+CPU threads only read the files; each batch is decoded on the GPU in one call (nvImageCodec,
+which uses the hardware JPEG engines where the GPU has them, else torchvision's nvJPEG
+``decode_jpeg(device="cuda")``), and random-resized-crop, flip and normalization run as one
+batched gather over all the decoded images (``crop_resize_normalize``), whatever their sizes.
+The next batches are prepared on a side CUDA stream by a background thread while the current
+one trains; the training stream waits on an event, never on the host.
+
+The order, sharding and ``(epoch, position)`` resume state are ``SerialLoader``'s, and each
+sample's crop and flip are drawn exactly as ``ImageFolder`` draws them (same generator keyed on
+``(seed, epoch, index)``), so a batch holds the same samples, labels, crop boxes and flips as
+the serial loader's. The pixels differ slightly: the resize is bilinear without antialiasing
+from the full decode, where Pillow filters (and may decode at reduced scale first).
+
+Bad files: a file the GPU decoder rejects is tried with Pillow (PNGs, CMYK JPEGs); one nothing
+can decode is skipped as ``ImageFolder`` skips it (warned once, counted in ``bad_files``,
+replaced by the next good index), or is an error with ``strict``.
+
+Without CUDA (or with ``decoder="pillow"``) the files are decoded by Pillow in the reading
+threads and the same batched crop runs on the CPU; that path is what the CPU tests exercise.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
+from kasoku.data.parallel_loader import _PrefetchLoader
+from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
+                                    random_resized_crop_params, resize_shorter_to, sample_rng)
+from kasoku.errors import DataError
+
+DECODERS = ("auto", "nvimgcodec", "torchvision", "pillow")
+DECODER_ENV = "KASOKU_GPU_JPEG_DECODER"
+"""Environment variable choosing the decoder of ``--loader gpu-jpeg`` (default ``auto``)."""
+
+HWC, CHW = "hwc", "chw"
+
+
+def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
+                          strides: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor,
+                          size: int, mean, std) -> torch.Tensor:
+    """Crop, resize, flip and normalize a batch of differently sized uint8 images at once.
+
+    ``flat``: every image's pixels, concatenated (uint8, 1-D). Per image ``b``: ``offsets[b]``
+    (where it starts in ``flat``), ``shapes[b] = (H, W)``, ``strides[b] = (row, column,
+    channel)`` in elements (``(3W, 3, 1)`` for HWC, ``(W, 1, HW)`` for CHW), ``boxes[b] =
+    (top, left, height, width)`` of the crop in its pixels (floats allowed) and ``flips[b]``.
+    Returns float32 ``[B, 3, size, size]``: the crops resized bilinearly (pixel centres aligned,
+    as Pillow's ``resize(box=...)``; no antialiasing), mirrored where flipped, then
+    ``(x / 255 - mean) / std``. One gather per bilinear tap: no per-image kernels.
+    """
+    dev, n = flat.device, len(offsets)
+    j = torch.arange(size, device=dev, dtype=torch.float32) + 0.5
+    boxes = boxes.to(dev, torch.float32)
+    heights, widths = shapes[:, 0].to(dev), shapes[:, 1].to(dev)
+    ys = boxes[:, 0:1] + j * (boxes[:, 2:3] / size) - 0.5                  # [B, S]
+    cols = torch.where(flips.to(dev).view(-1, 1), size - j, j)              # mirrored centres
+    xs = boxes[:, 1:2] + cols * (boxes[:, 3:4] / size) - 0.5
+
+    def taps(coord, extent):
+        coord = coord.clamp(min=0.0)
+        lo = coord.floor()
+        frac = coord - lo
+        lo = torch.minimum(lo.long(), (extent - 1).view(-1, 1))
+        hi = torch.minimum(lo + 1, (extent - 1).view(-1, 1))
+        return lo, hi, frac
+
+    y0, y1, wy = taps(ys, heights)
+    x0, x1, wx = taps(xs, widths)
+    strides = strides.to(dev)
+    row, col, chan = (strides[:, k].view(n, 1, 1, 1) for k in range(3))
+    base = offsets.to(dev).view(n, 1, 1, 1) + torch.arange(3, device=dev).view(1, 3, 1, 1) * chan
+    r0, r1 = base + y0.view(n, 1, size, 1) * row, base + y1.view(n, 1, size, 1) * row
+    c0, c1 = x0.view(n, 1, 1, size) * col, x1.view(n, 1, 1, size) * col
+    wx = wx.view(n, 1, 1, size)
+    top = torch.lerp(flat[r0 + c0].float(), flat[r0 + c1].float(), wx)
+    bottom = torch.lerp(flat[r1 + c0].float(), flat[r1 + c1].float(), wx)
+    x = torch.lerp(top, bottom, wy.view(n, 1, size, 1))
+    m = torch.as_tensor(mean, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=dev).view(1, 3, 1, 1)
+    return torch.addcmul(-m / s, x, 1.0 / (255.0 * s))
+
+
+def val_box(height: int, width: int, size: int) -> tuple[float, float, float, float]:
+    """``ImageFolder``'s evaluation view (resize the shorter side to ``size / 0.875``, centre
+    crop ``size``) as a crop box ``(top, left, height, width)`` of the original image."""
+    resize_to = int(round(size / VAL_CROP_FRACTION))
+    new_w, new_h = resize_shorter_to(height, width, resize_to)
+    left, top, _, _ = center_crop_box(new_h, new_w, size)
+    sy, sx = height / new_h, width / new_w
+    return top * sy, left * sx, size * sy, size * sx
+
+
+class GpuJpegLoader(_PrefetchLoader):
+    """``SerialLoader`` over an ``ImageFolder`` whose batches are decoded on ``device``.
+
+    ``num_threads`` threads read the files (and decode them, for the Pillow decoder); one
+    thread per loader decodes and augments whole batches, up to ``prefetch_batches`` ahead, on
+    its own CUDA stream. ``decoder``: ``auto`` (nvImageCodec if installed, else torchvision's
+    GPU decoder, else Pillow), or one of ``nvimgcodec``, ``torchvision``, ``pillow``. Batches
+    are ``(float32 [B, 3, S, S], int64 [B])`` already on ``device``. Takes ``SerialLoader``'s
+    keyword arguments (``shuffle``, ``seed``, ``drop_last``, ``repeat``, ``rank``,
+    ``world_size``); ``seed`` is the loader's order, augmentation uses ``dataset.seed`` as
+    ``ImageFolder`` does.
+    """
+
+    yields_device_batches = True
+
+    def __init__(self, dataset: ImageFolder, batch_size: int, device="cuda",
+                 num_threads: int | None = None, decoder: str = "auto",
+                 prefetch_batches: int = 3, **kwargs):
+        if not isinstance(dataset, ImageFolder):
+            raise TypeError(f"the gpu-jpeg loader reads JPEG folders (ImageFolder); {dataset!r} "
+                            f"is not one: use the device, serial, threads or multiprocess loader")
+        self.device = torch.device(device)
+        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
+        self.decoder = _make_decoder(decoder, self.device)
+        self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="kasoku-jpeg-decode")
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._held: collections.deque = collections.deque()  # (event, buffers) still in use
+        self._bad_lock = threading.Lock()
+        super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
+
+    def _submit(self, position, indices):
+        idx = indices.tolist()
+        reads = [self._io.submit(self._read, i) for i in idx]
+        return self._worker.submit(self._make_batch, self.epoch, idx, reads)
+
+    def _collect(self, position, indices, future):
+        x, y, event, buffers = future.result()  # re-raises DataError (strict) and decode errors
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            x.record_stream(current)
+            y.record_stream(current)
+            self._hold(event, buffers)
+        return x, y
+
+    def _drop(self, future) -> None:
+        future.cancel()  # one already running finishes and is ignored
+
+    def _hold(self, event, buffers) -> None:
+        """Keep the decoder's own buffers (freed outside PyTorch's allocator) alive until the
+        side stream has read them."""
+        self._held.append((event, buffers))
+        while self._held and self._held[0][0].query():
+            self._held.popleft()
+
+    # -- in the reading threads ---------------------------------------------------------------
+    def _read(self, index: int):
+        """The file's bytes, or the decoded HWC uint8 image for the Pillow decoder; None for
+        a file that cannot be read (or, for Pillow, decoded)."""
+        path = self.dataset.samples[index][0]
+        try:
+            data = _read_bytes(path)
+            return self.decoder.prepare(data)
+        except (OSError, DataError):
+            return None
+
+    # -- in the decoding thread ---------------------------------------------------------------
+    def _make_batch(self, epoch: int, idx: list[int], reads):
+        prepared = [f.result() for f in reads]
+        if self._stream is None:
+            x, y, _ = self._assemble(epoch, idx, prepared)
+            return x, y, None, None
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            x, y, buffers = self._assemble(epoch, idx, prepared)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return x, y, event, buffers
+
+    def _assemble(self, epoch, idx, prepared):
+        images, buffers = self.decoder.decode(prepared, self.device)
+        final = list(idx)
+        for k, image in enumerate(images):
+            if image is None:
+                final[k], images[k] = self._replacement(idx[k], prepared[k])
+        ds = self.dataset
+        layout = [self.decoder.layout if not isinstance(im, _CpuImage) else HWC
+                  for im in images]
+        tensors = [im.tensor.to(self.device, non_blocking=True) if isinstance(im, _CpuImage)
+                   else im for im in images]
+        shapes, strides, boxes, flips = [], [], [], []
+        for k, (t, lay) in enumerate(zip(tensors, layout)):
+            h, w = (t.shape[0], t.shape[1]) if lay == HWC else (t.shape[1], t.shape[2])
+            shapes.append((h, w))
+            strides.append((3 * w, 3, 1) if lay == HWC else (w, 1, h * w))
+            if ds.train:
+                rng = sample_rng(ds.seed, epoch, final[k])
+                boxes.append(random_resized_crop_params(rng, h, w))
+                flips.append(rng.random() < 0.5)
+            else:
+                boxes.append(val_box(h, w, ds.image_size))
+                flips.append(False)
+        sizes = [t.numel() for t in tensors]
+        offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        meta = _to_device(self.device, offsets=torch.from_numpy(offsets),
+                          shapes=torch.tensor(shapes), strides=torch.tensor(strides),
+                          boxes=torch.tensor(boxes, dtype=torch.float32),
+                          flips=torch.tensor(flips), labels=torch.tensor(
+                              [ds.samples[i][1] for i in final], dtype=torch.int64))
+        x = crop_resize_normalize(flat, meta["offsets"], meta["shapes"], meta["strides"],
+                                  meta["boxes"], meta["flips"], ds.image_size,
+                                  IMAGENET_MEAN, IMAGENET_STD)
+        return x, meta["labels"], buffers
+
+    def _replacement(self, index: int, prepared):
+        """The image for a sample the batch decoder could not decode: the file through Pillow
+        (PNG, CMYK and other JPEGs a GPU decoder refuses), else, as ``ImageFolder`` does, the
+        next good index. Returns ``(index used, _CpuImage)``."""
+        ds, n = self.dataset, len(self.dataset.samples)
+        for candidate in range(index, index + n):
+            i = candidate % n
+            path = ds.samples[i][0]
+            try:
+                data = prepared if i == index and isinstance(prepared, (bytes, bytearray)) \
+                    else _read_bytes(path)
+                return i, _CpuImage(_pillow_decode(data, path))
+            except (OSError, DataError) as exc:
+                if ds.strict:
+                    raise DataError(f"{path}: cannot decode image ({exc}); the file is corrupt, "
+                                    f"truncated or not an image. Replace or delete it.") from exc
+                self._note_bad(path)
+        raise DataError(f"{ds.root}: none of its {n} images can be decoded; check the folder.")
+
+    def _note_bad(self, path: Path) -> None:
+        with self._bad_lock:
+            if path in self.dataset.bad_files:
+                return
+            self.dataset.bad_files.add(path)
+        warnings.warn(f"skipping {path}: cannot decode image; the file is corrupt, truncated or "
+                      f"not an image. Its samples are replaced by the next good image "
+                      f"(--strict-data makes this an error).", stacklevel=2)
+
+    def close(self) -> None:
+        super().close()
+        for pool in (getattr(self, "_io", None), getattr(self, "_worker", None)):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def __repr__(self) -> str:
+        return (f"GpuJpegLoader({self.dataset!r}, batch_size={self.batch_size}, "
+                f"decoder={self.decoder.name}, threads={self.num_threads}, device={self.device}, "
+                f"rank={self.rank}/{self.world_size})")
+
+
+class _CpuImage:
+    """An HWC uint8 image decoded on the host (by Pillow) inside a GPU-decoded batch."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+def _read_bytes(path: Path) -> bytes:
+    data = Path(path).read_bytes()
+    if not data:
+        raise DataError(f"{path} is empty (zero bytes)")
+    return data
+
+
+def _pillow_decode(data: bytes, path) -> torch.Tensor:
+    import io
+
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            rgb = img.convert("RGB") if img.mode != "RGB" else img
+            return torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy())
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _to_device(device: torch.device, **tensors) -> dict:
+    """The batch's small per-image tables on ``device``: one pinned host buffer, one copy."""
+    if device.type != "cuda":
+        return tensors
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in tensors.items()}
+
+
+# -- decoders ---------------------------------------------------------------------------------
+class _PillowDecoder:
+    """Decodes in the reading threads (``prepare``); ``decode`` only hands the images on."""
+    name, layout = "pillow", HWC
+
+    def prepare(self, data: bytes):
+        return _CpuImage(_pillow_decode(data, "<bytes>"))
+
+    def decode(self, prepared, device):
+        if device.type == "cuda":  # one host-to-device copy per batch, not per image
+            good = [p for p in prepared if p is not None]
+            if good:
+                flat = torch.cat([p.tensor.reshape(-1) for p in good]).pin_memory()
+                flat = flat.to(device, non_blocking=True)
+                out, start = [], 0
+                for p in prepared:
+                    if p is None:
+                        out.append(None)
+                        continue
+                    n = p.tensor.numel()
+                    out.append(flat[start:start + n].view(p.tensor.shape))
+                    start += n
+                return out, None
+        return [p.tensor if p is not None else None for p in prepared], None
+
+
+class _NvImgCodecDecoder:
+    """nvImageCodec: the GPU's hardware JPEG decoder where it has one, else CUDA nvJPEG."""
+    name, layout = "nvimgcodec", HWC
+
+    def __init__(self, device: torch.device):
+        from nvidia import nvimgcodec
+        self._nv = nvimgcodec
+        self._decoder = nvimgcodec.Decoder(device_id=device.index or 0)
+
+    def prepare(self, data: bytes):
+        return data
+
+    def decode(self, prepared, device):
+        streams, where = [], []
+        for k, data in enumerate(prepared):
+            if data is None:
+                continue
+            try:
+                streams.append(self._nv.CodeStream(data))
+                where.append(k)
+            except Exception:  # noqa: BLE001 - not parseable: the Pillow fallback decides
+                pass
+        out = [None] * len(prepared)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        decoded = self._decoder.decode(streams, cuda_stream=stream) if streams else []
+        for k, image in zip(where, decoded):
+            if image is not None and image.shape[2] == 3:
+                out[k] = torch.as_tensor(image, device=device)
+        return out, decoded  # the Images own the pixels: keep them until the stream is done
+
+
+class _TorchvisionDecoder:
+    """torchvision's batched ``decode_jpeg(device="cuda")`` (nvJPEG on the CUDA cores)."""
+    name, layout = "torchvision", CHW
+
+    def __init__(self, device: torch.device):
+        from torchvision.io import ImageReadMode, decode_jpeg
+        self._decode, self._mode = decode_jpeg, ImageReadMode.RGB
+
+    def prepare(self, data: bytes):
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def decode(self, prepared, device):
+        out = [None] * len(prepared)
+        where = [k for k, p in enumerate(prepared) if p is not None]
+        try:
+            images = self._decode([prepared[k] for k in where], mode=self._mode, device=device)
+            for k, image in zip(where, images):
+                out[k] = image
+        except RuntimeError:  # one bad file fails the batch: find it one by one
+            for k in where:
+                try:
+                    out[k] = self._decode(prepared[k], mode=self._mode, device=device)
+                except RuntimeError:
+                    pass
+        return out, None
+
+
+_announced: set[str] = set()
+
+
+def _make_decoder(choice: str, device: torch.device):
+    choice = os.environ.get(DECODER_ENV, "") or choice
+    if choice not in DECODERS:
+        raise ValueError(f"unknown JPEG decoder {choice!r} ({DECODER_ENV}); use one of "
+                         f"{', '.join(DECODERS)}")
+    if device.type != "cuda":
+        if choice in ("nvimgcodec", "torchvision"):
+            raise ValueError(f"the {choice} decoder needs a CUDA device; {device} has none")
+        _say_once(f"gpu-jpeg on {device}: JPEGs are decoded by Pillow in the reading threads "
+                  f"and cropped as one batch on the CPU (there is no GPU to decode on)")
+        return _PillowDecoder()
+    order = ["nvimgcodec", "torchvision"] if choice == "auto" else [choice]
+    failures = []
+    for name in order:
+        if name == "pillow":
+            return _PillowDecoder()
+        try:
+            return (_NvImgCodecDecoder if name == "nvimgcodec" else _TorchvisionDecoder)(device)
+        except Exception as exc:  # noqa: BLE001 - missing package or library: try the next
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    if choice != "auto":
+        raise ValueError(f"the {choice} JPEG decoder is not usable here ({failures[0]})")
+    _say_once("gpu-jpeg: neither nvImageCodec (pip install nvidia-nvimgcodec-cu13 "
+              "nvidia-nvjpeg) nor torchvision's GPU decoder is usable here ("
+              + "; ".join(failures) + "); decoding with Pillow on the CPU threads instead, "
+              "crop and normalization still on the GPU")
+    return _PillowDecoder()
+
+
+def _say_once(message: str) -> None:
+    if message not in _announced:
+        _announced.add(message)
+        warnings.warn(message, stacklevel=3)

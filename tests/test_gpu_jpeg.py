@@ -1,0 +1,191 @@
+"""The gpu-jpeg loader: its batched crop against PyTorch's own resize, and its batches against
+the serial loader's (same samples, labels, crop boxes and flips) on real JPEG files. On this
+CPU-only machine the Pillow decoder feeds the same batched crop; the CUDA test runs where a GPU
+is present."""
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from kasoku.data.gpu_jpeg import GpuJpegLoader, crop_resize_normalize, val_box
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.data.jpeg_synth import make_jpeg_folder
+from kasoku.data.loader import SerialLoader
+from kasoku.errors import ConfigError, DataError
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu_jpeg") / "images"
+    make_jpeg_folder(root, 20, 96, 72, num_classes=4, progress=False)
+    # Images of another size and orientation in the same batches.
+    for i in range(4):
+        Image.open(root / "class_000" / "img_000000.jpg").resize((50, 90)).save(
+            root / f"class_00{i}" / f"tall_{i}.jpg", quality=90)
+    return root
+
+
+def loaders(root, train=True, batch_size=8, **kwargs):
+    serial = SerialLoader(ImageFolder(root, train=train, image_size=SIZE, seed=5), batch_size,
+                          shuffle=train, **kwargs)
+    gpu = GpuJpegLoader(ImageFolder(root, train=train, image_size=SIZE, seed=5), batch_size,
+                        device="cpu", num_threads=2, shuffle=train, **kwargs)
+    return serial, gpu
+
+
+def assert_same_views(expected, got):
+    """Same labels; each image close to the serial one (Pillow's filtered resize vs bilinear)
+    and far closer to it than to its mirror image, so crop boxes and flips agree."""
+    (xa, ya), (xb, yb) = expected, got
+    assert torch.equal(ya, yb)
+    assert xb.shape == xa.shape and xb.dtype == torch.float32
+    diff = (xa - xb).abs().mean(dim=(1, 2, 3))
+    mirrored = (xa.flip(-1) - xb).abs().mean(dim=(1, 2, 3))
+    assert diff.max() < 0.2, diff
+    assert (diff < 0.4 * mirrored).all(), (diff, mirrored)
+
+
+def hwc_images(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8)
+            for h, w in [(30, 40), (17, 23), (64, 20)]]
+
+
+def flat_inputs(images, layout):
+    tensors = [im if layout == "hwc" else im.permute(2, 0, 1).contiguous() for im in images]
+    offsets = torch.tensor(np.cumsum([0] + [t.numel() for t in tensors[:-1]]))
+    shapes = torch.tensor([im.shape[:2] for im in images])
+    strides = torch.tensor([(3 * w, 3, 1) if layout == "hwc" else (w, 1, h * w)
+                            for h, w in shapes.tolist()])
+    return torch.cat([t.reshape(-1) for t in tensors]), offsets, shapes, strides
+
+
+@pytest.mark.parametrize("layout", ["hwc", "chw"])
+def test_batched_crop_equals_torch_bilinear_resize_of_each_crop(layout):
+    images = hwc_images()
+    boxes = torch.tensor([(3, 5, 20, 30), (0, 0, 17, 23), (10, 2, 40, 15)], dtype=torch.float32)
+    flips = torch.tensor([False, True, False])
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    got = crop_resize_normalize(*flat_inputs(images, layout), boxes, flips, 12, mean, std)
+    for b, (img, (t, l, h, w)) in enumerate(zip(images, boxes.long().tolist())):
+        crop = img.permute(2, 0, 1)[None, :, t:t + h, l:l + w].float()
+        want = F.interpolate(crop, size=(12, 12), mode="bilinear", align_corners=False)[0]
+        want = want.flip(-1) if flips[b] else want
+        want = (want / 255 - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+        torch.testing.assert_close(got[b], want, atol=1e-4, rtol=1e-4)
+
+
+def test_val_box_is_the_resize_then_centre_crop_of_imagefolder():
+    # 500x375 -> shorter side 256 (341x256), centre 224 at (left 58, top 16): x1.4648 back.
+    top, left, h, w = val_box(375, 500, 224)
+    scale = 375 / 256
+    assert (top, h) == pytest.approx((16 * scale, 224 * scale))
+    assert (left, w) == pytest.approx((58 * 500 / 341, 224 * 500 / 341))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_same_samples_crops_and_flips_as_serial_over_two_epochs(folder, train):
+    serial, gpu = loaders(folder, train=train)
+    with gpu:
+        for _ in range(2 * serial.batches_per_epoch):  # the last batch is incomplete
+            assert_same_views(next(serial), next(gpu))
+        assert gpu.epoch == serial.epoch == 2
+
+
+def test_sharded_ranks_get_the_serial_shards(folder):
+    for rank in range(2):
+        serial, gpu = loaders(folder, batch_size=5, rank=rank, world_size=2, seed=9)
+        with gpu:
+            for _ in range(serial.batches_per_epoch + 1):
+                assert_same_views(next(serial), next(gpu))
+
+
+def test_exact_mid_epoch_resume(folder):
+    _, first = loaders(folder, seed=2)
+    with first:
+        for _ in range(2):
+            next(first)
+        state = first.state_dict()
+        expected = [next(first) for _ in range(3)]  # crosses into epoch 1
+    _, resumed = loaders(folder, seed=2)
+    with resumed:
+        resumed.load_state_dict(state)
+        for want, got in zip(expected, [next(resumed) for _ in range(3)]):
+            assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+def test_work_in_flight_is_discarded_when_the_state_moves(folder):
+    _, loader = loaders(folder, seed=4)
+    with loader:
+        reference = [next(loader) for _ in range(3)]
+        loader.load_state_dict({**loader.state_dict(), "epoch": 0, "position": 1})
+        assert torch.equal(next(loader)[0], reference[1][0])
+
+
+@pytest.fixture
+def bad_folder(tmp_path):
+    root = tmp_path / "bad"
+    make_jpeg_folder(root, 12, 48, 40, num_classes=3, progress=False)
+    (root / "class_001" / "img_000001.jpg").write_bytes(b"this is not a jpeg")
+    (root / "class_002" / "img_000002.jpg").write_bytes(b"")
+    Image.open(root / "class_000" / "img_000000.jpg").save(root / "class_000" / "extra.png")
+    return root
+
+
+def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_folder):
+    serial, gpu = loaders(bad_folder, batch_size=4, seed=3)
+    with gpu, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2 * serial.batches_per_epoch):
+            assert_same_views(next(serial), next(gpu))
+        assert gpu.skipped == 2
+        assert sorted(os.path.basename(p) for p in gpu.skipped_files) == \
+            ["img_000001.jpg", "img_000002.jpg"]
+    mine = [str(w.message) for w in caught if str(w.message).startswith("skipping")
+            and "cannot decode image;" in str(w.message)]
+    assert len(mine) == 2
+
+
+def test_strict_raises_naming_the_file(bad_folder):
+    dataset = ImageFolder(bad_folder, train=True, image_size=SIZE, strict=True)
+    with GpuJpegLoader(dataset, 13, device="cpu", num_threads=2, shuffle=False) as loader:
+        with pytest.raises(DataError, match="img_00000[12].jpg"):
+            next(loader)
+
+
+def test_make_loader_builds_it_and_refuses_in_memory_datasets(folder):
+    from kasoku.data.base import ArrayDataset
+    from kasoku.run import _make_loader, _parse_loader
+    assert _parse_loader("gpu-jpeg:3") == ("gpu-jpeg", 3)
+    dataset = ImageFolder(folder, train=True, image_size=SIZE)
+    with _make_loader("gpu-jpeg:2", dataset, 4, torch.device("cpu")) as loader:
+        assert isinstance(loader, GpuJpegLoader) and loader.num_threads == 2
+        assert next(loader)[0].shape == (4, 3, SIZE, SIZE)
+    arrays = ArrayDataset(torch.zeros(8, 1, 4, 4), torch.zeros(8, dtype=torch.int64))
+    with pytest.raises(ConfigError, match="JPEG folders"):
+        _make_loader("gpu-jpeg", arrays, 4, torch.device("cpu"))
+
+
+def test_unknown_decoder_is_refused(folder, monkeypatch):
+    monkeypatch.setenv("KASOKU_GPU_JPEG_DECODER", "libjpeg")
+    with pytest.raises(ValueError, match="unknown JPEG decoder"):
+        GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE), 4, device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("decoder", ["auto", "pillow"])
+def test_cuda_batches_match_serial_and_resume(folder, decoder):
+    serial = SerialLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8)
+    gpu = GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8,
+                        device="cuda", decoder=decoder)
+    with gpu:
+        for _ in range(2 * serial.batches_per_epoch):
+            x, y = next(gpu)
+            assert x.is_cuda and y.is_cuda
+            assert_same_views(next(serial), (x.cpu(), y.cpu()))
