@@ -82,9 +82,65 @@ def _add_data(sub) -> None:
     mk.add_argument("--classes", type=int, default=10, help="number of class folders")
     mk.add_argument("--quality", type=int, default=90, help="JPEG quality 1-95")
     mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--workers", type=int,
+                    help="processes writing the images (default: one per core)")
     dl = dsub.add_parser("download", help="fetch a dataset from its official URL (md5 checked)")
     dl.add_argument("dataset", choices=["mnist", "cifar10"])
     dl.add_argument("out", type=Path, help="folder to put the files in")
+    _add_data_bench(dsub)
+
+
+def _resolutions(text: str) -> list[tuple[int, int]]:
+    return [_resolution(item) for item in text.split(",") if item.strip()]
+
+
+def _add_data_bench(dsub) -> None:
+    b = dsub.add_parser(
+        "bench", help="can a loader keep up with a model? images/s, MB/s, CPU per loader",
+        description="Run each loader alone (no model) on each SOURCE and report images/s, MB/s "
+        "(the bytes of the files delivered per second: the page cache may serve them, as in "
+        "seed 000's read bandwidth; in-memory datasets count their uint8 samples) and the CPU "
+        "cores busy (this process and the loader's workers). With --model, also the model's "
+        "training rate on synthetic on-device batches, the margin loader/model, and the rate "
+        "of the model fed by each loader. Appends OUT/data_bench.jsonl, draws "
+        "OUT/data_bench.png (images/s against loader processes).")
+    b.add_argument("sources", nargs="*", metavar="SOURCE",
+                   help="an ImageNet-style image folder (ROOT/<class>/*.jpg, or ROOT/train/...)"
+                   " or a workload name (its training data, see --data/--synthetic); with "
+                   "--resolution, the folder to hold the generated folders (default OUT/jpeg)")
+    b.add_argument("--loader", default="serial,threads:4,multiprocess:1,2,4",
+                   metavar="SPEC[,SPEC...]",
+                   help="loaders to measure, in order; a bare number continues the kind before "
+                   "it: serial,multiprocess:1,2,4,8,threads:4 (default: %(default)s)")
+    b.add_argument("--resolution", type=_resolutions, metavar="WxH[,WxH...]",
+                   help="measure synthetic JPEG folders of these resolutions (made once with "
+                   "make-jpeg, reused after), e.g. 500x375,1000x750")
+    b.add_argument("--images", type=int, default=2048,
+                   help="images per generated folder (default 2048)")
+    b.add_argument("--batch-size", type=int,
+                   help="samples per batch (default: the --model's recipe, else 64)")
+    b.add_argument("--image-size", type=int,
+                   help="crop size of image folders (default: the --model's input, else 224)")
+    b.add_argument("--warmup", type=int, default=3,
+                   help="batches after the first, excluded from the windows (default 3)")
+    b.add_argument("--batches", type=int, default=10, help="batches per window (default 10)")
+    b.add_argument("--windows", type=int, default=3, help="timed windows (default 3)")
+    b.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    b.add_argument("--model", metavar="WORKLOAD",
+                   help="compare each loader with this workload's training rate")
+    b.add_argument("--data", type=Path, help="folder holding a workload SOURCE's real data")
+    b.add_argument("--synthetic", action="store_true",
+                   help="workload SOURCEs use generated data of the real shapes")
+    b.add_argument("--synthetic-size", type=int, help="synthetic training samples")
+    b.add_argument("--seed", type=int, default=0, help="seed for order, crops and the model")
+    b.add_argument("--out", type=Path, default=Path("runs/data-bench"),
+                   help="folder for data_bench.jsonl, data_bench.png and generated JPEG "
+                   "folders (default: runs/data-bench)")
+    b.add_argument("--report", action="store_true",
+                   help="measure nothing: print the table and redraw the chart from "
+                   "OUT/data_bench.jsonl")
+    from kasoku.accel.cli_args import add_accel_arguments
+    add_accel_arguments(b)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,7 +210,7 @@ def _cmd_data(args) -> int:
         from kasoku.data.jpeg_synth import make_jpeg_folder
         w, h = args.resolution
         stats = make_jpeg_folder(args.out, args.count, w, h, num_classes=args.classes,
-                                 quality=args.quality, seed=args.seed)
+                                 quality=args.quality, seed=args.seed, workers=args.workers)
         print(f"wrote {stats}")
         return 0
     if args.data_command == "download":
@@ -162,7 +218,38 @@ def _cmd_data(args) -> int:
         path = fetch_dataset(args.dataset, args.out)
         print(f"{args.dataset} is ready in {path}")
         return 0
+    if args.data_command == "bench":
+        return _cmd_data_bench(args)
     raise AssertionError(args.data_command)
+
+
+def _cmd_data_bench(args) -> int:
+    from kasoku.accel.cli_args import accel_config_from_args
+    from kasoku.accel.config import AccelConfig
+    from kasoku.bench import data_bench
+    if args.report:
+        chart = data_bench.report_data_bench(args.out)
+        print(f"chart: {chart}" if chart else "nothing was measured: no chart")
+        return 0
+    accel = accel_config_from_args(args)
+    if args.model is None and accel != AccelConfig():
+        raise ConfigError("the acceleration flags set the --model's training step; give "
+                          "--model WORKLOAD or drop them")
+    device = args.device or ("cuda" if _cuda_available() else "cpu")
+    req = data_bench.DataBenchRequest(
+        sources=tuple(args.sources), loaders=tuple(data_bench.expand_loaders(args.loader)),
+        resolutions=tuple(args.resolution or ()), images=args.images, out=args.out,
+        batch_size=args.batch_size, device=device, warmup=args.warmup, batches=args.batches,
+        windows=args.windows, seed=args.seed, image_size=args.image_size,
+        data=DataConfig(root=args.data, synthetic=args.synthetic,
+                        synthetic_train_size=args.synthetic_size),
+        model=args.model, accel=accel if args.model else None)
+    return data_bench.run_data_bench(req).exit_code
+
+
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> int:

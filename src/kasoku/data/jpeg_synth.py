@@ -7,7 +7,11 @@ average file size (~110 KB). Each image depends only on ``(seed, index)``.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import multiprocessing as mp
+import os
 import re
 import sys
 import time
@@ -24,13 +28,14 @@ _OCTAVES = ((4, 40.0), (32, 24.0), (160, 24.0), (0, 17.0))
 
 def make_jpeg_folder(out: str | Path, num_images: int, width: int, height: int,
                      num_classes: int = 10, quality: int = 90, seed: int = 0,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, workers: int | None = None) -> dict:
     """Write ``num_images`` JPEGs as ``out/class_XXX/img_XXXXXX.jpg`` (image ``i`` in class
     ``i % num_classes``) and return stats: ``num_images``, ``num_classes``, ``width``,
     ``height``, ``quality``, ``seed``, ``total_bytes``, ``mean_bytes``, ``elapsed_s``, ``out``.
 
     Refuses (``ValueError``) a non-empty ``out`` that is not a previous make-jpeg output; a
-    previous output is replaced.
+    previous output is replaced. ``workers`` processes write the images (default: one per
+    core; 1 writes them here); the files are the same whatever the count.
     """
     out = Path(out)
     _check_args(num_images, width, height, num_classes, quality)
@@ -40,14 +45,20 @@ def make_jpeg_folder(out: str | Path, num_images: int, width: int, height: int,
     start, total_bytes = time.perf_counter(), 0
     for c in range(num_classes):
         (out / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
-    for i in range(num_images):
-        c = i % num_classes
-        path = out / f"class_{c:03d}" / f"img_{i:06d}.jpg"
-        synth_image(width, height, c, num_classes, seed, i).save(path, "JPEG", quality=quality)
-        total_bytes += path.stat().st_size
-        if progress and (i + 1 == num_images or (i + 1) % 100 == 0):
-            sys.stderr.write(f"\rmake-jpeg: {i + 1}/{num_images} images")
-            sys.stderr.flush()
+    workers = min(workers or os.cpu_count() or 1, num_images)
+    job = functools.partial(_write_image, out, width, height, num_classes, quality, seed)
+    with contextlib.ExitStack() as stack:
+        if workers > 1:
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            pool = stack.enter_context(mp.get_context(method).Pool(workers))
+            sizes = pool.imap(job, range(num_images), chunksize=16)
+        else:
+            sizes = map(job, range(num_images))
+        for i, size in enumerate(sizes):
+            total_bytes += size
+            if progress and (i + 1 == num_images or (i + 1) % 100 == 0):
+                sys.stderr.write(f"\rmake-jpeg: {i + 1}/{num_images} images")
+                sys.stderr.flush()
     if progress:
         sys.stderr.write("\n")
     stats = {"num_images": num_images, "num_classes": num_classes, "width": width,
@@ -56,6 +67,14 @@ def make_jpeg_folder(out: str | Path, num_images: int, width: int, height: int,
              "elapsed_s": time.perf_counter() - start, "out": str(out)}
     (out / MARKER).write_text(json.dumps(dict(stats, complete=True), indent=1) + "\n")
     return stats
+
+
+def _write_image(out: Path, width: int, height: int, num_classes: int, quality: int, seed: int,
+                 i: int) -> int:
+    c = i % num_classes
+    path = out / f"class_{c:03d}" / f"img_{i:06d}.jpg"
+    synth_image(width, height, c, num_classes, seed, i).save(path, "JPEG", quality=quality)
+    return path.stat().st_size
 
 
 def _check_args(num_images, width, height, num_classes, quality) -> None:

@@ -1,0 +1,199 @@
+"""``kasoku data bench``: loaders measured alone and against a model, on real JPEG files and real
+worker processes; and ``kasoku.perf.cpu`` on a real busy child process."""
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kasoku.bench.data_bench import (DataBenchRequest, expand_loaders, prepare_jpeg_folders,
+                                     run_data_bench)
+from kasoku.cli import main
+from kasoku.config import DataConfig
+from kasoku.data.jpeg_synth import make_jpeg_folder
+from kasoku.errors import ConfigError
+from kasoku.perf.cpu import busy_cores, cpu_seconds, process_cpu_seconds
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NUM_IMAGES, BATCH = 48, 4  # 12 batches per epoch
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("jpegs") / "small"
+    make_jpeg_folder(folder, NUM_IMAGES, 64, 48, num_classes=4, progress=False)
+    return folder
+
+
+def _bench(out, **kwargs) -> tuple:
+    stream, progress = io.StringIO(), io.StringIO()
+    settings = dict(out=out, batch_size=BATCH, image_size=16, warmup=1, batches=2, windows=3,
+                    device="cpu")
+    result = run_data_bench(DataBenchRequest(**{**settings, **kwargs}), stream, progress)
+    return result, stream.getvalue(), progress.getvalue()
+
+
+def test_loader_list_expands_bare_numbers_to_the_kind_before():
+    assert expand_loaders("multiprocess:1,2,4") == ["multiprocess:1", "multiprocess:2",
+                                                    "multiprocess:4"]
+    assert expand_loaders("serial, multiprocess:1,2,8,threads:4,2,device") == [
+        "serial", "multiprocess:1", "multiprocess:2", "multiprocess:8", "threads:4",
+        "threads:2", "device"]
+    with pytest.raises(ConfigError, match="continues no loader"):
+        expand_loaders("4,serial")
+    with pytest.raises(ConfigError, match="unknown loader 'serial:2'"):
+        expand_loaders("serial,2")
+    with pytest.raises(ConfigError, match="unknown loader 'procs:2'"):
+        expand_loaders("procs:2")
+    with pytest.raises(ConfigError, match="names no loader"):
+        expand_loaders(" , ")
+
+
+def test_cpu_seconds_of_a_busy_child_process():
+    burn = ("import sys, time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\n"
+            "print('done', flush=True)\nsys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        before, t0 = cpu_seconds([child.pid]), time.perf_counter()
+        assert child.stdout.readline().strip() == "done"
+        after, wall_s = cpu_seconds([child.pid]), time.perf_counter() - t0
+        used = after[child.pid] - before[child.pid]
+        assert 0.25 <= used <= wall_s + 0.02  # 10 ms clock ticks
+        assert busy_cores(before, after, wall_s) == pytest.approx(used / wall_s)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+    assert process_cpu_seconds(child.pid) is None  # gone: left out, not an error
+    assert busy_cores(before, cpu_seconds([child.pid]), 1.0) == 0.0
+
+
+def test_cpu_seconds_of_this_process_count_its_work():
+    start = process_cpu_seconds()
+    t = time.process_time()
+    while time.process_time() - t < 0.05:
+        pass
+    assert process_cpu_seconds(os.getpid()) - start >= 0.05
+
+
+def test_loaders_alone_on_a_jpeg_folder(jpegs, tmp_path):
+    # 1 + 11 warm-up batches are epoch 0; the 3 windows of 4 batches are exactly epoch 1, so
+    # the bytes delivered are every file once.
+    result, table, progress = _bench(tmp_path, sources=(str(jpegs),), warmup=11, batches=4,
+                                     loaders=("serial", "threads:2", "multiprocess:1",
+                                              "multiprocess:2"))
+    assert result.exit_code == 0
+    files = [p.stat().st_size for p in jpegs.glob("class_*/*.jpg")]
+    lines = [json.loads(s) for s in open(tmp_path / "data_bench.jsonl")]
+    assert lines == json.loads(json.dumps(result.records))
+    assert [r["loader"] for r in lines] == ["serial", "threads:2", "multiprocess:1",
+                                            "multiprocess:2"]
+    for r in lines:
+        f = r["figures"]
+        assert r["schema"] == "kasoku.data_bench/1" and r["status"] == "ok", r["error"]
+        assert r["resolution"] == "64x48" and r["settings"]["num_samples"] == NUM_IMAGES
+        assert 0 < f["images_per_s"]["min"] <= f["images_per_s"]["median"] \
+            <= f["images_per_s"]["max"] and f["images_per_s"]["n"] == 3
+        assert f["bytes_basis"] == "file"
+        assert f["bytes_per_image"] == pytest.approx(np.mean(files), rel=1e-9)
+        assert f["mb_per_s"] * 1e6 / f["images_per_s"]["median"] == \
+            pytest.approx(np.mean(files), rel=0.01)
+        assert f["cpu_cores"] > 0 and f["cpu_percent"] > 0
+        assert f["first_batch_s"] > 0 and f["warmup_s"] > 0
+        assert r["env"]["cpu_count"] == os.cpu_count()
+    assert "multiprocess:2" in table and "MB/s" in table
+    assert "[4/4] small (64x48) multiprocess:2:" in progress
+    assert (tmp_path / "data_bench.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bytes_follow_the_loader_order_exactly(jpegs, tmp_path):
+    from kasoku.data.imagefolder import ImageFolder
+    from kasoku.data.loader import SerialLoader
+    result, _, _ = _bench(tmp_path, sources=(str(jpegs),), loaders=("serial",))
+    sizes = np.array([p.stat().st_size for p, _ in ImageFolder(jpegs, train=True).samples])
+    order = SerialLoader(range(NUM_IMAGES), BATCH, seed=0, drop_last=True).epoch_indices(0)
+    taken = order[(1 + 1) * BATCH:(1 + 1 + 3 * 2) * BATCH].numpy()  # after first + warm-up
+    assert result.records[0]["figures"]["bytes_per_image"] == pytest.approx(
+        sizes[taken].mean(), rel=1e-12)
+
+
+def test_a_failing_loader_is_recorded_and_the_sweep_goes_on(jpegs, tmp_path):
+    result, table, progress = _bench(tmp_path, sources=(str(jpegs),),
+                                     loaders=("device", "serial"))
+    failed, ok = result.records
+    assert failed["status"] == "error" and "in-memory" in failed["error"]
+    assert "images_per_s" not in failed["figures"]
+    assert ok["status"] == "ok" and result.exit_code == 1
+    assert "ERROR" in progress and "error" in table
+
+
+def test_loaders_against_a_model_on_cpu(tmp_path):
+    result, table, progress = _bench(
+        tmp_path, sources=("mnist-mlp",), loaders=("serial", "device"), model="mnist-mlp",
+        batch_size=20, image_size=None, data=DataConfig(synthetic=True, synthetic_train_size=200))
+    assert result.exit_code == 0, [r["error"] for r in result.records]
+    for r in result.records:
+        f = r["figures"]
+        assert f["bytes_basis"] == "stored sample" and f["bytes_per_image"] == 784
+        assert f["model_synthetic_images_per_s"]["median"] > 0
+        assert f["fed_images_per_s"]["median"] > 0 and f["fed_images_per_s"]["n"] == 3
+        assert f["margin"] == pytest.approx(
+            f["images_per_s"]["median"] / f["model_synthetic_images_per_s"]["median"])
+        assert f["fed_fraction"] > 0
+        assert r["model"]["workload"] == "mnist-mlp" and r["model"]["config"]["kind"] == "kasoku"
+    assert "fed images/s" in table and "mnist-mlp on synthetic" in table
+    assert (tmp_path / "data_bench.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_source_of_another_shape_than_the_model_is_refused(jpegs, tmp_path):
+    with pytest.raises(ConfigError, match=r"shape \(3, 224, 224\).*mnist-mlp takes"):
+        _bench(tmp_path, sources=(str(jpegs),), model="mnist-mlp", image_size=None)
+
+
+def test_generated_folders_are_made_once_and_reused(tmp_path):
+    said = []
+    first = prepare_jpeg_folders(tmp_path, [(32, 24)], 6, say=said.append)
+    assert first == [tmp_path / "32x24"] and said[-1].startswith("making 6 JPEG images")
+    stamp = {p: p.stat().st_mtime_ns for p in first[0].glob("class_*/*.jpg")}
+    assert len(stamp) == 6
+    assert prepare_jpeg_folders(tmp_path, [(32, 24)], 4, say=said.append) == first
+    assert said[-1].startswith("reusing") and \
+        stamp == {p: p.stat().st_mtime_ns for p in first[0].glob("class_*/*.jpg")}
+    prepare_jpeg_folders(tmp_path, [(32, 24)], 8, say=said.append)  # too few: made again
+    assert said[-1].startswith("making 8") and len(list(first[0].glob("class_*/*.jpg"))) == 8
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["data", "bench", "--resolution", "32x24", "--images", "12", "--loader",
+            "serial,multiprocess:1", "--batch-size", "4", "--image-size", "16",
+            "--warmup", "0", "--batches", "2", "--device", "cpu", "--out", str(out)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "making 12 JPEG images of 32x24" in captured.err
+    assert "[2/2] 32x24 multiprocess:1" in captured.err and "multiprocess:1" in captured.out
+    assert len(list((out / "jpeg" / "32x24").glob("class_*/*.jpg"))) == 12
+    records = [json.loads(s) for s in open(out / "data_bench.jsonl")]
+    assert [(r["status"], r["source_kind"]) for r in records] == [("ok", "generated")] * 2
+
+    assert main(["data", "bench", "--report", "--out", str(out)]) == 0
+    assert "32x24" in capsys.readouterr().out
+    assert (out / "data_bench.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nowhere"], "neither a folder nor a workload"),
+    (["mnist-mlp", "--loader", "serial,fast:2"], "unknown loader 'fast:2'"),
+    (["mnist-mlp", "--precision", "bf16"], "give --model"),
+    ([], "give a SOURCE"),
+    (["mnist-mlp", "--synthetic", "--synthetic-size", "10", "--batch-size", "20"],
+     "less than one batch of 20"),
+])
+def test_cli_errors_are_clear(argv, message, tmp_path, capsys):
+    assert main(["data", "bench", *argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
