@@ -197,3 +197,13 @@ def test_cli_end_to_end(tmp_path, capsys):
 def test_cli_errors_are_clear(argv, message, tmp_path, capsys):
     assert main(["data", "bench", *argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_process_loaders_get_windows_long_enough_for_their_workers():
+    from kasoku.bench.data_bench import DataBenchRequest, _scaled_to_workers
+    req = DataBenchRequest(warmup=3, batches=10)
+    assert _scaled_to_workers(req, "serial") is req
+    two = _scaled_to_workers(req, "multiprocess:2")  # warm-up 2N = 4, windows 4N = 8 < 10
+    assert (two.warmup, two.batches) == (4, 10)
+    long = _scaled_to_workers(req, "multiprocess:16")
+    assert (long.warmup, long.batches) == (32, 64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16-pure")
-OPTIMIZER_IMPLS = ("loop", "foreach", "fused")
+OPTIMIZER_IMPLS = ("loop", "foreach", "fused", "compiled")
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,9 @@ class AccelConfig:
     """cuDNN autotuning; its time is spent in warm-up, outside the measured rate."""
     optimizer_impl: str | None = None
     """loop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one kernel for all
-    weights: seed 004's batched weight update) | None: fused where PyTorch has it, else
-    foreach."""
+    weights: seed 004's batched weight update) | compiled (the foreach update compiled by
+    torch.compile into kernels that fill the GPU; SGD, momentum and Adam) | None: fused where
+    PyTorch has it, else foreach."""
     compile: bool = False
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"

@@ -104,9 +104,10 @@ def val_box(height: int, width: int, size: int) -> tuple[float, float, float, fl
 class GpuJpegLoader(_PrefetchLoader):
     """``SerialLoader`` over an ``ImageFolder`` whose batches are decoded on ``device``.
 
-    ``num_threads`` threads read the files (and decode them, for the Pillow decoder); one
-    thread per loader decodes and augments whole batches, up to ``prefetch_batches`` ahead, on
-    its own CUDA stream. ``decoder``: ``auto`` (nvImageCodec if installed, else torchvision's
+    ``num_threads`` threads read the files (and decode them, for the Pillow decoder), a batch
+    split into one task per thread; ``decode_threads`` threads decode and augment whole
+    batches, up to ``prefetch_batches`` ahead, each on its own CUDA stream (two, so that one
+    batch's Python work overlaps another's decode on the GPU). ``decoder``: ``auto`` (nvImageCodec if installed, else torchvision's
     GPU decoder, else Pillow), or one of ``nvimgcodec``, ``torchvision``, ``pillow``. Batches
     are ``(float32 [B, 3, S, S], int64 [B])`` already on ``device``. Takes ``SerialLoader``'s
     keyword arguments (``shuffle``, ``seed``, ``drop_last``, ``repeat``, ``rank``,
@@ -118,7 +119,7 @@ class GpuJpegLoader(_PrefetchLoader):
 
     def __init__(self, dataset: ImageFolder, batch_size: int, device="cuda",
                  num_threads: int | None = None, decoder: str = "auto",
-                 prefetch_batches: int = 3, **kwargs):
+                 prefetch_batches: int = 3, decode_threads: int = 2, **kwargs):
         if not isinstance(dataset, ImageFolder):
             raise TypeError(f"the gpu-jpeg loader reads JPEG folders (ImageFolder); {dataset!r} "
                             f"is not one: use the device, serial, threads or multiprocess loader")
@@ -128,15 +129,19 @@ class GpuJpegLoader(_PrefetchLoader):
             raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
         self.decoder = _make_decoder(decoder, self.device)
         self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="kasoku-jpeg-decode")
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if decode_threads < 1:
+            raise ValueError(f"decode_threads must be >= 1, got {decode_threads!r}")
+        self._worker = ThreadPoolExecutor(decode_threads, thread_name_prefix="kasoku-jpeg-decode")
+        self._streams = threading.local()  # one side stream per decoding thread
         self._held: collections.deque = collections.deque()  # (event, buffers) still in use
         self._bad_lock = threading.Lock()
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
 
     def _submit(self, position, indices):
         idx = indices.tolist()
-        reads = [self._io.submit(self._read, i) for i in idx]
+        step = -(-len(idx) // self.num_threads)
+        reads = [self._io.submit(self._read_many, idx[k:k + step])
+                 for k in range(0, len(idx), step)]
         return self._worker.submit(self._make_batch, self.epoch, idx, reads)
 
     def _collect(self, position, indices, future):
@@ -160,26 +165,30 @@ class GpuJpegLoader(_PrefetchLoader):
             self._held.popleft()
 
     # -- in the reading threads ---------------------------------------------------------------
+    def _read_many(self, indices: list[int]) -> list:
+        return [self._read(i) for i in indices]
+
     def _read(self, index: int):
-        """The file's bytes, or the decoded HWC uint8 image for the Pillow decoder; None for
-        a file that cannot be read (or, for Pillow, decoded)."""
-        path = self.dataset.samples[index][0]
+        """The file as the decoder takes it (``decoder.load``: a parsed code stream, a byte
+        tensor, or for Pillow the decoded image); None for a file that cannot be read."""
         try:
-            data = _read_bytes(path)
-            return self.decoder.prepare(data)
-        except (OSError, DataError):
+            return self.decoder.load(self.dataset.samples[index][0])
+        except Exception:  # noqa: BLE001 - unreadable or unparseable: _replacement decides
             return None
 
     # -- in the decoding thread ---------------------------------------------------------------
     def _make_batch(self, epoch: int, idx: list[int], reads):
-        prepared = [f.result() for f in reads]
-        if self._stream is None:
+        prepared = [item for f in reads for item in f.result()]
+        if self.device.type != "cuda":
             x, y, _ = self._assemble(epoch, idx, prepared)
             return x, y, None, None
-        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
             x, y, buffers = self._assemble(epoch, idx, prepared)
             event = torch.cuda.Event()
-            event.record(self._stream)
+            event.record(stream)
         return x, y, event, buffers
 
     def _assemble(self, epoch, idx, prepared):
@@ -187,7 +196,7 @@ class GpuJpegLoader(_PrefetchLoader):
         final = list(idx)
         for k, image in enumerate(images):
             if image is None:
-                final[k], images[k] = self._replacement(idx[k], prepared[k])
+                final[k], images[k] = self._replacement(idx[k])
         ds = self.dataset
         layout = [self.decoder.layout if not isinstance(im, _CpuImage) else HWC
                   for im in images]
@@ -218,7 +227,7 @@ class GpuJpegLoader(_PrefetchLoader):
                                   IMAGENET_MEAN, IMAGENET_STD)
         return x, meta["labels"], buffers
 
-    def _replacement(self, index: int, prepared):
+    def _replacement(self, index: int):
         """The image for a sample the batch decoder could not decode: the file through Pillow
         (PNG, CMYK and other JPEGs a GPU decoder refuses), else, as ``ImageFolder`` does, the
         next good index. Returns ``(index used, _CpuImage)``."""
@@ -227,9 +236,7 @@ class GpuJpegLoader(_PrefetchLoader):
             i = candidate % n
             path = ds.samples[i][0]
             try:
-                data = prepared if i == index and isinstance(prepared, (bytes, bytearray)) \
-                    else _read_bytes(path)
-                return i, _CpuImage(_pillow_decode(data, path))
+                return i, _CpuImage(_pillow_decode(_read_bytes(path), path))
             except (OSError, DataError) as exc:
                 if ds.strict:
                     raise DataError(f"{path}: cannot decode image ({exc}); the file is corrupt, "
@@ -294,11 +301,11 @@ def _to_device(device: torch.device, **tensors) -> dict:
 
 # -- decoders ---------------------------------------------------------------------------------
 class _PillowDecoder:
-    """Decodes in the reading threads (``prepare``); ``decode`` only hands the images on."""
+    """Decodes in the reading threads (``load``); ``decode`` only hands the images on."""
     name, layout = "pillow", HWC
 
-    def prepare(self, data: bytes):
-        return _CpuImage(_pillow_decode(data, "<bytes>"))
+    def load(self, path: Path):
+        return _CpuImage(_pillow_decode(_read_bytes(path), path))
 
     def decode(self, prepared, device):
         if device.type == "cuda":  # one host-to-device copy per batch, not per image
@@ -324,25 +331,26 @@ class _NvImgCodecDecoder:
 
     def __init__(self, device: torch.device):
         from nvidia import nvimgcodec
-        self._nv = nvimgcodec
-        self._decoder = nvimgcodec.Decoder(device_id=device.index or 0)
+        self._nv, self._device_id = nvimgcodec, device.index or 0
+        self._local = threading.local()  # one Decoder per decoding thread
+        self._decoder()  # fails here, not in a loader thread, when the library cannot load
 
-    def prepare(self, data: bytes):
-        return data
+    def _decoder(self):
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            decoder = self._local.decoder = self._nv.Decoder(device_id=self._device_id)
+        return decoder
+
+    def load(self, path: Path):
+        # Read and parsed by the library (no Python bytes objects per file).
+        return self._nv.CodeStream(str(path))
 
     def decode(self, prepared, device):
-        streams, where = [], []
-        for k, data in enumerate(prepared):
-            if data is None:
-                continue
-            try:
-                streams.append(self._nv.CodeStream(data))
-                where.append(k)
-            except Exception:  # noqa: BLE001 - not parseable: the Pillow fallback decides
-                pass
+        where = [k for k, p in enumerate(prepared) if p is not None]
+        streams = [prepared[k] for k in where]
         out = [None] * len(prepared)
         stream = torch.cuda.current_stream(device).cuda_stream
-        decoded = self._decoder.decode(streams, cuda_stream=stream) if streams else []
+        decoded = self._decoder().decode(streams, cuda_stream=stream) if streams else []
         for k, image in zip(where, decoded):
             if image is not None and image.shape[2] == 3:
                 out[k] = torch.as_tensor(image, device=device)
@@ -354,11 +362,14 @@ class _TorchvisionDecoder:
     name, layout = "torchvision", CHW
 
     def __init__(self, device: torch.device):
-        from torchvision.io import ImageReadMode, decode_jpeg
-        self._decode, self._mode = decode_jpeg, ImageReadMode.RGB
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+        self._decode, self._mode, self._read = decode_jpeg, ImageReadMode.RGB, read_file
 
-    def prepare(self, data: bytes):
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    def load(self, path: Path):
+        data = self._read(str(path))  # a torch op: the file is read without the GIL
+        if data.numel() == 0:
+            raise DataError(f"{path} is empty (zero bytes)")
+        return data
 
     def decode(self, prepared, device):
         out = [None] * len(prepared)
