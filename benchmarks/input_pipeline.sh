@@ -32,11 +32,11 @@ for section in "$@"; do
           --loader gpu-jpeg:8,gpu-jpeg:16 --batch-size 256 --batches 10 --warmup 3 \
           --out "$OUT/gpu-jpeg-$decoder"
       done ;;
-    resnet50)  # imagenet-resnet50 fed by gpu-jpeg vs synthetic on-device (target >= 95%)
+    resnet50)  # imagenet-resnet50 (the ladder's top rung) fed by gpu-jpeg vs synthetic on-device (target >= 95%)
       dir=$(jpeg_folder 500x375 8192)
       "${K[@]}" data bench "$dir" --device cuda --loader gpu-jpeg:8,multiprocess:16 \
         --model imagenet-resnet50 --batch-size 256 --batches 20 --warmup 5 \
-        --precision bf16 --channels-last --optimizer-impl fused --cudnn-benchmark \
+        --precision bf16 --channels-last --optimizer-impl fused --cudnn-benchmark --compile --cuda-graph \
         --out "$OUT/resnet50" ;;
     mnist)  # mnist-mlp bs 100 fed by the device loader vs synthetic (target < 5% waiting)
       for graph in "" "--cuda-graph"; do
