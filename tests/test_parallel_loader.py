@@ -172,3 +172,11 @@ def test_make_loader_parses_counts():
     for bad in ("threads:0", "serial:2", "gpu"):
         with pytest.raises(ConfigError):
             _make_loader(bad, array_set(), 4, cpu)
+
+
+def test_forkserver_workers_give_the_serial_batches(folder):
+    # The start method used when CUDA is initialized in the training process.
+    dataset = ImageFolder(folder, train=True, image_size=8, seed=1)
+    expected = batches(SerialLoader(dataset, 5, seed=2), 3)
+    with ProcessLoader(dataset, 5, num_workers=2, start_method="forkserver", seed=2) as loader:
+        assert_same(expected, batches(loader, 3))

@@ -58,8 +58,8 @@ def _add_train(sub) -> None:
                         "resident on --device (MNIST, CIFAR-10); threads[:N]: samples decoded "
                         "by N threads; multiprocess[:N]: batches made by N worker processes; "
                         "gpu-jpeg[:N]: JPEG folders read by N threads and decoded, cropped "
-                        "and normalized in batches on the GPU (decoder: nvImageCodec, else "
-                        "torchvision; KASOKU_GPU_JPEG_DECODER=nvimgcodec|torchvision|pillow "
+                        "and normalized in batches on the GPU (decoder: torchvision, else "
+                        "nvImageCodec; KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow "
                         "chooses)")
     p.add_argument("--strict-data", action="store_true",
                    help="make the first bad sample (corrupt image) an error instead of a "

@@ -153,12 +153,14 @@ class ProcessLoader(_PrefetchLoader):
     worker); each worker has its own task and result queue, so results come back in order.
     Up to ``prefetch_batches`` batches per worker are in flight.
 
-    Start method: ``fork`` where the platform has it, as PyTorch's DataLoader -- workers start
-    in milliseconds and share the dataset copy-on-write; the workers only decode on the CPU
-    (one torch thread each), so they never touch the CUDA state a forked child cannot use
-    (with CUDA initialized here, spawning 16 workers that each import torch and unpickle the
-    dataset took 38 s on a 16-core machine). Otherwise (or with ``start_method="spawn"``)
-    the dataset is pickled to each worker and must be picklable. Batches come back as tensors in shared memory (PyTorch's multiprocessing
+    Start method: ``fork`` where the platform has it and CUDA is not initialized here --
+    workers start in milliseconds and share the dataset copy-on-write. A process that has
+    initialized CUDA (or compiled a model) runs threads whose locks a forked child inherits
+    held (a forked worker died of SIGSEGV there), so then ``forkserver``: one clean server
+    process, with torch already imported, forks the workers (``spawn`` instead, where each of
+    16 workers imported torch itself, took 38 s to start). With ``forkserver`` or ``spawn``
+    (also ``start_method="spawn"``) the dataset is pickled to each worker and must be
+    picklable. Batches come back as tensors in shared memory (PyTorch's multiprocessing
     pickling: the worker writes the batch into a shared-memory segment and sends its file
     descriptor), so the main process copies nothing until it pins the batch; a float32
     ImageNet batch through a pipe instead costs the main process several copies of ~40 MB and
@@ -181,7 +183,7 @@ class ProcessLoader(_PrefetchLoader):
         if pin_memory and not self.pin_memory:
             warnings.warn("pin_memory has no effect without CUDA; batches stay pageable")
         if start_method is None:
-            start_method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            start_method = _default_start_method()
         self.start_method = start_method
         self._workers: list = []
         self._reported: set[str] = set()
@@ -198,6 +200,8 @@ class ProcessLoader(_PrefetchLoader):
 
     def _start_workers(self) -> None:
         ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload([__name__])  # the server imports torch once
         for number in range(self.num_workers):
             tasks, results = ctx.Queue(), ctx.Queue()
             process = ctx.Process(target=_worker_loop, args=(self.dataset, tasks, results),
@@ -276,6 +280,13 @@ class ProcessLoader(_PrefetchLoader):
         return (f"ProcessLoader({self.dataset!r}, batch_size={self.batch_size}, "
                 f"num_workers={self.num_workers}, start_method={self.start_method}, "
                 f"rank={self.rank}/{self.world_size})")
+
+
+def _default_start_method() -> str:
+    methods = mp.get_all_start_methods()
+    if "fork" in methods and not torch.cuda.is_initialized():
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
 
 
 def _worker_loop(dataset, tasks, results) -> None:
