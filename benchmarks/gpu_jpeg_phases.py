@@ -15,7 +15,7 @@ import torch
 
 from kasoku.data.gpu_jpeg import GpuJpegLoader, _TorchvisionDecoder, _read_bytes
 from kasoku.data.imagefolder import ImageFolder
-from kasoku.data.transforms import random_resized_crop_params, sample_rng
+from kasoku.data.transforms import crop_flip_params_batch
 
 
 def timed(fn, repeats=5, sync=True):
@@ -88,14 +88,9 @@ def main() -> None:
     _, s = timed(lambda: tv.decode(prepared, dev))
     report("torchvision decode_jpeg(device=cuda), batch", s)
 
-    def params():
-        out = []
-        for i in range(b):
-            rng = sample_rng(0, 0, i)
-            out.append((random_resized_crop_params(rng, 375, 500), rng.random() < 0.5))
-        return out
-    _, s = timed(params, sync=False)
-    report("crop/flip draws (random.Random per sample)", s)
+    _, s = timed(lambda: crop_flip_params_batch(0, 0, range(b), [375] * b, [500] * b),
+                 sync=False)
+    report("crop/flip draws, batched", s)
 
     loader = GpuJpegLoader(ds, b, device=dev, num_threads=8, decoder="nvimgcodec")
     _, s = timed(lambda: loader._assemble(0, list(range(b)), streams))

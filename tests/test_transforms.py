@@ -1,5 +1,4 @@
 import pickle
-import random
 
 import numpy as np
 import pytest
@@ -38,18 +37,35 @@ def test_sample_rng_is_reproducible():
     assert a != T.sample_rng(1, 3, 3).random()
 
 
-def test_random_resized_crop_params_stay_inside_and_follow_scale():
+def test_crop_flip_params_stay_inside_follow_scale_and_depend_on_the_sample_only():
+    flips = []
     for i in range(300):
-        rng = random.Random(i)
-        top, left, h, w = T.random_resized_crop_params(rng, 375, 500)
+        top, left, h, w, flip = T.crop_flip_params(3, 1, i, 375, 500)
         assert 0 <= top and top + h <= 375 and 0 <= left and left + w <= 500
         assert 0.08 * 0.9 <= h * w / (375 * 500) <= 1.0
+        assert T.crop_flip_params(3, 1, i, 375, 500) == (top, left, h, w, flip)
+        flips.append(flip)
+    assert 100 < sum(flips) < 200
+    assert [T.crop_flip_params(3, 2, i, 375, 500) for i in range(20)] != \
+        [T.crop_flip_params(3, 1, i, 375, 500) for i in range(20)]
 
 
-def test_random_resized_crop_falls_back_to_center_crop():
+def test_crop_flip_falls_back_to_center_crop():
     # No crop of >= 8% area fits in 10 rows, so every try fails: clamp ratio to 4/3, center.
-    top, left, h, w = T.random_resized_crop_params(random.Random(0), 10, 1000)
+    top, left, h, w, _ = T.crop_flip_params(0, 0, 0, 10, 1000)
     assert (top, h, w) == (0, 10, 13) and left == (1000 - 13) // 2
+
+
+def test_batched_crop_flip_params_equal_the_scalar_twin():
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+    heights = torch.randint(10, 1200, (n,), generator=g)
+    widths = torch.randint(10, 1200, (n,), generator=g)
+    indices = torch.randperm(10 * n, generator=g)[:n]
+    boxes, flips = T.crop_flip_params_batch(7, 3, indices, heights, widths)
+    for k in range(n):
+        want = T.crop_flip_params(7, 3, int(indices[k]), int(heights[k]), int(widths[k]))
+        assert (*boxes[k].tolist(), bool(flips[k])) == want, k
 
 
 def test_center_crop_and_resize_shorter():

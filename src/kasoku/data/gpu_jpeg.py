@@ -10,9 +10,9 @@ The next batches are prepared on a side CUDA stream by a background thread while
 one trains; the training stream waits on an event, never on the host.
 
 The order, sharding and ``(epoch, position)`` resume state are ``SerialLoader``'s, and each
-sample's crop and flip are drawn exactly as ``ImageFolder`` draws them (same generator keyed on
-``(seed, epoch, index)``), so a batch holds the same samples, labels, crop boxes and flips as
-the serial loader's. The pixels differ slightly: the resize is bilinear without antialiasing
+sample's crop and flip are drawn exactly as ``ImageFolder`` draws them (the same counter-based
+draws keyed on ``(seed, epoch, index)``, computed for the whole batch at once), so a batch
+holds the same samples, labels, crop boxes and flips as the serial loader's. The pixels differ slightly: the resize is bilinear without antialiasing
 from the full decode, where Pillow filters (and may decode at reduced scale first).
 
 Bad files: a file the GPU decoder rejects is tried with Pillow (PNGs, CMYK JPEGs); one nothing
@@ -37,7 +37,7 @@ import torch
 from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
 from kasoku.data.parallel_loader import _PrefetchLoader
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
-                                    random_resized_crop_params, resize_shorter_to, sample_rng)
+                                    crop_flip_params_batch, resize_shorter_to)
 from kasoku.errors import DataError
 
 DECODERS = ("auto", "nvimgcodec", "torchvision", "pillow")
@@ -136,6 +136,7 @@ class GpuJpegLoader(_PrefetchLoader):
         self._worker = ThreadPoolExecutor(decode_threads, thread_name_prefix="kasoku-jpeg-decode")
         self._streams = threading.local()  # one side stream per decoding thread
         self._held: collections.deque = collections.deque()  # (event, buffers) still in use
+        self._labels = torch.tensor([label for _, label in dataset.samples], dtype=torch.int64)
         self._bad_lock = threading.Lock()
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
 
@@ -204,30 +205,32 @@ class GpuJpegLoader(_PrefetchLoader):
                   for im in images]
         tensors = [im.tensor.to(self.device, non_blocking=True) if isinstance(im, _CpuImage)
                    else im for im in images]
-        shapes, strides, boxes, flips = [], [], [], []
-        for k, (t, lay) in enumerate(zip(tensors, layout)):
-            h, w = (t.shape[0], t.shape[1]) if lay == HWC else (t.shape[1], t.shape[2])
-            shapes.append((h, w))
-            strides.append((3 * w, 3, 1) if lay == HWC else (w, 1, h * w))
-            if ds.train:
-                rng = sample_rng(ds.seed, epoch, final[k])
-                boxes.append(random_resized_crop_params(rng, h, w))
-                flips.append(rng.random() < 0.5)
-            else:
-                boxes.append(val_box(h, w, ds.image_size))
-                flips.append(False)
-        sizes = [t.numel() for t in tensors]
-        offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+        shapes = [(t.shape[0], t.shape[1]) if lay == HWC else (t.shape[1], t.shape[2])
+                  for t, lay in zip(tensors, layout)]
+        strides = [(3 * w, 3, 1) if lay == HWC else (w, 1, h * w)
+                   for (h, w), lay in zip(shapes, layout)]
+        heights, widths = zip(*shapes)
+        if ds.train:
+            boxes, flips = crop_flip_params_batch(ds.seed, epoch, final, heights, widths)
+            boxes = boxes.float()
+        else:
+            boxes = torch.tensor([val_box(h, w, ds.image_size) for h, w in shapes])
+            flips = torch.zeros(len(shapes), dtype=torch.bool)
+        sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float64)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        meta = _to_device(self.device, offsets=torch.from_numpy(offsets),
-                          shapes=torch.tensor(shapes), strides=torch.tensor(strides),
-                          boxes=torch.tensor(boxes, dtype=torch.float32),
-                          flips=torch.tensor(flips), labels=torch.tensor(
-                              [ds.samples[i][1] for i in final], dtype=torch.int64))
-        x = crop_resize_normalize(flat, meta["offsets"], meta["shapes"], meta["strides"],
-                                  meta["boxes"], meta["flips"], ds.image_size,
-                                  IMAGENET_MEAN, IMAGENET_STD)
-        return x, meta["labels"], buffers
+        # Every per-image number in one table (exact in float64): one copy to the device.
+        table = torch.cat([(sizes.cumsum(0) - sizes).view(-1, 1),
+                           torch.tensor(shapes, dtype=torch.float64),
+                           torch.tensor(strides, dtype=torch.float64), boxes.double(),
+                           flips.double().view(-1, 1),
+                           self._labels[torch.tensor(final)].double().view(-1, 1)], 1)
+        if self.device.type == "cuda":
+            table = table.pin_memory().to(self.device, non_blocking=True)
+        offsets, shapes_t, strides_t = table[:, 0].long(), table[:, 1:3].long(), \
+            table[:, 3:6].long()
+        x = crop_resize_normalize(flat, offsets, shapes_t, strides_t, table[:, 6:10].float(),
+                                  table[:, 10] > 0, ds.image_size, IMAGENET_MEAN, IMAGENET_STD)
+        return x, table[:, 11].long(), buffers
 
     def _replacement(self, index: int):
         """The image for a sample the batch decoder could not decode: the file through Pillow
@@ -292,13 +295,6 @@ def _pillow_decode(data: bytes, path) -> torch.Tensor:
             return torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy())
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
         raise DataError(f"{path}: {type(exc).__name__}: {exc}") from exc
-
-
-def _to_device(device: torch.device, **tensors) -> dict:
-    """The batch's small per-image tables on ``device``: one pinned host buffer, one copy."""
-    if device.type != "cuda":
-        return tensors
-    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in tensors.items()}
 
 
 # -- decoders ---------------------------------------------------------------------------------

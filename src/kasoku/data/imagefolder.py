@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box, normalize,
-                                    random_resized_crop_params, resize_shorter_to, sample_rng)
+from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
+                                    crop_flip_params, normalize, resize_shorter_to)
 from kasoku.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -107,9 +107,7 @@ class ImageFolder:
     def _train_view(self, img: Image.Image, index: int) -> Image.Image:
         size = self.image_size
         width, height = img.size
-        rng = sample_rng(self.seed, self.epoch, index)
-        top, left, h, w = random_resized_crop_params(rng, height, width)
-        flip = rng.random() < 0.5
+        top, left, h, w, flip = crop_flip_params(self.seed, self.epoch, index, height, width)
         # JPEG can decode at 1/2, 1/4, 1/8 scale for free; only do it while the crop keeps at
         # least `size` pixels per side, so the result is still a downscale.
         scale = _draft(img, min(h, w) // size)

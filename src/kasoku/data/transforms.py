@@ -6,7 +6,8 @@ function of ``(seed, epoch, index, salt)``, where ``salt`` separates independent
 offset vs. flip) for the same sample.
 
 Two flavours: vectorized (``index_hash``/``uniform`` on int64 tensors, for in-memory batches on
-any device) and per-sample (``sample_rng`` -> ``random.Random``, for decoded images).
+any device) and per-sample (``hash_int``, ``sample_rng`` -> ``random.Random``), with twins that
+give the same numbers both ways (``crop_flip_params`` and ``crop_flip_params_batch``).
 """
 from __future__ import annotations
 
@@ -125,22 +126,46 @@ class ToUnitFloat:
         return f"ToUnitFloat(mean={self.mean}, std={self.std})"
 
 
-def random_resized_crop_params(rng: random.Random, height: int, width: int,
-                               scale: tuple[float, float] = (0.08, 1.0),
-                               ratio: tuple[float, float] = (3 / 4, 4 / 3)
-                               ) -> tuple[int, int, int, int]:
-    """``(top, left, crop_height, crop_width)`` of a random crop covering ``scale`` of the
-    area with aspect ratio in ``ratio`` (log-uniform); after 10 failed tries, the largest
-    central crop whose ratio is clamped into ``ratio`` (the usual ImageNet recipe)."""
+RRC_SCALE = (0.08, 1.0)
+RRC_RATIO = (3 / 4, 4 / 3)
+_RRC_TRIES = 10
+_SALT_TOP, _SALT_LEFT, _SALT_FLIP = 2 * _RRC_TRIES, 2 * _RRC_TRIES + 1, 2 * _RRC_TRIES + 2
+"""Draw ``2t`` / ``2t + 1`` is try ``t``'s area / log-aspect; then the offsets and the flip."""
+
+
+def _unit(seed: int, epoch: int, index: int, salt: int) -> float:
+    """``uniform`` for one index, as a Python float (the same value)."""
+    return (hash_int(seed, epoch, index, salt) >> 40) * 2.0 ** -24
+
+
+def crop_flip_params(seed: int, epoch: int, index: int, height: int, width: int,
+                     scale: tuple[float, float] = RRC_SCALE,
+                     ratio: tuple[float, float] = RRC_RATIO) -> tuple[int, int, int, int, bool]:
+    """``(top, left, crop_height, crop_width, flip)`` of sample ``index``'s random-resized-crop
+    (a crop covering ``scale`` of the area, aspect ratio log-uniform in ``ratio``; after 10
+    failed tries the largest central crop with the ratio clamped into ``ratio``, the usual
+    ImageNet recipe) and horizontal flip, every draw a function of ``(seed, epoch, index)``.
+
+    ``crop_flip_params_batch`` computes the same integers for a whole batch at once (the GPU
+    JPEG loader); this scalar twin is for images decoded one at a time (``ImageFolder``).
+    """
     area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    flip = _unit(seed, epoch, index, _SALT_FLIP) < 0.5
+    for t in range(_RRC_TRIES):
+        target_area = area * (scale[0] + (scale[1] - scale[0]) * _unit(seed, epoch, index, 2 * t))
+        aspect = math.exp(log_lo + (log_hi - log_lo) * _unit(seed, epoch, index, 2 * t + 1))
         w = int(round(math.sqrt(target_area * aspect)))
         h = int(round(math.sqrt(target_area / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+            top = int(_unit(seed, epoch, index, _SALT_TOP) * (height - h + 1))
+            left = int(_unit(seed, epoch, index, _SALT_LEFT) * (width - w + 1))
+            return top, left, h, w, flip
+    top, left, h, w = _central_crop(height, width, ratio)
+    return top, left, h, w, flip
+
+
+def _central_crop(height: int, width: int, ratio) -> tuple[int, int, int, int]:
     in_ratio = width / height
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))
@@ -149,6 +174,46 @@ def random_resized_crop_params(rng: random.Random, height: int, width: int,
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def crop_flip_params_batch(seed: int, epoch: int, indices: Sequence[int],
+                           heights: Sequence[int], widths: Sequence[int],
+                           scale: tuple[float, float] = RRC_SCALE,
+                           ratio: tuple[float, float] = RRC_RATIO
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``crop_flip_params`` for a batch, as tensor ops (float64 on the CPU, so every integer
+    equals the scalar twin's): returns ``boxes`` (int64 ``[B, 4]``: top, left, height, width)
+    and ``flips`` (bool ``[B]``)."""
+    idx = torch.as_tensor(indices, dtype=torch.int64)
+    height = torch.as_tensor(heights, dtype=torch.float64)
+    width = torch.as_tensor(widths, dtype=torch.float64)
+    n = len(idx)
+
+    # Every draw of every sample in one pass: uniform()'s bits for salts 0.._SALT_FLIP.
+    keys = torch.tensor([_signed(_key(int(seed), int(epoch), salt))
+                         for salt in range(_SALT_FLIP + 1)])
+    bits = _mix64_tensor(keys.view(1, -1) + (idx.view(n, 1) + 1) * _signed(_GOLDEN))
+    draws = (_shr(bits, 40).to(torch.float32) * 2.0 ** -24).double()  # [B, salts]
+
+    def unit(salts) -> torch.Tensor:  # [B, len(salts)]
+        return draws[:, salts]
+
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    area = (height * width).view(n, 1)
+    target_area = area * (scale[0] + (scale[1] - scale[0])
+                          * unit(slice(0, 2 * _RRC_TRIES, 2)))
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * unit(slice(1, 2 * _RRC_TRIES, 2)))
+    w = torch.round(torch.sqrt(target_area * aspect))
+    h = torch.round(torch.sqrt(target_area / aspect))
+    fits = (w > 0) & (w <= width.view(n, 1)) & (h > 0) & (h <= height.view(n, 1))
+    first = fits.int().argmax(1, keepdim=True)  # the first try that fits
+    w, h = w.gather(1, first).view(n), h.gather(1, first).view(n)
+    top = torch.floor(unit([_SALT_TOP]).view(n) * (height - h + 1))
+    left = torch.floor(unit([_SALT_LEFT]).view(n) * (width - w + 1))
+    boxes = torch.stack([top, left, h, w], 1).long()
+    for k in torch.nonzero(~fits.any(1)).view(-1).tolist():  # rare: no try fit
+        boxes[k] = torch.tensor(_central_crop(int(heights[k]), int(widths[k]), ratio))
+    return boxes, unit([_SALT_FLIP]).view(n) < 0.5
 
 
 def center_crop_box(height: int, width: int, size: int) -> tuple[int, int, int, int]:
