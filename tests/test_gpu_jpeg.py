@@ -39,7 +39,7 @@ def loaders(root, train=True, batch_size=8, **kwargs):
     return serial, gpu
 
 
-def assert_same_views(expected, got):
+def assert_same_views(expected, got, tolerance=0.2):
     """Same labels; each image close to the serial one (Pillow's filtered resize vs bilinear)
     and far closer to it than to its mirror image, so crop boxes and flips agree."""
     (xa, ya), (xb, yb) = expected, got
@@ -47,8 +47,8 @@ def assert_same_views(expected, got):
     assert xb.shape == xa.shape and xb.dtype == torch.float32
     diff = (xa - xb).abs().mean(dim=(1, 2, 3))
     mirrored = (xa.flip(-1) - xb).abs().mean(dim=(1, 2, 3))
-    assert diff.max() < 0.2, diff
-    assert (diff < 0.4 * mirrored).all(), (diff, mirrored)
+    assert diff.max() < tolerance, diff
+    assert (diff < 2 * tolerance * mirrored).all(), (diff, mirrored)
 
 
 def hwc_images(seed=0):
@@ -188,4 +188,6 @@ def test_cuda_batches_match_serial_and_resume(folder, decoder):
         for _ in range(2 * serial.batches_per_epoch):
             x, y = next(gpu)
             assert x.is_cuda and y.is_cuda
-            assert_same_views(next(serial), (x.cpu(), y.cpu()))
+            # nvJPEG's chroma upsampling and IDCT differ from libjpeg's: a looser bound.
+            assert_same_views(next(serial), (x.cpu(), y.cpu()),
+                              tolerance=0.2 if decoder == "pillow" else 0.3)
