@@ -24,10 +24,12 @@ import torch
 from PIL import Image
 
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
-                                    crop_flip_params, normalize, resize_shorter_to)
+                                    crop_flip_params, resize_shorter_to)
 from kasoku.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+_MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
+_STD = np.array(IMAGENET_STD, dtype=np.float32)
 VAL_CROP_FRACTION = 0.875  # resize to 256 then crop 224, the standard ImageNet evaluation
 _LAYOUT = ("expected an ImageNet-style layout: ROOT/<class name>/<image>.jpg (or .jpeg/.png), "
            "one folder per class; `kasoku data make-jpeg` makes a synthetic one")
@@ -92,9 +94,11 @@ class ImageFolder:
     def _decode(self, index: int):
         path, label = self.samples[index]
         img = self._load(path, index)
-        x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-        x = normalize(x.to(torch.float32) / 255.0, IMAGENET_MEAN, IMAGENET_STD)
-        return x, torch.tensor(label, dtype=torch.int64)
+        # numpy, one thread: torch's intra-op pool would spin every core on this small image
+        # in the loaders that decode in the training process (serial, threads).
+        pixels = np.asarray(img, dtype=np.float32)
+        x = np.ascontiguousarray(((pixels / 255.0 - _MEAN) / _STD).transpose(2, 0, 1))
+        return torch.from_numpy(x), torch.tensor(label, dtype=torch.int64)
 
     def _load(self, path: Path, index: int) -> Image.Image:
         try:
