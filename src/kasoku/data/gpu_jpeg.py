@@ -187,7 +187,10 @@ class GpuJpegLoader(_PrefetchLoader):
             return x, y, None, None
         stream = getattr(self._streams, "stream", None)
         if stream is None:
-            stream = self._streams.stream = torch.cuda.Stream(self.device)
+            # The highest priority: the next batch's few small kernels (and the decoder's) are
+            # scheduled ahead of the training step's, instead of waiting behind a whole step
+            # while this thread holds the decoder call, and the GIL, open.
+            stream = self._streams.stream = torch.cuda.Stream(self.device, priority=-100)
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             x, y, buffers = self._assemble(epoch, idx, prepared)
             event = torch.cuda.Event()
