@@ -147,7 +147,7 @@ def test_schedule_changes_reach_the_replayed_graph():
 @pytest.mark.parametrize("precision,optimizer,impl", [
     ("fp32", "momentum", "fused"), ("bf16", "momentum", "fused"), ("fp16", "momentum", "fused"),
     ("fp16", "adam", "fused"), ("fp16", "lars", "foreach"), ("fp16-pure", "momentum", "fused"),
-    ("fp16-pure", "lamb", "foreach")])
+    ("fp16-pure", "lamb", "foreach"), ("fp32", "adam", "compiled")])
 def test_accelerated_graph_matches_accelerated_eager(precision, optimizer, impl):
     lr = {"momentum": 0.05, "adam": 1e-3, "lars": 1.0, "lamb": 1e-2}[optimizer]
     data = batches(10)
