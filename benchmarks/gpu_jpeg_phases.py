@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from kasoku.data.gpu_jpeg import GpuJpegLoader, _TorchvisionDecoder, _read_bytes
+from kasoku.data.gpu_jpeg import GpuJpegLoader
+from kasoku.data.jpeg_decoders import _TorchvisionDecoder, read_bytes
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.transforms import crop_flip_params_batch
 
@@ -46,10 +47,10 @@ def main() -> None:
         print(f"{name:55s} {1e3 * seconds:8.2f} ms/batch  {b / seconds:10,.0f} img/s", flush=True)
 
     pool = ThreadPoolExecutor(8)
-    datas, s = timed(lambda: [f.result() for f in [pool.submit(_read_bytes, q) for q in paths]],
+    datas, s = timed(lambda: [f.result() for f in [pool.submit(read_bytes, q) for q in paths]],
                      sync=False)
     report("read files, 8 threads, one future per file", s)
-    _, s = timed(lambda: list(pool.map(lambda chunk: [_read_bytes(q) for q in chunk],
+    _, s = timed(lambda: list(pool.map(lambda chunk: [read_bytes(q) for q in chunk],
                                        [paths[i::8] for i in range(8)])), sync=False)
     report("read files, 8 threads, one task per 1/8 batch", s)
 

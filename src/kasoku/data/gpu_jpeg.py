@@ -31,20 +31,16 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
+from kasoku.data.jpeg_decoders import (HWC, CpuImage, make_decoder, pillow_decode,
+                                       read_bytes)
 from kasoku.data.parallel_loader import _PrefetchLoader
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
                                     crop_flip_params_batch, resize_shorter_to)
 from kasoku.errors import DataError
 
-DECODERS = ("auto", "nvimgcodec", "torchvision", "pillow")
-DECODER_ENV = "KASOKU_GPU_JPEG_DECODER"
-"""Environment variable choosing the decoder of ``--loader gpu-jpeg`` (default ``auto``)."""
-
-HWC, CHW = "hwc", "chw"
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
@@ -129,7 +125,7 @@ class GpuJpegLoader(_PrefetchLoader):
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
-        self.decoder = _make_decoder(decoder, self.device)
+        self.decoder = make_decoder(decoder, self.device)
         self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
         if decode_threads < 1:
             raise ValueError(f"decode_threads must be >= 1, got {decode_threads!r}")
@@ -204,9 +200,9 @@ class GpuJpegLoader(_PrefetchLoader):
             if image is None:
                 final[k], images[k] = self._replacement(idx[k])
         ds = self.dataset
-        layout = [self.decoder.layout if not isinstance(im, _CpuImage) else HWC
+        layout = [self.decoder.layout if not isinstance(im, CpuImage) else HWC
                   for im in images]
-        tensors = [im.tensor.to(self.device, non_blocking=True) if isinstance(im, _CpuImage)
+        tensors = [im.tensor.to(self.device, non_blocking=True) if isinstance(im, CpuImage)
                    else im for im in images]
         shapes = [(t.shape[0], t.shape[1]) if lay == HWC else (t.shape[1], t.shape[2])
                   for t, lay in zip(tensors, layout)]
@@ -238,13 +234,13 @@ class GpuJpegLoader(_PrefetchLoader):
     def _replacement(self, index: int):
         """The image for a sample the batch decoder could not decode: the file through Pillow
         (PNG, CMYK and other JPEGs a GPU decoder refuses), else, as ``ImageFolder`` does, the
-        next good index. Returns ``(index used, _CpuImage)``."""
+        next good index. Returns ``(index used, CpuImage)``."""
         ds, n = self.dataset, len(self.dataset.samples)
         for candidate in range(index, index + n):
             i = candidate % n
             path = ds.samples[i][0]
             try:
-                return i, _CpuImage(_pillow_decode(_read_bytes(path), path))
+                return i, CpuImage(pillow_decode(read_bytes(path), path))
             except (OSError, DataError) as exc:
                 if ds.strict:
                     raise DataError(f"{path}: cannot decode image ({exc}); the file is corrupt, "
@@ -271,159 +267,3 @@ class GpuJpegLoader(_PrefetchLoader):
         return (f"GpuJpegLoader({self.dataset!r}, batch_size={self.batch_size}, "
                 f"decoder={self.decoder.name}, threads={self.num_threads}, device={self.device}, "
                 f"rank={self.rank}/{self.world_size})")
-
-
-class _CpuImage:
-    """An HWC uint8 image decoded on the host (by Pillow) inside a GPU-decoded batch."""
-
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
-
-
-def _read_bytes(path: Path) -> bytes:
-    data = Path(path).read_bytes()
-    if not data:
-        raise DataError(f"{path} is empty (zero bytes)")
-    return data
-
-
-def _pillow_decode(data: bytes, path) -> torch.Tensor:
-    import io
-
-    from PIL import Image
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            rgb = img.convert("RGB") if img.mode != "RGB" else img
-            return torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy())
-    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-        raise DataError(f"{path}: {type(exc).__name__}: {exc}") from exc
-
-
-# -- decoders ---------------------------------------------------------------------------------
-class _PillowDecoder:
-    """Decodes in the reading threads (``load``); ``decode`` only hands the images on."""
-    name, layout = "pillow", HWC
-
-    def load(self, path: Path):
-        return _CpuImage(_pillow_decode(_read_bytes(path), path))
-
-    def decode(self, prepared, device):
-        if device.type == "cuda":  # one host-to-device copy per batch, not per image
-            good = [p for p in prepared if p is not None]
-            if good:
-                flat = torch.cat([p.tensor.reshape(-1) for p in good]).pin_memory()
-                flat = flat.to(device, non_blocking=True)
-                out, start = [], 0
-                for p in prepared:
-                    if p is None:
-                        out.append(None)
-                        continue
-                    n = p.tensor.numel()
-                    out.append(flat[start:start + n].view(p.tensor.shape))
-                    start += n
-                return out, None
-        return [p.tensor if p is not None else None for p in prepared], None
-
-
-class _NvImgCodecDecoder:
-    """nvImageCodec: the GPU's hardware JPEG decoder where it has one, else CUDA nvJPEG."""
-    name, layout = "nvimgcodec", HWC
-
-    def __init__(self, device: torch.device):
-        from nvidia import nvimgcodec
-        self._nv, self._device_id = nvimgcodec, device.index or 0
-        self._local = threading.local()  # one Decoder per decoding thread
-        self._decoder()  # fails here, not in a loader thread, when the library cannot load
-
-    def _decoder(self):
-        decoder = getattr(self._local, "decoder", None)
-        if decoder is None:
-            decoder = self._local.decoder = self._nv.Decoder(device_id=self._device_id)
-        return decoder
-
-    def load(self, path: Path):
-        # Read and parsed by the library (no Python bytes objects per file).
-        return self._nv.CodeStream(str(path))
-
-    def decode(self, prepared, device):
-        where = [k for k, p in enumerate(prepared) if p is not None]
-        streams = [prepared[k] for k in where]
-        out = [None] * len(prepared)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        decoded = self._decoder().decode(streams, cuda_stream=stream) if streams else []
-        for k, image in zip(where, decoded):
-            if image is not None and image.shape[2] == 3:
-                out[k] = torch.as_tensor(image, device=device)
-        return out, decoded  # the Images own the pixels: keep them until the stream is done
-
-
-class _TorchvisionDecoder:
-    """torchvision's batched ``decode_jpeg(device="cuda")`` (nvJPEG on the CUDA cores)."""
-    name, layout = "torchvision", CHW
-
-    def __init__(self, device: torch.device):
-        from torchvision.io import ImageReadMode, decode_jpeg, read_file
-        self._decode, self._mode, self._read = decode_jpeg, ImageReadMode.RGB, read_file
-
-    def load(self, path: Path):
-        data = self._read(str(path))  # a torch op: the file is read without the GIL
-        if data.numel() == 0:
-            raise DataError(f"{path} is empty (zero bytes)")
-        return data
-
-    def decode(self, prepared, device):
-        out = [None] * len(prepared)
-        where = [k for k, p in enumerate(prepared) if p is not None]
-        try:
-            images = self._decode([prepared[k] for k in where], mode=self._mode, device=device)
-            for k, image in zip(where, images):
-                out[k] = image
-        except RuntimeError:  # one bad file fails the batch: find it one by one
-            for k in where:
-                try:
-                    out[k] = self._decode(prepared[k], mode=self._mode, device=device)
-                except RuntimeError:
-                    pass
-        return out, None
-
-
-_announced: set[str] = set()
-
-
-def _make_decoder(choice: str, device: torch.device):
-    choice = os.environ.get(DECODER_ENV, "") or choice
-    if choice not in DECODERS:
-        raise ValueError(f"unknown JPEG decoder {choice!r} ({DECODER_ENV}); use one of "
-                         f"{', '.join(DECODERS)}")
-    if device.type != "cuda":
-        if choice in ("nvimgcodec", "torchvision"):
-            raise ValueError(f"the {choice} decoder needs a CUDA device; {device} has none")
-        _say_once(f"gpu-jpeg on {device}: JPEGs are decoded by Pillow in the reading threads "
-                  f"and cropped as one batch on the CPU (there is no GPU to decode on)")
-        return _PillowDecoder()
-    # torchvision first: on an H200 both decode a batch in the same time (the hardware
-    # decoder), but nvImageCodec's Python call holds the GIL while it decodes, so a second
-    # decoding thread and the training thread stall behind it (docs/benchmarks.md).
-    order = ["torchvision", "nvimgcodec"] if choice == "auto" else [choice]
-    failures = []
-    for name in order:
-        if name == "pillow":
-            return _PillowDecoder()
-        try:
-            return (_NvImgCodecDecoder if name == "nvimgcodec" else _TorchvisionDecoder)(device)
-        except Exception as exc:  # noqa: BLE001 - missing package or library: try the next
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
-    if choice != "auto":
-        raise ValueError(f"the {choice} JPEG decoder is not usable here ({failures[0]})")
-    _say_once("gpu-jpeg: neither nvImageCodec (pip install nvidia-nvimgcodec-cu13 "
-              "nvidia-nvjpeg) nor torchvision's GPU decoder is usable here ("
-              + "; ".join(failures) + "); decoding with Pillow on the CPU threads instead, "
-              "crop and normalization still on the GPU")
-    return _PillowDecoder()
-
-
-def _say_once(message: str) -> None:
-    if message not in _announced:
-        _announced.add(message)
-        warnings.warn(message, stacklevel=3)
