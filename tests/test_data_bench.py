@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from kasoku.bench.data_bench import (DataBenchRequest, expand_loaders, prepare_jpeg_folders,
-                                     run_data_bench)
+from kasoku.bench.data_bench import DataBenchRequest, expand_loaders, run_data_bench
+from kasoku.bench.data_sources import prepare_jpeg_folders
 from kasoku.cli import main
 from kasoku.config import DataConfig
 from kasoku.data.jpeg_synth import make_jpeg_folder

@@ -228,7 +228,8 @@ def _cmd_data_bench(args) -> int:
     from kasoku.accel.config import AccelConfig
     from kasoku.bench import data_bench
     if args.report:
-        chart = data_bench.report_data_bench(args.out)
+        from kasoku.bench.data_report import report_data_bench
+        chart = report_data_bench(args.out)
         print(f"chart: {chart}" if chart else "nothing was measured: no chart")
         return 0
     accel = accel_config_from_args(args)

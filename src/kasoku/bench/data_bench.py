@@ -52,15 +52,15 @@ import numpy as np
 import torch
 
 from kasoku.accel.config import AccelConfig
+from kasoku.bench.data_report import (CHART_FILE, RESULTS_FILE, plot_data_bench, print_data_bench,
+                                      verdict)
+from kasoku.bench.data_sources import Source, in_memory, resolve_sources
 from kasoku.config import DataConfig
 from kasoku.errors import ConfigError
 
 SCHEMA = "kasoku.data_bench/1"
-RESULTS_FILE = "data_bench.jsonl"
-CHART_FILE = "data_bench.png"
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_IMAGE_SIZE = 224
-GENERATED_CLASSES = 10
 
 
 @dataclass(frozen=True)
@@ -95,18 +95,6 @@ class DataBenchRequest:
 
 
 @dataclass
-class Source:
-    name: str
-    label: str
-    kind: str
-    resolution: str | None
-    dataset: object
-    sample_bytes: np.ndarray | int
-    """Bytes per sample index (file sizes), or one size for every sample."""
-    bytes_basis: str
-
-
-@dataclass
 class DataBenchResult:
     records: list[dict]
     chart: Path | None = None
@@ -136,110 +124,6 @@ def expand_loaders(text: str) -> list[str]:
     if not specs:
         raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
     return specs
-
-
-def prepare_jpeg_folders(holder: Path, resolutions, images: int, seed: int = 0,
-                         say=print) -> list[Path]:
-    """``holder/WxH`` for each resolution: a make-jpeg folder of at least ``images`` images,
-    reused when one is there, made (with a progress line) otherwise."""
-    from kasoku.data.jpeg_synth import make_jpeg_folder
-    folders = []
-    for w, h in resolutions:
-        folder = Path(holder) / f"{w}x{h}"
-        made = _make_jpeg_stats(folder)
-        if made.get("complete") and made.get("num_images", 0) >= images \
-                and (made.get("width"), made.get("height")) == (w, h):
-            say(f"reusing {folder} ({made['num_images']} images)")
-        else:
-            say(f"making {images} JPEG images of {w}x{h} in {folder} ...")
-            try:
-                make_jpeg_folder(folder, images, w, h, num_classes=GENERATED_CLASSES,
-                                 seed=seed)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        folders.append(folder)
-    return folders
-
-
-def _make_jpeg_stats(folder: Path) -> dict:
-    from kasoku.data.jpeg_synth import MARKER
-    try:
-        return json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def resolve_sources(req: DataBenchRequest, image_size: int, say=print) -> list[Source]:
-    """The datasets to measure: generated folders, image folders or workloads' training sets."""
-    from kasoku.workloads import list_workloads
-    if req.resolutions:
-        if len(req.sources) > 1:
-            raise ConfigError("with --resolution give at most one SOURCE: the folder that "
-                              "holds the generated JPEG folders (default OUT/jpeg)")
-        holder = Path(req.sources[0]) if req.sources else Path(req.out) / "jpeg"
-        if req.sources and not holder.is_dir() and req.sources[0] in list_workloads():
-            raise ConfigError(f"with --resolution, SOURCE is the folder to hold the generated "
-                              f"JPEG folders; {req.sources[0]} is a workload")
-        folders = prepare_jpeg_folders(holder, req.resolutions, req.images, req.seed, say)
-        return [_folder_source(f, image_size, req, "generated") for f in folders]
-    if not req.sources:
-        raise ConfigError("give a SOURCE (an image folder or a workload) or --resolution WxH "
-                          "to measure generated JPEG folders")
-    sources = []
-    for name in req.sources:
-        if Path(name).is_dir():
-            sources.append(_folder_source(Path(name), image_size, req, "folder"))
-        elif name in list_workloads():
-            sources.append(_workload_source(name, req))
-        else:
-            raise ConfigError(f"SOURCE {name!r} is neither a folder nor a workload: give an "
-                              f"ImageNet-style image folder (ROOT/<class>/*.jpg; `kasoku data "
-                              f"make-jpeg` makes one) or one of {', '.join(list_workloads())}")
-    return sources
-
-
-def _folder_source(root: Path, image_size: int, req: DataBenchRequest, kind: str) -> Source:
-    from kasoku.data.imagefolder import imagefolder_datasets
-    train, _ = imagefolder_datasets(root, image_size=image_size, seed=req.seed,
-                                    strict=req.data.strict)
-    made = _make_jpeg_stats(train.root)
-    resolution = f"{made['width']}x{made['height']}" if made.get("complete") else None
-    label = resolution if kind == "generated" else \
-        f"{root.name} ({resolution})" if resolution else root.name
-    return Source(str(root), label, kind, resolution, train, *_sample_bytes(train))
-
-
-def _workload_source(name: str, req: DataBenchRequest) -> Source:
-    from kasoku.workloads import create_workload
-    train, _ = create_workload(name).build_datasets(req.data, seed=req.seed)
-    label = f"{name} ({'synthetic' if req.data.synthetic else 'data'})"
-    return Source(name, label, "workload", None, train, *_sample_bytes(train))
-
-
-def _sample_bytes(dataset) -> tuple[np.ndarray | int, str]:
-    samples = getattr(dataset, "samples", None)
-    if samples is not None:  # computed once per source: one stat per file
-        return np.array([os.stat(path).st_size for path, _ in samples], np.int64), "file"
-    inputs = getattr(dataset, "inputs", None)
-    if isinstance(inputs, torch.Tensor):
-        return inputs[0].numel() * inputs.element_size(), "stored sample"
-    base = getattr(dataset, "base", None)  # a workload's synthetic split of stored bytes
-    if base is not None and hasattr(base, "input_shape") and hasattr(base, "dtype"):
-        return int(np.prod(base.input_shape)) * base.dtype.itemsize, "stored sample"
-    x = torch.as_tensor(dataset[0][0])
-    return x.numel() * x.element_size(), "delivered sample"
-
-
-def _in_memory(dataset):
-    """``dataset`` in the form ``DeviceLoader`` takes (``inputs``/``targets`` tensors): a
-    workload's synthetic split is gathered once, keeping its uint8 images and leaving its
-    transform to run per batch, as the real MNIST and CIFAR-10 sets do."""
-    base = getattr(dataset, "base", None)
-    if hasattr(dataset, "inputs") or base is None or not hasattr(dataset, "start"):
-        return dataset
-    from kasoku.data.base import ArrayDataset
-    x, t = base.get_batch(torch.arange(dataset.start, dataset.start + len(dataset)))
-    return ArrayDataset(x, t, transform=dataset.transform, name=dataset.name)
 
 
 class _Model:
@@ -405,7 +289,7 @@ def _measure(figures: dict, source: Source, spec: str, batch_size: int,
              device: torch.device, req: DataBenchRequest, model: _Model | None) -> None:
     from kasoku.perf.cpu import busy_cores, cpu_seconds
     from kasoku.run import _make_loader, _parse_loader
-    dataset = _in_memory(source.dataset) if _parse_loader(spec)[0] == "device" \
+    dataset = in_memory(source.dataset) if _parse_loader(spec)[0] == "device" \
         else source.dataset
     t0 = time.perf_counter()
     loader = None
@@ -519,132 +403,5 @@ def _progress(record: dict) -> str:
             f"{f['first_batch_s']:.2f} s")
     if "margin" in f:
         text += (f"; fed {f['fed_images_per_s']['median']:,.0f} images/s, "
-                 f"{_verdict(f['margin'], record['device'])}")
+                 f"{verdict(f['margin'], record['device'])}")
     return text
-
-
-def _verdict(margin: float, device_type: str) -> str:
-    if margin >= 1:
-        return f"x{margin:.1f}: keeps up"
-    who = "the GPU" if device_type == "cuda" else "the model"
-    return f"x{margin:.1f}: {who} waits {100 * (1 - margin):.0f}%"
-
-
-def print_data_bench(records: list[dict], file=None) -> None:
-    """One row per measurement: the loader alone, and against the model where there is one."""
-    from kasoku.report import print_table
-    with_model = any("margin" in r["figures"] for r in records)
-    headers = ["source", "loader", "images/s", "min-max", "MB/s", "cores busy", "first batch"]
-    if with_model:
-        headers += ["vs model", "fed images/s", "fed/synthetic"]
-    rows = []
-    for r in records:
-        f = r["figures"]
-        if r["status"] != "ok":
-            rows.append([r["source_label"], r["loader"], "error", r["error"][:60],
-                         *["-"] * (len(headers) - 4)])
-            continue
-        rate = f["images_per_s"]
-        row = [r["source_label"], r["loader"], f"{rate['median']:,.0f}",
-               f"{rate['min']:,.0f}-{rate['max']:,.0f}", f"{f['mb_per_s']:,.1f}",
-               f"{f['cpu_cores']:.2f} ({f['cpu_percent']:.0f}%)", f"{f['first_batch_s']:.2f} s"]
-        if with_model:
-            row += ([_verdict(f["margin"], r["device"]),
-                     f"{f['fed_images_per_s']['median']:,.0f}",
-                     f"{100 * f['fed_fraction']:.0f}%"] if "margin" in f else ["-"] * 3)
-        rows.append(row)
-    title = f"data bench on {records[0]['device']}, batch {records[0]['batch_size']}" \
-        if records else "data bench"
-    model = next((r for r in records if "model_synthetic_images_per_s" in r["figures"]), None)
-    if model is not None:
-        title += (f"; {model['model']['workload']} on synthetic on-device batches: "
-                  f"{model['figures']['model_synthetic_images_per_s']['median']:,.0f} images/s")
-    print_table(headers, rows, title=title + "  [images/s: median of the windows]", file=file)
-
-
-def _processes(loader: str) -> tuple[str, int]:
-    """Where a loader stands on the chart's x axis: ``multiprocess:N`` and ``threads:N`` at N,
-    the rest (serial, device, GPU decoding) at 0."""
-    name, _, count = loader.partition(":")
-    return name, int(count) if count.isdigit() and name in ("multiprocess", "threads") else 0
-
-
-def plot_data_bench(records: list[dict], path: Path) -> Path | None:
-    """images/s against loader processes: a line per source through its multiprocess:N
-    points, other loaders as labelled markers, min-max whiskers, and the model's synthetic
-    rate as a dashed line. None when nothing was measured."""
-    ok = [r for r in records if r["status"] == "ok"]
-    if not ok:
-        return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(7.0, 4.4))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    labels = list(dict.fromkeys(r["source_label"] for r in ok))
-    for i, label in enumerate(labels):
-        color, mine = f"C{i % 10}", [r for r in ok if r["source_label"] == label]
-        line = sorted((_processes(r["loader"])[1], r) for r in mine
-                      if _processes(r["loader"])[0] == "multiprocess")
-        if line:
-            _points(ax, line, color, "o-", f"{label} multiprocess")
-        for r in mine:
-            name, x = _processes(r["loader"])
-            if name != "multiprocess":
-                _points(ax, [(x, r)], color, "s" if name == "serial" else "^", None)
-                ax.annotate(r["loader"], (x, r["figures"]["images_per_s"]["median"]),
-                            textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
-    model = next((r for r in ok if "model_synthetic_images_per_s" in r["figures"]), None)
-    if model is not None:
-        rate = model["figures"]["model_synthetic_images_per_s"]["median"]
-        ax.axhline(rate, color="k", linestyle="--", linewidth=1,
-                   label=f"{model['model']['workload']} on synthetic data: {rate:,.0f}/s")
-    env = ok[0].get("env", {})
-    gpu = f" + {env.get('device_name')}" if env.get("device_type") == "cuda" else ""
-    ax.set_xlabel("loader processes (multiprocess:N, threads:N at N; in-process loaders at 0)")
-    ax.set_ylabel("images/s (median of windows)")
-    ax.set_title(f"Data loading on {env.get('cpu_name', '?')} ({env.get('cpu_count')} cores){gpu}, "
-                 f"batch {ok[0]['batch_size']}\nwhiskers: min-max of the timed windows",
-                 fontsize=9)
-    ax.set_xticks(sorted({_processes(r["loader"])[1] for r in ok}))
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
-    return path
-
-
-def _points(ax, points, color, style, label) -> None:
-    xs = [x for x, _ in points]
-    rates = [r["figures"]["images_per_s"] for _, r in points]
-    ys = [s["median"] for s in rates]
-    err = [[y - s["min"] for y, s in zip(ys, rates)], [s["max"] - y for y, s in zip(ys, rates)]]
-    ax.errorbar(xs, ys, yerr=err, fmt=style, color=color, capsize=2, label=label)
-
-
-def read_data_bench(out: Path) -> list[dict]:
-    """The latest record of each (source, loader, batch size, device) in
-    ``out/data_bench.jsonl`` (or that file itself), in the order they were first measured."""
-    path = Path(out)
-    path = path / RESULTS_FILE if path.is_dir() else path
-    if not path.is_file():
-        raise ConfigError(f"--report: no {RESULTS_FILE} in {out}; run the bench first")
-    latest: dict = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                key = (r["source_label"], r["loader"], r["batch_size"], r["device"])
-                latest[key] = r  # a key keeps its first place, with its latest record
-    return list(latest.values())
-
-
-def report_data_bench(out: Path, file=None) -> Path | None:
-    """Table and chart from ``out/data_bench.jsonl`` alone; returns the chart's path."""
-    records = read_data_bench(out)
-    print_data_bench(records, file=file)
-    return plot_data_bench(records, Path(out) / CHART_FILE)
-
