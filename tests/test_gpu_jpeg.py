@@ -178,9 +178,22 @@ def test_unknown_decoder_is_refused(folder, monkeypatch):
         GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE), 4, device="cpu")
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("decoder", ["auto", "pillow"])
-def test_cuda_batches_match_serial_and_resume(folder, decoder):
+@pytest.mark.parametrize("decoder", [
+    "auto", "pillow",
+    pytest.param("torchvision", marks=pytest.mark.skipif(
+        not _importable("torchvision"), reason="torchvision is not installed")),
+    pytest.param("nvimgcodec", marks=pytest.mark.skipif(
+        not _importable("nvidia.nvimgcodec"), reason="nvImageCodec is not installed"))])
+def test_cuda_batches_match_serial(folder, decoder):
     serial = SerialLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8)
     gpu = GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8,
                         device="cuda", decoder=decoder)
