@@ -40,7 +40,6 @@ Figures a measurement did not reach are absent.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -53,7 +52,8 @@ import torch
 
 from kasoku.accel.config import AccelConfig
 from kasoku.bench.data_report import (CHART_FILE, RESULTS_FILE, plot_data_bench, print_data_bench,
-                                      verdict)
+                                      progress_line)
+from kasoku.bench.results import append_result
 from kasoku.bench.data_sources import Source, in_memory, resolve_sources
 from kasoku.config import DataConfig
 from kasoku.errors import ConfigError
@@ -224,9 +224,9 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
                 record["status"] = "ok"
             except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
                 record["error"] = _last_line(exc)
-            _append(req.out, record)
+            append_result(req.out, record, RESULTS_FILE)
             records.append(record)
-            say(f"[{len(records)}/{total}] {source.label} {spec}: {_progress(record)}")
+            say(f"[{len(records)}/{total}] {source.label} {spec}: {progress_line(record)}")
     print_data_bench(records, file=stream)
     chart = plot_data_bench(records, Path(req.out) / CHART_FILE)
     print(f"results: {Path(req.out) / RESULTS_FILE}  chart: {chart}", file=stream)
@@ -384,24 +384,3 @@ def _delivered_bytes(loader, start, num_batches: int, sample_bytes) -> float:
 def _last_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     return text.splitlines()[-1] if text else type(exc).__name__
-
-
-def _append(out: Path, record: dict) -> None:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / RESULTS_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _progress(record: dict) -> str:
-    if record["status"] != "ok":
-        return f"ERROR: {record['error']}"
-    f = record["figures"]
-    r = f["images_per_s"]
-    text = (f"{r['median']:,.0f} images/s (min {r['min']:,.0f}, max {r['max']:,.0f}), "
-            f"{f['mb_per_s']:,.1f} MB/s, {f['cpu_cores']:.2f} cores busy, first batch "
-            f"{f['first_batch_s']:.2f} s")
-    if "margin" in f:
-        text += (f"; fed {f['fed_images_per_s']['median']:,.0f} images/s, "
-                 f"{verdict(f['margin'], record['device'])}")
-    return text

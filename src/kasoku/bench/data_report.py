@@ -11,6 +11,21 @@ RESULTS_FILE = "data_bench.jsonl"
 CHART_FILE = "data_bench.png"
 
 
+def progress_line(record: dict) -> str:
+    """One measurement as the line printed when it finishes."""
+    if record["status"] != "ok":
+        return f"ERROR: {record['error']}"
+    f = record["figures"]
+    r = f["images_per_s"]
+    text = (f"{r['median']:,.0f} images/s (min {r['min']:,.0f}, max {r['max']:,.0f}), "
+            f"{f['mb_per_s']:,.1f} MB/s, {f['cpu_cores']:.2f} cores busy, first batch "
+            f"{f['first_batch_s']:.2f} s")
+    if "margin" in f:
+        text += (f"; fed {f['fed_images_per_s']['median']:,.0f} images/s, "
+                 f"{verdict(f['margin'], record['device'])}")
+    return text
+
+
 def verdict(margin: float, device_type: str) -> str:
     if margin >= 1:
         return f"x{margin:.1f}: keeps up"

@@ -36,10 +36,11 @@ SCHEMA = "kasoku.bench/1"
 RESULTS_FILE = "results.jsonl"
 
 
-def append_result(out: Path, record: dict) -> None:
-    """Append one line; the folder is created on first use."""
+def append_result(out: Path, record: dict, filename: str = RESULTS_FILE) -> None:
+    """Append one line to ``out/filename``; the folder is created on first use."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / RESULTS_FILE, "a", encoding="utf-8") as f:
+    with open(out / filename, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, sort_keys=False) + "\n")
 
 
