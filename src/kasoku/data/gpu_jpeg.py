@@ -27,9 +27,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
@@ -106,11 +104,10 @@ class GpuJpegLoader(_PrefetchLoader):
     batches, up to ``prefetch_batches`` ahead, each on its own CUDA stream (two, so that one
     batch's Python work overlaps another's decode on the GPU). ``decoder``: ``auto``
     (torchvision's GPU decoder, else nvImageCodec, else Pillow), or one of ``torchvision``,
-    ``nvimgcodec``, ``pillow``. Batches
-    are ``(float32 [B, 3, S, S], int64 [B])`` already on ``device``. Takes ``SerialLoader``'s
-    keyword arguments (``shuffle``, ``seed``, ``drop_last``, ``repeat``, ``rank``,
-    ``world_size``); ``seed`` is the loader's order, augmentation uses ``dataset.seed`` as
-    ``ImageFolder`` does.
+    ``nvimgcodec``, ``pillow``. Batches are ``(float32 [B, 3, S, S], int64 [B])`` already on
+    ``device``. Takes ``SerialLoader``'s keyword arguments (``shuffle``, ``seed``,
+    ``drop_last``, ``repeat``, ``rank``, ``world_size``); ``seed`` is the loader's order,
+    augmentation uses ``dataset.seed`` as ``ImageFolder`` does.
     """
 
     yields_device_batches = True
@@ -125,15 +122,14 @@ class GpuJpegLoader(_PrefetchLoader):
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
-        self.decoder = make_decoder(decoder, self.device)
-        self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
         if decode_threads < 1:
             raise ValueError(f"decode_threads must be >= 1, got {decode_threads!r}")
+        self.decoder = make_decoder(decoder, self.device)
+        self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
         self._worker = ThreadPoolExecutor(decode_threads, thread_name_prefix="kasoku-jpeg-decode")
         self._streams = threading.local()  # one side stream per decoding thread
         self._held: collections.deque = collections.deque()  # (event, buffers) still in use
         self._labels = torch.tensor([label for _, label in dataset.samples], dtype=torch.int64)
-        self._bad_lock = threading.Lock()
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
 
     def _submit(self, position, indices):
@@ -242,20 +238,12 @@ class GpuJpegLoader(_PrefetchLoader):
             try:
                 return i, CpuImage(pillow_decode(read_bytes(path), path))
             except (OSError, DataError) as exc:
+                error = DataError(f"{path}: cannot decode image ({exc}); the file is corrupt, "
+                                  f"truncated or not an image. Replace or delete it.")
                 if ds.strict:
-                    raise DataError(f"{path}: cannot decode image ({exc}); the file is corrupt, "
-                                    f"truncated or not an image. Replace or delete it.") from exc
-                self._note_bad(path)
+                    raise error from exc
+                ds.note_bad(path, error)
         raise DataError(f"{ds.root}: none of its {n} images can be decoded; check the folder.")
-
-    def _note_bad(self, path: Path) -> None:
-        with self._bad_lock:
-            if path in self.dataset.bad_files:
-                return
-            self.dataset.bad_files.add(path)
-        warnings.warn(f"skipping {path}: cannot decode image; the file is corrupt, truncated or "
-                      f"not an image. Its samples are replaced by the next good image "
-                      f"(--strict-data makes this an error).", stacklevel=2)
 
     def close(self) -> None:
         super().close()

@@ -79,11 +79,13 @@ class ImageFolder:
             except DataError as exc:
                 if self.strict:
                     raise
-                self._note_bad(self.samples[candidate % n][0], exc)
+                self.note_bad(self.samples[candidate % n][0], exc)
         raise DataError(f"{self.root}: none of its {n} images can be decoded (first: "
                         f"{self.samples[index][0]}); check the files or the folder.")
 
-    def _note_bad(self, path: Path, exc: DataError) -> None:
+    def note_bad(self, path: Path, exc: DataError) -> None:
+        """Record ``path`` in ``bad_files`` and warn with ``exc`` (once per file; loaders that
+        decode the files themselves report theirs here too)."""
         with self._bad_lock:
             if path in self.bad_files:
                 return
