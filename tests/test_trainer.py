@@ -297,4 +297,15 @@ def test_plot_report_redraws_at_most_every_interval_and_at_the_end(tmp_path, mon
     monkeypatch.setattr(plot, "draw", lambda log, path: drawn.append(len(log)))
     trainer.extend(plot)
     trainer.run()
-    assert drawn == [1, 3]  # the first interval at once, then only the final redraw
+    assert drawn == [3]  # no redraw within the first interval; the final one in finalize
+
+
+def test_plot_report_redraws_each_epoch_when_the_interval_allows(tmp_path, monkeypatch):
+    trainer, _ = make_trainer(tmp_path, epochs=3)
+    trainer.extend(LogReport())
+    plot = PlotReport(["main/loss"], filename="loss.png", min_interval_s=0.0)
+    drawn = []
+    monkeypatch.setattr(plot, "draw", lambda log, path: drawn.append(len(log)))
+    trainer.extend(plot)
+    trainer.run()
+    assert drawn == [1, 2, 3]  # each new log entry, and nothing more at the end

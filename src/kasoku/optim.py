@@ -95,9 +95,9 @@ def compile_step(optimizer: torch.optim.Optimizer, backend: str = "inductor"
     chunk: the MNIST MLP's 3.2M weights make ~50 blocks on a GPU of 132 multiprocessors, and
     its fused Adam takes 72 us (half of the whole step's kernel time) for ~90 MB of traffic.
     Inductor's kernels for the same update cover every element with a full grid. The state,
-    ``state_dict`` and hooks stay the optimizer's own; compilation happens at the first step
-    (warm-up). Learning rates that change (schedules) should be tensors, as a CUDA graph
-    needs them anyway, or every new float value recompiles. On a CPU without a C++ compiler,
+    ``state_dict`` and hooks stay the optimizer's own; the compiler is imported here and
+    compilation happens at the first step (warm-up). Learning rates that change (schedules)
+    should be tensors, as a CUDA graph needs them anyway, or every new float value recompiles. On a CPU without a C++ compiler,
     which inductor needs there, the update stays the foreach one (warned once). ``backend``:
     torch.compile's (tests use ``aot_eager``).
     """
@@ -109,6 +109,8 @@ def compile_step(optimizer: torch.optim.Optimizer, backend: str = "inductor"
             warn_once("optimizer_impl compiled: inductor needs a C++ compiler on cpu and none is "
                       "on PATH; the update runs as the foreach implementation")
             return optimizer
+    from kasoku.accel.compile import import_compiler
+    import_compiler(backend)  # start-up work, not the first step's
     eager_step = type(optimizer).step
 
     @torch.compile(fullgraph=False, backend=backend)

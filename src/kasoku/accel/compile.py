@@ -25,6 +25,16 @@ def has_cxx_compiler() -> bool:
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 
 
+def import_compiler(backend: str = "inductor") -> None:
+    """Import torch.compile's machinery now rather than at the first compiled call: dynamo
+    and inductor are seconds of imports, which belong to the program's start-up (before the
+    trainer's clock), not to the first training step. Compilation itself still happens at
+    the first step and is counted there."""
+    import torch._dynamo  # noqa: F401
+    if backend == "inductor":
+        import torch._inductor.compile_fx  # noqa: F401
+
+
 def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = None,
                   backend: str = "inductor") -> nn.Module:
     """Compile ``model`` in place with ``cfg.compile_mode`` when ``cfg.compile``; returns it.
@@ -44,5 +54,6 @@ def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = 
                     "is on PATH; running eagerly")
         return model
     mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    import_compiler(backend)
     model.compile(mode=mode, backend=backend)
     return model
