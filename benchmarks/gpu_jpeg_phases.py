@@ -94,10 +94,10 @@ def main() -> None:
     report("crop/flip draws, batched", s)
 
     loader = GpuJpegLoader(ds, b, device=dev, num_threads=8, decoder="nvimgcodec")
-    _, s = timed(lambda: loader._assemble(0, list(range(b)), streams))
+    _, s = timed(lambda: loader._maker.assemble(0, list(range(b)), streams))
     report("whole _assemble (decode + tables + crop), nvimgcodec", s)
-    loader.decoder = tv
-    _, s = timed(lambda: loader._assemble(0, list(range(b)), prepared))
+    loader._maker.decoder = tv
+    _, s = timed(lambda: loader._maker.assemble(0, list(range(b)), prepared))
     report("whole _assemble, torchvision", s)
     loader.close()
     for decoder in ("nvimgcodec", "torchvision"):

@@ -40,7 +40,6 @@ from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box
 from kasoku.errors import DataError
 
 
-
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
                           strides: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor,
                           size: int, mean, std) -> torch.Tensor:
@@ -96,105 +95,35 @@ def val_box(height: int, width: int, size: int) -> tuple[float, float, float, fl
     return top * sy, left * sx, size * sy, size * sx
 
 
-class GpuJpegLoader(_PrefetchLoader):
-    """``SerialLoader`` over an ``ImageFolder`` whose batches are decoded on ``device``.
+class JpegBatchMaker:
+    """Reads, decodes and crops batches of an ``ImageFolder`` on ``device``: the work of one
+    gpu-jpeg batch, shared by ``GpuJpegLoader`` (threads of the training process) and the
+    worker processes of ``GpuJpegProcessLoader``. ``decoder``: as ``make_decoder`` takes it."""
 
-    ``num_threads`` threads read the files (and decode them, for the Pillow decoder), a batch
-    split into one task per thread; ``decode_threads`` threads decode and augment whole
-    batches, up to ``prefetch_batches`` ahead, each on its own CUDA stream (two, so that one
-    batch's Python work overlaps another's decode on the GPU). ``decoder``: ``auto``
-    (torchvision's GPU decoder, else nvImageCodec, else Pillow), or one of ``torchvision``,
-    ``nvimgcodec``, ``pillow``. Batches are ``(float32 [B, 3, S, S], int64 [B])`` already on
-    ``device``. Takes ``SerialLoader``'s keyword arguments (``shuffle``, ``seed``,
-    ``drop_last``, ``repeat``, ``rank``, ``world_size``); ``seed`` is the loader's order,
-    augmentation uses ``dataset.seed`` as ``ImageFolder`` does.
-    """
-
-    yields_device_batches = True
-
-    def __init__(self, dataset: ImageFolder, batch_size: int, device="cuda",
-                 num_threads: int | None = None, decoder: str = "auto",
-                 prefetch_batches: int = 3, decode_threads: int = 2, **kwargs):
-        if not isinstance(dataset, ImageFolder):
-            raise TypeError(f"the gpu-jpeg loader reads JPEG folders (ImageFolder); {dataset!r} "
-                            f"is not one: use the device, serial, threads or multiprocess loader")
-        self.device = torch.device(device)
-        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
-        if self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
-        if decode_threads < 1:
-            raise ValueError(f"decode_threads must be >= 1, got {decode_threads!r}")
+    def __init__(self, dataset: ImageFolder, device, decoder: str = "auto"):
+        self.dataset, self.device = dataset, torch.device(device)
         self.decoder = make_decoder(decoder, self.device)
-        self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
-        self._worker = ThreadPoolExecutor(decode_threads, thread_name_prefix="kasoku-jpeg-decode")
-        self._streams = threading.local()  # one side stream per decoding thread
-        self._held: collections.deque = collections.deque()  # (event, buffers) still in use
         self._labels = torch.tensor([label for _, label in dataset.samples], dtype=torch.int64)
-        super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
 
-    def _submit(self, position, indices):
-        idx = indices.tolist()
-        step = -(-len(idx) // self.num_threads)
-        reads = [self._io.submit(self._read_many, idx[k:k + step])
-                 for k in range(0, len(idx), step)]
-        return self._worker.submit(self._make_batch, self.epoch, idx, reads)
+    def read_many(self, indices: list[int]) -> list:
+        return [self.read(i) for i in indices]
 
-    def _collect(self, position, indices, future):
-        x, y, event, buffers = future.result()  # re-raises DataError (strict) and decode errors
-        if event is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_event(event)
-            x.record_stream(current)
-            y.record_stream(current)
-            self._hold(event, buffers)
-        return x, y
-
-    def _drop(self, future) -> None:
-        future.cancel()  # one already running finishes and is ignored
-
-    def _hold(self, event, buffers) -> None:
-        """Keep the decoder's own buffers (freed outside PyTorch's allocator) alive until the
-        side stream has read them."""
-        self._held.append((event, buffers))
-        while self._held and self._held[0][0].query():
-            self._held.popleft()
-
-    # -- in the reading threads ---------------------------------------------------------------
-    def _read_many(self, indices: list[int]) -> list:
-        return [self._read(i) for i in indices]
-
-    def _read(self, index: int):
+    def read(self, index: int):
         """The file as the decoder takes it (``decoder.load``: a parsed code stream, a byte
         tensor, or for Pillow the decoded image); None for a file that cannot be read."""
         try:
             return self.decoder.load(self.dataset.samples[index][0])
-        except Exception:  # noqa: BLE001 - unreadable or unparseable: _replacement decides
+        except Exception:  # noqa: BLE001 - unreadable or unparseable: replacement decides
             return None
 
-    # -- in the decoding thread ---------------------------------------------------------------
-    def _make_batch(self, epoch: int, idx: list[int], reads):
-        prepared = [item for f in reads for item in f.result()]
-        if self.device.type != "cuda":
-            x, y, _ = self._assemble(epoch, idx, prepared)
-            return x, y, None, None
-        stream = getattr(self._streams, "stream", None)
-        if stream is None:
-            # The highest priority: the next batch's few small kernels (and the decoder's) are
-            # scheduled ahead of the training step's, instead of waiting behind a whole step
-            # while this thread holds the decoder call, and the GIL, open.
-            stream = self._streams.stream = torch.cuda.Stream(self.device, priority=-100)
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            x, y, buffers = self._assemble(epoch, idx, prepared)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return x, y, event, buffers
-
-    def _assemble(self, epoch, idx, prepared):
+    def assemble(self, epoch, idx, prepared):
+        """``(x, y, buffers)`` for the samples ``idx`` of ``epoch`` from their ``read``
+        results, on the current stream; ``buffers`` must live until the stream is done."""
         images, buffers = self.decoder.decode(prepared, self.device)
         final = list(idx)
         for k, image in enumerate(images):
             if image is None:
-                final[k], images[k] = self._replacement(idx[k])
+                final[k], images[k] = self.replacement(idx[k])
         ds = self.dataset
         layout = [self.decoder.layout if not isinstance(im, CpuImage) else HWC
                   for im in images]
@@ -227,7 +156,7 @@ class GpuJpegLoader(_PrefetchLoader):
                                   table[:, 10] > 0, ds.image_size, IMAGENET_MEAN, IMAGENET_STD)
         return x, table[:, 11].long(), buffers
 
-    def _replacement(self, index: int):
+    def replacement(self, index: int):
         """The image for a sample the batch decoder could not decode: the file through Pillow
         (PNG, CMYK and other JPEGs a GPU decoder refuses), else, as ``ImageFolder`` does, the
         next good index. Returns ``(index used, CpuImage)``."""
@@ -244,6 +173,89 @@ class GpuJpegLoader(_PrefetchLoader):
                     raise error from exc
                 ds.note_bad(path, error)
         raise DataError(f"{ds.root}: none of its {n} images can be decoded; check the folder.")
+
+
+class GpuJpegLoader(_PrefetchLoader):
+    """``SerialLoader`` over an ``ImageFolder`` whose batches are decoded on ``device``.
+
+    ``num_threads`` threads read the files (and decode them, for the Pillow decoder), a batch
+    split into one task per thread; ``decode_threads`` threads decode and augment whole
+    batches, up to ``prefetch_batches`` ahead, each on its own CUDA stream (two, so that one
+    batch's Python work overlaps another's decode on the GPU). ``decoder``: ``auto``
+    (torchvision's GPU decoder, else nvImageCodec, else Pillow), or one of ``torchvision``,
+    ``nvimgcodec``, ``pillow``. Batches are ``(float32 [B, 3, S, S], int64 [B])`` already on
+    ``device``. Takes ``SerialLoader``'s keyword arguments (``shuffle``, ``seed``,
+    ``drop_last``, ``repeat``, ``rank``, ``world_size``); ``seed`` is the loader's order,
+    augmentation uses ``dataset.seed`` as ``ImageFolder`` does.
+    """
+
+    yields_device_batches = True
+
+    def __init__(self, dataset: ImageFolder, batch_size: int, device="cuda",
+                 num_threads: int | None = None, decoder: str = "auto",
+                 prefetch_batches: int = 3, decode_threads: int = 2, **kwargs):
+        if not isinstance(dataset, ImageFolder):
+            raise TypeError(f"the gpu-jpeg loader reads JPEG folders (ImageFolder); {dataset!r} "
+                            f"is not one: use the device, serial, threads or multiprocess loader")
+        self.device = torch.device(device)
+        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
+        if decode_threads < 1:
+            raise ValueError(f"decode_threads must be >= 1, got {decode_threads!r}")
+        self._maker = JpegBatchMaker(dataset, self.device, decoder)
+        self._io = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
+        self._worker = ThreadPoolExecutor(decode_threads, thread_name_prefix="kasoku-jpeg-decode")
+        self._streams = threading.local()  # one side stream per decoding thread
+        self._held: collections.deque = collections.deque()  # (event, buffers) still in use
+        super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
+
+    def _submit(self, position, indices):
+        idx = indices.tolist()
+        step = -(-len(idx) // self.num_threads)
+        reads = [self._io.submit(self._maker.read_many, idx[k:k + step])
+                 for k in range(0, len(idx), step)]
+        return self._worker.submit(self._make_batch, self.epoch, idx, reads)
+
+    def _collect(self, position, indices, future):
+        x, y, event, buffers = future.result()  # re-raises DataError (strict) and decode errors
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            x.record_stream(current)
+            y.record_stream(current)
+            self._hold(event, buffers)
+        return x, y
+
+    decoder = property(lambda self: self._maker.decoder)
+
+    def _drop(self, future) -> None:
+        future.cancel()  # one already running finishes and is ignored
+
+    def _hold(self, event, buffers) -> None:
+        """Keep the decoder's own buffers (freed outside PyTorch's allocator) alive until the
+        side stream has read them."""
+        self._held.append((event, buffers))
+        while self._held and self._held[0][0].query():
+            self._held.popleft()
+
+    # -- in the decoding thread ---------------------------------------------------------------
+    def _make_batch(self, epoch: int, idx: list[int], reads):
+        prepared = [item for f in reads for item in f.result()]
+        if self.device.type != "cuda":
+            x, y, _ = self._maker.assemble(epoch, idx, prepared)
+            return x, y, None, None
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            # The highest priority: the next batch's few small kernels (and the decoder's) are
+            # scheduled ahead of the training step's, instead of waiting behind a whole step
+            # while this thread holds the decoder call, and the GIL, open.
+            stream = self._streams.stream = torch.cuda.Stream(self.device, priority=-100)
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            x, y, buffers = self._maker.assemble(epoch, idx, prepared)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return x, y, event, buffers
 
     def close(self) -> None:
         super().close()
