@@ -53,14 +53,16 @@ def _add_train(sub) -> None:
     p.add_argument("--snapshot-interval", type=int, metavar="ITERS",
                    help="iterations between snapshots (default: once per epoch)")
     p.add_argument("--loader", default="serial", type=_loader_kind,
-                   metavar="{serial,device,threads[:N],multiprocess[:N],gpu-jpeg[:N]}",
+                   metavar="{serial,device,threads[:N],multiprocess[:N],gpu-jpeg[:N],"
+                           "gpu-jpeg-procs[:N]}",
                    help="serial: batches made in this process; device: the whole dataset "
                         "resident on --device (MNIST, CIFAR-10); threads[:N]: samples decoded "
                         "by N threads; multiprocess[:N]: batches made by N worker processes; "
                         "gpu-jpeg[:N]: JPEG folders read by N threads and decoded, cropped "
                         "and normalized in batches on the GPU (decoder: torchvision, else "
                         "nvImageCodec; KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow "
-                        "chooses)")
+                        "chooses); gpu-jpeg-procs[:N]: the same work in N worker processes "
+                        "(default 3), batches handed over in GPU memory")
     p.add_argument("--strict-data", action="store_true",
                    help="make the first bad sample (corrupt image) an error instead of a "
                         "skipped, counted warning")

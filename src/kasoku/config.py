@@ -44,7 +44,8 @@ class TrainConfig:
     """serial (batches made in the training process) | device (the whole dataset resident on
     the training device; in-memory datasets such as MNIST and CIFAR-10) | threads[:N] (samples
     decoded by N threads) | multiprocess[:N] (batches made by N worker processes) |
-    gpu-jpeg[:N] (JPEG folders: N threads read the files, the GPU decodes and crops batches)."""
+    gpu-jpeg[:N] (JPEG folders: N threads read the files, the GPU decodes and crops batches) |
+    gpu-jpeg-procs[:N] (gpu-jpeg's work in N worker processes, batches handed over on the GPU)."""
     threads: int | None = None
     """CPU threads for PyTorch's operators (None: PyTorch's default, one per core). Small
     models such as sine-lstm run faster on one thread, and far faster when other jobs share

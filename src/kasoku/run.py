@@ -131,6 +131,13 @@ def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
             return GpuJpegLoader(dataset, batch_size, device=device, num_threads=count, **kwargs)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"--loader {kind}: {exc}")
+    if name == "gpu-jpeg-procs":
+        from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
+        try:
+            return GpuJpegProcessLoader(dataset, batch_size, device=device, num_workers=count,
+                                        **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"--loader {kind}: {exc}")
     from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
     if name == "threads":
         return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
@@ -138,17 +145,17 @@ def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
                          pin_memory=device.type == "cuda", **kwargs)
 
 
-_LOADERS = ("serial", "device", "threads", "multiprocess", "gpu-jpeg")
-_COUNTED = ("threads", "multiprocess", "gpu-jpeg")
+_LOADERS = ("serial", "device", "threads", "multiprocess", "gpu-jpeg", "gpu-jpeg-procs")
+_COUNTED = ("threads", "multiprocess", "gpu-jpeg", "gpu-jpeg-procs")
 
 
 def _parse_loader(kind: str) -> tuple[str, int | None]:
-    """``"threads:8" -> ("threads", 8)``; the count (threads, processes, or reading threads
-    for gpu-jpeg) is for threads, multiprocess and gpu-jpeg only."""
+    """``"threads:8" -> ("threads", 8)``; the count (threads, processes, reading threads for
+    gpu-jpeg, decoding processes for gpu-jpeg-procs) is for those four kinds only."""
     name, _, count = kind.partition(":")
     if name not in _LOADERS or (count and name not in _COUNTED):
         raise ConfigError(f"unknown loader {kind!r}; use serial, device, threads[:N], "
-                          f"multiprocess[:N] or gpu-jpeg[:N]")
+                          f"multiprocess[:N], gpu-jpeg[:N] or gpu-jpeg-procs[:N]")
     if not count:
         return name, None
     if not count.isdigit() or int(count) < 1:

@@ -277,10 +277,12 @@ def _scaled_to_workers(req: DataBenchRequest, spec: str) -> DataBenchRequest:
     1,281 to 12,576 images/s for one loader); the warm-up (2N) lets the first burst pass."""
     from kasoku.run import _parse_loader
     name, count = _parse_loader(spec)
-    if name != "multiprocess":
+    if name not in ("multiprocess", "gpu-jpeg-procs"):
         return req
+    from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
     from kasoku.data.parallel_loader import ProcessLoader
-    workers = count or ProcessLoader.default_workers()
+    workers = count or (ProcessLoader if name == "multiprocess"
+                        else GpuJpegProcessLoader).default_workers()
     return replace(req, warmup=max(req.warmup, 2 * workers),
                                batches=max(req.batches, 4 * workers))
 

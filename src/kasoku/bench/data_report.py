@@ -66,10 +66,11 @@ def print_data_bench(records: list[dict], file=None) -> None:
 
 
 def _processes(loader: str) -> tuple[str, int]:
-    """Where a loader stands on the chart's x axis: ``multiprocess:N`` and ``threads:N`` at N,
-    the rest (serial, device, GPU decoding) at 0."""
+    """Where a loader stands on the chart's x axis: ``multiprocess:N``, ``threads:N`` and
+    ``gpu-jpeg-procs:N`` at N, the rest (serial, device, in-process GPU decoding) at 0."""
     name, _, count = loader.partition(":")
-    return name, int(count) if count.isdigit() and name in ("multiprocess", "threads") else 0
+    counted = ("multiprocess", "threads", "gpu-jpeg-procs")
+    return name, int(count) if count.isdigit() and name in counted else 0
 
 
 def plot_data_bench(records: list[dict], path: Path) -> Path | None:
@@ -104,7 +105,8 @@ def plot_data_bench(records: list[dict], path: Path) -> Path | None:
                    label=f"{model['model']['workload']} on synthetic data: {rate:,.0f}/s")
     env = ok[0].get("env", {})
     gpu = f" + {env.get('device_name')}" if env.get("device_type") == "cuda" else ""
-    ax.set_xlabel("loader processes (multiprocess:N, threads:N at N; in-process loaders at 0)")
+    ax.set_xlabel("loader processes (multiprocess:N, threads:N, gpu-jpeg-procs:N at N; "
+                  "in-process loaders at 0)")
     ax.set_ylabel("images/s (median of windows)")
     ax.set_title(f"Data loading on {env.get('cpu_name', '?')} ({env.get('cpu_count')} cores){gpu}, "
                  f"batch {ok[0]['batch_size']}\nwhiskers: min-max of the timed windows",

@@ -1,0 +1,135 @@
+"""``GpuJpegProcessLoader``: gpu-jpeg's batches made in worker processes, handed over on the GPU.
+
+In one process, each batch's decoder call and the Python around it (reading threads, crop
+draws, the per-image table: ~6 ms per 256 images) take turns on one GIL, with each other and
+with the training thread: the threaded ``GpuJpegLoader`` reached 13,500 images/s where one
+decode call alone runs at 21,000, and a model it fed stalled behind it (docs/benchmarks.md).
+Here each of P worker processes (``ProcessLoader``'s: batch ``p`` of an epoch to worker
+``p % P``, results in order, a dead worker named) reads, decodes and crops whole batches on
+the GPU in a CUDA context of its own -- the work of ``JpegBatchMaker``, as the threaded loader
+does it -- and sends the finished batch to the training process through CUDA IPC (PyTorch's
+multiprocessing pickling of CUDA tensors): the memory is mapped, not copied, and the training
+stream waits on the worker's event, never on the host. A worker frees a batch's memory once
+the training process has dropped it (``torch.cuda.ipc_collect`` before each batch), so a batch
+stays valid until the loader is closed, not after.
+
+The order, sharding, ``(epoch, position)`` resume state, crops, flips and bad-file handling
+are ``GpuJpegLoader``'s, so both (and the serial loader) yield the same samples. Without CUDA
+the workers decode with Pillow and crop on the CPU, and batches come back through shared
+memory; that is what the CPU tests run.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.data.jpeg_decoders import DECODER_ENV, DECODERS
+from kasoku.data.parallel_loader import ProcessLoader
+
+
+class _JpegBatches:
+    """What a worker process sees as its dataset: ``get_batch(indices)`` is one gpu-jpeg
+    batch, read by ``num_threads`` threads and decoded and cropped on ``device``. Picklable:
+    the decoder, the threads and the CUDA context are created in the worker, at its first
+    batch."""
+
+    def __init__(self, folder: ImageFolder, device: torch.device, decoder: str,
+                 num_threads: int):
+        self.folder, self.device, self.decoder = folder, device, decoder
+        self.num_threads, self.epoch = num_threads, 0
+        self._maker = self._pool = None
+        self._held: collections.deque = collections.deque()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_maker": None, "_pool": None, "_held": collections.deque()}
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    samples = property(lambda self: self.folder.samples)
+    bad_files = property(lambda self: self.folder.bad_files)
+    strict = property(lambda self: self.folder.strict)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.folder.set_epoch(epoch)
+
+    def get_batch(self, indices: torch.Tensor):
+        from kasoku.data.gpu_jpeg import JpegBatchMaker
+        cuda = self.device.type == "cuda"
+        if self._maker is None:
+            if cuda:
+                torch.cuda.set_device(self.device)
+            self._maker = JpegBatchMaker(self.folder, self.device, self.decoder)
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
+        idx = indices.tolist()
+        step = -(-len(idx) // self.num_threads)
+        parts = self._pool.map(self._maker.read_many, [idx[k:k + step]
+                                                        for k in range(0, len(idx), step)])
+        prepared = [item for part in parts for item in part]
+        if not cuda:
+            x, y, _ = self._maker.assemble(self.epoch, idx, prepared)
+            return x, y
+        torch.cuda.ipc_collect()  # free the batches the training process has let go of
+        x, y, buffers = self._maker.assemble(self.epoch, idx, prepared)
+        if buffers is not None:  # the decoder's own memory: alive until the stream has read it
+            event = torch.cuda.Event()
+            event.record()
+            self._held.append((event, buffers))
+            while self._held and self._held[0][0].query():
+                self._held.popleft()
+        return x, y
+
+
+class GpuJpegProcessLoader(ProcessLoader):
+    """``SerialLoader`` over an ``ImageFolder`` whose batches are read, decoded and cropped on
+    ``device`` by ``num_workers`` worker processes (default 3: on an H200, three decoding
+    processes reach the hardware decoder's ~29,000 images/s), each reading with
+    ``num_threads`` threads. ``decoder`` (or ``KASOKU_GPU_JPEG_DECODER``): as
+    ``GpuJpegLoader``'s. Batches are ``(float32 [B, 3, S, S], int64 [B])`` on ``device``,
+    valid until ``close()``. Takes ``SerialLoader``'s keyword arguments and
+    ``prefetch_batches`` (per worker)."""
+
+    yields_device_batches = True
+
+    def __init__(self, dataset: ImageFolder, batch_size: int, device="cuda",
+                 num_workers: int | None = None, num_threads: int | None = None,
+                 decoder: str = "auto", prefetch_batches: int = 2, **kwargs):
+        if not isinstance(dataset, ImageFolder):
+            raise TypeError(f"the gpu-jpeg-procs loader reads JPEG folders (ImageFolder); "
+                            f"{dataset!r} is not one: use the device, serial, threads or "
+                            f"multiprocess loader")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        choice = os.environ.get(DECODER_ENV, "") or decoder
+        if choice not in DECODERS:
+            raise ValueError(f"unknown JPEG decoder {choice!r} ({DECODER_ENV}); use one of "
+                             f"{', '.join(DECODERS)}")
+        workers = num_workers or self.default_workers()
+        threads = num_threads or max(2, min(8, (os.cpu_count() or 1) // max(1, workers)))
+        if threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
+        self.num_threads = threads
+        start = kwargs.pop("start_method", None)
+        if start is None and self.device.type == "cuda":
+            # A worker opens a CUDA context of its own: never a fork of a process that has one.
+            import multiprocessing as mp
+            start = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        super().__init__(_JpegBatches(dataset, self.device, choice, threads), batch_size,
+                         num_workers=workers, prefetch_batches=prefetch_batches,
+                         pin_memory=False, start_method=start, **kwargs)
+
+    @staticmethod
+    def default_workers() -> int:
+        return min(3, os.cpu_count() or 1)
+
+    def __repr__(self) -> str:
+        return (f"GpuJpegProcessLoader({self.dataset.folder!r}, batch_size={self.batch_size}, "
+                f"workers={self.num_workers}, threads={self.num_threads}, "
+                f"decoder={self.dataset.decoder}, device={self.device}, "
+                f"rank={self.rank}/{self.world_size})")
