@@ -180,3 +180,30 @@ def test_forkserver_workers_give_the_serial_batches(folder):
     expected = batches(SerialLoader(dataset, 5, seed=2), 3)
     with ProcessLoader(dataset, 5, num_workers=2, start_method="forkserver", seed=2) as loader:
         assert_same(expected, batches(loader, 3))
+
+
+class StagedSet:
+    """A dataset in two stages; each batch reports how many batches its worker had started
+    when it was finished."""
+
+    def __init__(self, n):
+        self.n, self.started = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def start_batch(self, indices):
+        self.started += 1
+        return indices
+
+    def finish_batch(self, indices):
+        return torch.tensor(indices), torch.tensor(self.started)
+
+
+def test_a_staged_dataset_has_the_next_batch_started_before_this_one_finishes():
+    with ProcessLoader(StagedSet(40), 4, num_workers=1, prefetch_batches=4,
+                       shuffle=False) as loader:
+        got = [next(loader) for _ in range(10)]
+    assert torch.equal(torch.cat([idx for idx, _ in got]), torch.arange(40))
+    ahead = [int(started) - (k + 1) for k, (_, started) in enumerate(got)]
+    assert max(ahead) == 1 and min(ahead) >= 0  # one batch started ahead, never more

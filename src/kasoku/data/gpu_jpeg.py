@@ -116,9 +116,10 @@ class JpegBatchMaker:
         except Exception:  # noqa: BLE001 - unreadable or unparseable: replacement decides
             return None
 
-    def assemble(self, epoch, idx, prepared):
+    def assemble(self, epoch, idx, prepared, host_labels: bool = False):
         """``(x, y, buffers)`` for the samples ``idx`` of ``epoch`` from their ``read``
-        results, on the current stream; ``buffers`` must live until the stream is done."""
+        results, on the current stream; ``buffers`` must live until the stream is done.
+        ``host_labels``: ``y`` in host memory instead of on the device."""
         images, buffers = self.decoder.decode(prepared, self.device)
         final = list(idx)
         for k, image in enumerate(images):
@@ -154,7 +155,8 @@ class JpegBatchMaker:
             table[:, 3:6].long()
         x = crop_resize_normalize(flat, offsets, shapes_t, strides_t, table[:, 6:10].float(),
                                   table[:, 10] > 0, ds.image_size, IMAGENET_MEAN, IMAGENET_STD)
-        return x, table[:, 11].long(), buffers
+        y = self._labels[torch.tensor(final)] if host_labels else table[:, 11].long()
+        return x, y, buffers
 
     def replacement(self, index: int):
         """The image for a sample the batch decoder could not decode: the file through Pillow

@@ -32,10 +32,10 @@ from kasoku.data.parallel_loader import ProcessLoader
 
 
 class _JpegBatches:
-    """What a worker process sees as its dataset: ``get_batch(indices)`` is one gpu-jpeg
-    batch, read by ``num_threads`` threads and decoded and cropped on ``device``. Picklable:
-    the decoder, the threads and the CUDA context are created in the worker, at its first
-    batch."""
+    """What a worker process sees as its dataset: ``start_batch(indices)`` has
+    ``num_threads`` threads read the files, ``finish_batch`` decodes and crops them on
+    ``device`` (``get_batch`` does both). Picklable: the decoder, the threads and the CUDA
+    context are created in the worker, at its first batch."""
 
     def __init__(self, folder: ImageFolder, device: torch.device, decoder: str,
                  num_threads: int):
@@ -58,24 +58,28 @@ class _JpegBatches:
         self.epoch = epoch
         self.folder.set_epoch(epoch)
 
-    def get_batch(self, indices: torch.Tensor):
-        from kasoku.data.gpu_jpeg import JpegBatchMaker
-        cuda = self.device.type == "cuda"
+    def start_batch(self, indices: list[int]):
+        """Start reading the files of a batch (the worker loop calls this for the next batch
+        before it finishes the current one, so reading overlaps decoding)."""
         if self._maker is None:
-            if cuda:
+            from kasoku.data.gpu_jpeg import JpegBatchMaker
+            if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             self._maker = JpegBatchMaker(self.folder, self.device, self.decoder)
             self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-jpeg-read")
-        idx = indices.tolist()
-        step = -(-len(idx) // self.num_threads)
-        parts = self._pool.map(self._maker.read_many, [idx[k:k + step]
-                                                        for k in range(0, len(idx), step)])
-        prepared = [item for part in parts for item in part]
-        if not cuda:
-            x, y, _ = self._maker.assemble(self.epoch, idx, prepared)
+        step = -(-len(indices) // self.num_threads)
+        return list(indices), [self._pool.submit(self._maker.read_many, indices[k:k + step])
+                               for k in range(0, len(indices), step)]
+
+    def finish_batch(self, handle):
+        """Decode and crop a started batch: ``(x on the device, y in host memory)``."""
+        idx, reads = handle
+        prepared = [item for f in reads for item in f.result()]
+        if self.device.type != "cuda":
+            x, y, _ = self._maker.assemble(self.epoch, idx, prepared, host_labels=True)
             return x, y
         torch.cuda.ipc_collect()  # free the batches the training process has let go of
-        x, y, buffers = self._maker.assemble(self.epoch, idx, prepared)
+        x, y, buffers = self._maker.assemble(self.epoch, idx, prepared, host_labels=True)
         if buffers is not None:  # the decoder's own memory: alive until the stream has read it
             event = torch.cuda.Event()
             event.record()
@@ -83,6 +87,9 @@ class _JpegBatches:
             while self._held and self._held[0][0].query():
                 self._held.popleft()
         return x, y
+
+    def get_batch(self, indices: torch.Tensor):
+        return self.finish_batch(self.start_batch(indices.tolist()))
 
 
 class GpuJpegProcessLoader(ProcessLoader):
@@ -127,6 +134,11 @@ class GpuJpegProcessLoader(ProcessLoader):
     @staticmethod
     def default_workers() -> int:
         return min(3, os.cpu_count() or 1)
+
+    def _collect(self, position, indices, tag):
+        x, y = super()._collect(position, indices, tag)
+        # Labels travel in host memory (one CUDA IPC mapping per batch, not two).
+        return x, y.to(x.device, non_blocking=True)
 
     def __repr__(self) -> str:
         return (f"GpuJpegProcessLoader({self.dataset.folder!r}, batch_size={self.batch_size}, "

@@ -291,21 +291,54 @@ def _default_start_method() -> str:
 
 def _worker_loop(dataset, tasks, results) -> None:
     """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out,
-    until ``None``."""
+    until ``None``. A dataset with ``start_batch(indices) -> handle`` and
+    ``finish_batch(handle) -> batch`` has the next queued batch started (its files read, say)
+    before the current one is finished, so the two overlap."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # the main process warns once per bad file
     set_epoch = getattr(dataset, "set_epoch", None)
+    staged = hasattr(dataset, "start_batch")
     reported: set = set()
-    while (task := tasks.get()) is not None:
+    ahead: collections.deque = collections.deque()  # (tag, epoch, handle or error)
+
+    def start(task):
         tag, epoch, indices = task
-        batch = error = None
         try:
             if set_epoch is not None:
                 set_epoch(epoch)
-            batch = tuple(_fetch(dataset, indices))
+            handle = dataset.start_batch(indices) if staged else indices
+            return tag, epoch, handle, None
         except Exception as exc:  # sent back and raised in the main process
-            error = _portable(exc)
+            return tag, epoch, None, _portable(exc)
+
+    stopping = False
+    while ahead or not stopping:
+        if not ahead:
+            task = tasks.get()
+            if task is None:
+                break
+            ahead.append(start(task))
+        if staged and not stopping:
+            try:
+                task = tasks.get_nowait()
+            except queue.Empty:
+                pass
+            else:
+                if task is None:
+                    stopping = True
+                else:
+                    ahead.append(start(task))
+        tag, epoch, handle, error = ahead.popleft()
+        batch = None
+        if error is None:
+            try:
+                if set_epoch is not None:
+                    set_epoch(epoch)
+                batch = tuple(dataset.finish_batch(handle) if staged
+                              else _fetch(dataset, handle))
+            except Exception as exc:  # sent back and raised in the main process
+                error = _portable(exc)
         bad = {str(p) for p in getattr(dataset, "bad_files", ())} - reported
         reported |= bad
         results.put((tag, batch, error, sorted(bad)))
