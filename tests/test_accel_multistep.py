@@ -309,3 +309,13 @@ def test_cuda_graph_holds_all_steps_of_a_call():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert graphed.replays == 2 * 8 - 2 and obs["main/loss"].dim() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("steps_per_call, warmup_calls", [(1, 3), (2, 2), (50, 1)])
+def test_graph_warm_up_counts_the_steps_of_a_chunk(steps_per_call, warmup_calls):
+    from kasoku.accel.graph import apply_cuda_graph
+    cfg = AccelConfig(cuda_graph=True, steps_per_call=steps_per_call)
+    graphed = apply_cuda_graph(MultiStep(StandardStep(nn.functional.cross_entropy)), cfg,
+                               torch.device("cuda"))
+    assert graphed.warmup_steps == warmup_calls

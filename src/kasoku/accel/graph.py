@@ -22,9 +22,10 @@ What a step must satisfy to be captured, and how this module arranges it:
 - Same shapes. A batch whose shapes, dtypes or device differ from the captured ones (the last
   partial batch of an epoch) runs eagerly, with one warning; loaders with ``drop_last`` keep
   every step in the graph.
-- Warm-up before capture. The first ``warmup_steps`` calls run eagerly on a side stream (lazy
+- Warm-up before capture. The first ``warmup_steps`` steps run eagerly on a side stream (lazy
   initialization of cuBLAS/cuDNN handles, autotuning, optimizer state, compilation), then the
-  next call captures and replays. Warm-up steps are real training steps on real batches.
+  next call captures and replays; with ``steps_per_call`` K a call counts as K steps. Warm-up
+  steps are real training steps on real batches.
 """
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ def apply_cuda_graph(step_fn: Callable, cfg, device, optimizer=None,
         return step_fn
     if optimizer is not None:
         prepare_optimizer_for_graph(optimizer, device)
-    return CudaGraphStep(step_fn, device, warmup_steps)
+    # A call of a multi-step chunk is already that many eager steps: warm up in steps, not
+    # calls (3 chunks of 50 would be 150 eager steps before the first replay).
+    per_call = max(1, int(getattr(cfg, "steps_per_call", 1) or 1))
+    return CudaGraphStep(step_fn, device, -(-warmup_steps // per_call))
 
 
 def _indexed(device: torch.device) -> torch.device:
