@@ -29,12 +29,12 @@ for section in "$@"; do
       dir=$(jpeg_folder 500x375 8192)
       for decoder in nvimgcodec torchvision; do
         KASOKU_GPU_JPEG_DECODER=$decoder "${K[@]}" data bench "$dir" --device cuda \
-          --loader gpu-jpeg:8,gpu-jpeg:16 --batch-size 256 --batches 10 --warmup 3 \
-          --out "$OUT/gpu-jpeg-$decoder"
+          --loader gpu-jpeg:8,gpu-jpeg:16,gpu-jpeg-procs:2,3,4,6,8 --batch-size 256 \
+          --batches 10 --warmup 3 --out "$OUT/gpu-jpeg-$decoder"
       done ;;
     resnet50)  # imagenet-resnet50 (the ladder's top rung) fed by gpu-jpeg vs synthetic on-device (target >= 95%)
       dir=$(jpeg_folder 500x375 8192)
-      "${K[@]}" data bench "$dir" --device cuda --loader gpu-jpeg:8,multiprocess:16 \
+      "${K[@]}" data bench "$dir" --device cuda --loader gpu-jpeg-procs:6,gpu-jpeg:8,multiprocess:16 \
         --model imagenet-resnet50 --batch-size 256 --batches 20 --warmup 5 \
         --precision bf16 --channels-last --optimizer-impl fused --cudnn-benchmark --compile --cuda-graph \
         --out "$OUT/resnet50" ;;

@@ -62,7 +62,7 @@ def _add_train(sub) -> None:
                         "and normalized in batches on the GPU (decoder: torchvision, else "
                         "nvImageCodec; KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow "
                         "chooses); gpu-jpeg-procs[:N]: the same work in N worker processes "
-                        "(default 3), batches handed over in GPU memory")
+                        "(default 6, at most half the cores), batches handed over in GPU memory")
     p.add_argument("--strict-data", action="store_true",
                    help="make the first bad sample (corrupt image) an error instead of a "
                         "skipped, counted warning")

@@ -98,11 +98,13 @@ def val_box(height: int, width: int, size: int) -> tuple[float, float, float, fl
 class JpegBatchMaker:
     """Reads, decodes and crops batches of an ``ImageFolder`` on ``device``: the work of one
     gpu-jpeg batch, shared by ``GpuJpegLoader`` (threads of the training process) and the
-    worker processes of ``GpuJpegProcessLoader``. ``decoder``: as ``make_decoder`` takes it."""
+    worker processes of ``GpuJpegProcessLoader``. ``decoder`` and ``own_process``: as
+    ``make_decoder`` takes them."""
 
-    def __init__(self, dataset: ImageFolder, device, decoder: str = "auto"):
+    def __init__(self, dataset: ImageFolder, device, decoder: str = "auto",
+                 own_process: bool = False):
         self.dataset, self.device = dataset, torch.device(device)
-        self.decoder = make_decoder(decoder, self.device)
+        self.decoder = make_decoder(decoder, self.device, own_process)
         self._labels = torch.tensor([label for _, label in dataset.samples], dtype=torch.int64)
 
     def read_many(self, indices: list[int]) -> list:
