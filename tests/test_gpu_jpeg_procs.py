@@ -17,7 +17,7 @@ from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
 from kasoku.errors import ConfigError, DataError
-from test_gpu_jpeg import SIZE, assert_same_views
+from test_gpu_jpeg import SIZE, assert_same_views, bad_folder  # noqa: F401 - a fixture
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +70,6 @@ def test_exact_mid_epoch_resume(folder):
         resumed.load_state_dict(state)
         for want, got in zip(expected, [next(resumed) for _ in range(4)]):
             assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
-
-
-@pytest.fixture
-def bad_folder(tmp_path):
-    root = tmp_path / "bad"
-    make_jpeg_folder(root, 12, 48, 40, num_classes=3, progress=False)
-    (root / "class_001" / "img_000001.jpg").write_bytes(b"this is not a jpeg")
-    (root / "class_002" / "img_000002.jpg").write_bytes(b"")
-    return root
 
 
 def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_folder):
