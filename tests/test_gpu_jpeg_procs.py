@@ -3,8 +3,6 @@ workers decode with Pillow and crop on the CPU, batches returning through shared
 CUDA test (batches handed over through CUDA IPC) runs where a GPU is present. Real JPEG files,
 real processes."""
 import os
-import signal
-import time
 import warnings
 
 import pytest
@@ -18,6 +16,7 @@ from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
 from kasoku.errors import ConfigError, DataError
 from test_gpu_jpeg import SIZE, assert_same_views, bad_folder  # noqa: F401 - a fixture
+from test_parallel_loader import assert_killing_worker_1_is_reported
 
 
 @pytest.fixture(scope="module")
@@ -97,19 +96,7 @@ def test_strict_raises_naming_the_file(bad_folder):
 
 
 def test_killed_worker_raises_naming_it_instead_of_hanging(folder):
-    _, loader = serial_and_procs(folder, train=False, batch_size=2)
-    try:
-        next(loader)
-        victim = loader._workers[1][0]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.join(timeout=5)
-        start = time.monotonic()
-        with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {victim.pid}\).*img_"):
-            for _ in range(loader.batches_per_epoch):
-                next(loader)
-        assert time.monotonic() - start < 5
-    finally:
-        loader.close()
+    assert_killing_worker_1_is_reported(serial_and_procs(folder, train=False, batch_size=2)[1])
 
 
 def test_make_loader_builds_it_and_refuses_what_it_cannot_read(folder, monkeypatch):

@@ -289,23 +289,17 @@ def test_torch_scheduler_is_stepped_and_resumed(tmp_path):
     assert resumed.scheduler.last_epoch == whole.scheduler.last_epoch == 6
 
 
-def test_plot_report_redraws_at_most_every_interval_and_at_the_end(tmp_path, monkeypatch):
+@pytest.mark.parametrize("interval, expected", [
+    (3600, [3]),         # no redraw within the first interval; the final one in finalize
+    (0.0, [1, 2, 3]),    # each new log entry, and nothing more at the end
+])
+def test_plot_report_redraws_at_most_every_interval_and_at_the_end(tmp_path, monkeypatch,
+                                                                    interval, expected):
     trainer, _ = make_trainer(tmp_path, epochs=3)
     trainer.extend(LogReport())
-    plot = PlotReport(["main/loss"], filename="loss.png", min_interval_s=3600)
+    plot = PlotReport(["main/loss"], filename="loss.png", min_interval_s=interval)
     drawn = []
     monkeypatch.setattr(plot, "draw", lambda log, path: drawn.append(len(log)))
     trainer.extend(plot)
     trainer.run()
-    assert drawn == [3]  # no redraw within the first interval; the final one in finalize
-
-
-def test_plot_report_redraws_each_epoch_when_the_interval_allows(tmp_path, monkeypatch):
-    trainer, _ = make_trainer(tmp_path, epochs=3)
-    trainer.extend(LogReport())
-    plot = PlotReport(["main/loss"], filename="loss.png", min_interval_s=0.0)
-    drawn = []
-    monkeypatch.setattr(plot, "draw", lambda log, path: drawn.append(len(log)))
-    trainer.extend(plot)
-    trainer.run()
-    assert drawn == [1, 2, 3]  # each new log entry, and nothing more at the end
+    assert drawn == expected
