@@ -1,4 +1,4 @@
-"""The MNIST MLP's Adam update (3.2M weights in 6 tensors) four ways, each captured in a CUDA
+"""The MNIST MLP's Adam update (1.8M weights in 6 tensors) four ways, each captured in a CUDA
 graph and replayed: torch's fused kernel, the foreach update compiled by inductor, eager ops on
 one flat buffer, and one Triton kernel on one flat buffer. Prints the update's time per step
 (CUDA events over 1,000 replays, median of 5) and its one-time cost (first call + capture).

@@ -8,10 +8,11 @@ import torch
 from kasoku.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb")
-IMPLS = ("loop", "foreach", "fused", "compiled")
+IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 """loop: one kernel per tensor per op; foreach: multi-tensor kernels; fused: one kernel for all
 weights (torch's ``fused=True``; SGD, momentum and Adam only); compiled: the foreach update
-compiled by ``torch.compile`` (SGD, momentum and Adam; see ``compile_step``)."""
+compiled by ``torch.compile`` (SGD, momentum and Adam; see ``compile_step``); triton: Adam as
+one Triton kernel over all weights with a full grid (``kasoku.accel.triton_adam``)."""
 
 
 def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9,
@@ -44,6 +45,12 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         kwargs["momentum"] = momentum
     if impl is None:
         impl = "fused" if _fused_available(params) else "foreach"
+    if impl == "triton":
+        if name != "adam":
+            raise ConfigError(f"--optimizer-impl triton implements adam only, not {name}; use "
+                              f"--optimizer-impl fused or compiled")
+        from kasoku.accel.triton_adam import TritonAdam
+        return TritonAdam(params, **kwargs)
     if impl == "compiled":
         return compile_step(cls(params, foreach=True, fused=False, **kwargs))
     if impl == "fused":
@@ -92,8 +99,8 @@ def compile_step(optimizer: torch.optim.Optimizer, backend: str = "inductor"
     """Replace ``optimizer.step`` by its ``torch.compile``'d version, in place; returns it.
 
     torch's fused kernels apply the update in chunks of 65,536 elements, one thread block per
-    chunk: the MNIST MLP's 3.2M weights make ~50 blocks on a GPU of 132 multiprocessors, and
-    its fused Adam takes 72 us (half of the whole step's kernel time) for ~90 MB of traffic.
+    chunk: the MNIST MLP's 1.8M weights make ~28 blocks on a GPU of 132 multiprocessors, and
+    its fused Adam takes 72 us (half of the whole step's kernel time) for ~50 MB of traffic.
     Inductor's kernels for the same update cover every element with a full grid. The state,
     ``state_dict`` and hooks stay the optimizer's own; the compiler is imported here and
     compilation happens at the first step (warm-up). Learning rates that change (schedules)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16-pure")
-OPTIMIZER_IMPLS = ("loop", "foreach", "fused", "compiled")
+OPTIMIZER_IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,10 @@ class AccelConfig:
     optimizer_impl: str | None = None
     """loop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one kernel for all
     weights: seed 004's batched weight update) | compiled (the foreach update compiled by
-    torch.compile into kernels that fill the GPU; SGD, momentum and Adam) | None: fused where
-    PyTorch has it, else foreach."""
+    torch.compile into kernels that fill the GPU; SGD, momentum and Adam) | triton (Adam as one
+    Triton kernel over all weights with a full grid: the compiled update's speed without its
+    per-process compile time; CUDA, float32) | None: fused where PyTorch has it, else
+    foreach."""
     compile: bool = False
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"
