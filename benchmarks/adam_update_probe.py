@@ -1,6 +1,7 @@
-"""The MNIST MLP's Adam update (1.8M weights in 6 tensors) four ways, each captured in a CUDA
+"""The MNIST MLP's Adam update (1.8M weights in 6 tensors) several ways, each captured in a CUDA
 graph and replayed: torch's fused kernel, the foreach update compiled by inductor, eager ops on
-one flat buffer, and one Triton kernel on one flat buffer. Prints the update's time per step
+one flat buffer, one Triton kernel on one flat buffer, and kasoku's ``--optimizer-impl triton``
+(one Triton kernel over the six tensors where they lie) at several block sizes and warps. Prints the update's time per step
 (CUDA events over 1,000 replays, median of 5) and its one-time cost (first call + capture).
 
     python benchmarks/adam_update_probe.py
@@ -102,6 +103,14 @@ def main() -> None:
                                              BLOCK=2048)
 
     timed_graph(triton_flat, "one Triton kernel on one flat buffer")
+
+    from kasoku.accel.triton_adam import TritonAdam
+    for block in (512, 1024, 2048, 4096):
+        for warps in (4, 8):
+            ps = params()
+            opt = TritonAdam(ps, lr=torch.tensor(1e-3, device="cuda"), block=block,
+                             num_warps=warps)
+            timed_graph(opt.step, f"kasoku triton, block {block}, {warps} warps")
 
 
 if __name__ == "__main__":

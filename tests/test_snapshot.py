@@ -99,15 +99,26 @@ class _FakeTrainer:
         return {"w": self.weights, "iteration": self.updater.iteration}
 
 
-def test_background_snapshot_is_a_copy_taken_at_the_call(tmp_path):
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("background", [True, False])
+def test_snapshot_is_a_copy_taken_at_the_call(tmp_path, device, background):
     from kasoku.train.extensions import Snapshot
-    weights = torch.ones(4)
+    weights = torch.ones(1 << 20, device=device)
+    if device == "cuda":  # keep the stream busy, so the copy is still queued at the call's end
+        x = torch.randn(4096, 4096, device=device)
+        for _ in range(20):
+            x = x @ x / 64
     trainer = _FakeTrainer(tmp_path, weights)
-    ext = Snapshot(background=True)
+    ext = Snapshot(background=background)
     ext(trainer)
     weights.add_(5)  # training goes on in place while the file is written
     ext.finalize(trainer)
-    assert torch.equal(load_snapshot(tmp_path / "snapshot_latest.pt")["w"], torch.ones(4))
+    saved = load_snapshot(tmp_path / "snapshot_latest.pt")["w"]
+    assert saved.device.type == "cpu" and torch.equal(saved, torch.ones(1 << 20))
+    path = ext.write_snapshot(trainer)  # an interrupt's snapshot: written before it returns
+    assert torch.equal(load_snapshot(path)["w"], torch.full((1 << 20,), 6.0))
 
 
 def test_background_write_failure_is_raised_at_finalize(tmp_path, monkeypatch):

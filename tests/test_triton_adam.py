@@ -142,7 +142,11 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @cuda
 def test_cuda_kernel_matches_torch_adam_eagerly_and_in_a_whole_step_graph():
     from kasoku.accel.graph import CudaGraphStep, prepare_optimizer_for_graph
+    from kasoku.accel import triton_adam
     from kasoku.train.step import StandardStep
+
+    # As kasoku train does (a device without an index); the first step waits for it.
+    triton_adam.compile_early(torch.device("cuda"), weight_decay=True)
 
     def model():
         torch.manual_seed(0)
@@ -164,8 +168,24 @@ def test_cuda_kernel_matches_torch_adam_eagerly_and_in_a_whole_step_graph():
         if graphed:
             assert run.replays == 12 - 3  # the capture call replays once, too
         results.append((losses, [p.detach().clone() for p in net.parameters()]))
+    assert triton_adam.AHEAD_FAILURES == []
     (ref_losses, ref_params), *others = results
     for losses, params in others:
         assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
         for a, b in zip(ref_params, params):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_copy_steps_on_its_own_tensors(interpreter):
+    params = _tensors()
+    opt = TritonAdam(params, lr=1e-2, block=32, num_warps=2)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    twin = copy.deepcopy({"params": params, "opt": opt})
+    assert (twin["opt"].block, twin["opt"].num_warps) == (32, 2)
+    twin["opt"].step()  # its own tables, built for the copied tensors
+    opt.step()
+    for a, b in zip(params, twin["params"]):
+        torch.testing.assert_close(b, a)
+    assert float(twin["opt"].state[twin["params"][0]]["step"]) == 2.0

@@ -53,10 +53,14 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
             raise ConfigError(f"--threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
 
+    accel = accel or AccelConfig()
+    if accel.optimizer_impl == "triton" and device.type == "cuda":
+        # Triton's start-up and the kernel's compilation overlap with loading the data.
+        from kasoku.accel.triton_adam import compile_early
+        compile_early(device, weight_decay=recipe.weight_decay != 0)
     torch.manual_seed(train.seed)
     train_set, val_set = workload.build_datasets(data, seed=train.seed)
     metric_fn = workload.metric_fn if workload.has_accuracy else None
-    accel = accel or AccelConfig()
     accelerated = accelerate(
         workload.build_model(), workload.loss_fn, metric_fn, accel, device,
         lambda params, impl: make_optimizer(recipe.optimizer, params, lr, impl=impl,
@@ -81,7 +85,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     if val_set is not None:
         # Evaluation needs no small batches; with the dataset resident on the device, a few
         # large ones (MNIST's 10,000 in 10) cost a fraction of a hundred small ones' launches.
-        val_batch = max(batch_size, 1000 if train.loader == "device" else 100)
+        val_batch = recipe.eval_batch_size or \
+            max(batch_size, 1000 if train.loader == "device" else 100)
         val_loader = _make_loader(train.loader, val_set, val_batch, device,
                                   shuffle=False, repeat=False)
         val_loader = wrap_for_device(val_loader, device)

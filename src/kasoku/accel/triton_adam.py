@@ -22,6 +22,13 @@ The tables are cached and rebuilt when a tensor moves (a new gradient each step 
 are set to None); under CUDA graph capture the rebuild is a copy from pinned memory recorded in
 the graph, so a replay sees the captured gradients' addresses.
 
+Compilation starts ahead of the first step, in a background thread: ``compile_early`` (which
+``kasoku train`` calls before it loads the data) and the optimizer's construction start it for
+the launch the first step will make. Triton's per-process start (it hashes its own sources and
+libraries to key its cache, ~0.3 s on an H200 host) and, on a machine without a warm cache,
+the compilation itself overlap with the rest of start-up instead of stalling the first step,
+which waits for the thread only if it is still running.
+
 Needs float32 parameters on a CUDA device and Triton (torch's CUDA builds ship it). With
 ``TRITON_INTERPRET=1`` Triton runs the kernel on the CPU instead (slowly: for tests).
 """
@@ -29,13 +36,15 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import warnings
 
 import torch
 
 from kasoku.errors import ConfigError
 
-BLOCK = 1024
-NUM_WARPS = 4
+BLOCK = 512  # with 8 warps the fastest of 512..4096 x 4/8 on an H200 (adam_update_probe.py)
+NUM_WARPS = 8
 _FIELDS = 5  # param, grad, exp_avg, exp_avg_sq, step
 _ALIGN = 16  # bytes: four float32, one vectorized load
 
@@ -64,12 +73,23 @@ def triton_unavailable_reason(params: list[torch.Tensor]) -> str | None:
 _KERNELS: dict[bool, object] = {}
 
 
+_DEFINING = threading.Lock()
+_AHEAD: list[threading.Thread] = []  # compilations started ahead of the first step
+AHEAD_FAILURES: list[str] = []
+"""Why compilations started ahead failed, if any did (each also warned)."""
+
+
 def _kernel():
     """The Triton kernel, defined on first use (``import triton`` costs ~0.2 s), once for the
     GPU and once for the interpreter (Triton reads the switch when a kernel is defined)."""
-    kernel = _KERNELS.get(interpreting())
-    if kernel is not None:
+    with _DEFINING:
+        kernel = _KERNELS.get(interpreting())
+        if kernel is None:
+            kernel = _KERNELS[interpreting()] = _define_kernel()
         return kernel
+
+
+def _define_kernel():
     import triton
     import triton.language as tl
 
@@ -107,8 +127,68 @@ def _kernel():
         tl.store(base + v_at, v, mask=mask)
         tl.store(base + p_at, p, mask=mask)
 
-    _KERNELS[interpreting()] = adam_kernel
     return adam_kernel
+
+
+def compile_ahead(launches: list[tuple[tuple, dict]], device) -> None:
+    """Compile (or load from Triton's cache) and load the kernel for each ``(args, kwargs)``
+    of ``launches`` on a background thread, without running it; the first step waits for
+    it (``wait_for_compilation``). Best effort: on any failure the step compiles itself, and
+    reports what fails."""
+    if interpreting() or not launches:
+        return
+
+    def work(after: list[threading.Thread]) -> None:
+        for thread in after:  # one compilation at a time: Triton's JIT is not thread-safe
+            thread.join()
+        try:
+            torch.cuda.set_device(device)  # the thread's CUDA context, for loading the module
+            for args, kwargs in launches:
+                compiled = _kernel().warmup(*args, grid=(1,), **kwargs)
+                if hasattr(compiled, "_init_handles"):
+                    compiled._init_handles()
+        except Exception as exc:  # noqa: BLE001 - the first step compiles instead
+            AHEAD_FAILURES.append(f"{type(exc).__name__}: {exc}")
+            warnings.warn(f"optimizer_impl triton: compiling ahead of the first step failed "
+                          f"({AHEAD_FAILURES[-1]}); the first step compiles instead",
+                          stacklevel=1)
+
+    thread = threading.Thread(target=work, args=(list(_AHEAD),), daemon=True,
+                              name="kasoku-triton-adam-compile")
+    _AHEAD.append(thread)
+    thread.start()
+
+
+def compile_early(device, weight_decay: bool, block: int = BLOCK,
+                  num_warps: int = NUM_WARPS) -> None:
+    """Start compiling the kernel for a typical first step (several tensors, aligned) before
+    the model and optimizer exist, so that Triton's start-up (~0.3 s: it hashes its own
+    sources and libraries to key its cache) and any compilation overlap with loading the
+    data. ``kasoku train`` calls it as soon as it knows the update will be Triton's."""
+    device = torch.device(device)
+    if device.type != "cuda" or interpreting():
+        return
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return
+    # Stand-ins with the types and alignment of the real arguments; the tensor count (2)
+    # specializes like any count other than 1 or a multiple of 16.
+    with torch.cuda.device(device):
+        ints = torch.zeros(2, dtype=torch.int64, device=device)
+        args = (torch.zeros(4, device=device), ints, torch.zeros(1, dtype=torch.int32,
+                device=device), ints, ints, torch.zeros((), device=device), 2, 0.9, 0.999,
+                1e-8, 0.0)
+    compile_ahead([(args, {"BLOCK": block, "ALIGNED": True, "WEIGHT_DECAY": weight_decay,
+                           "num_warps": num_warps})], device)
+
+
+def wait_for_compilation() -> None:
+    """Join the compilations started ahead (a no-op once they are done)."""
+    while _AHEAD:
+        _AHEAD.pop(0).join()
 
 
 class _Plan:
@@ -170,6 +250,40 @@ class TritonAdam(torch.optim.Adam):
         self._plans: dict[int, _Plan] = {}
         self._lr_tensors: dict[int, tuple[float, torch.Tensor]] = {}
         _kernel()  # the import and definition are start-up work, not the first step's
+        if not interpreting():
+            compile_ahead(*self._first_launches())
+
+    def _first_launches(self) -> tuple[list, torch.device]:
+        """The kernel arguments of each group's first step, as far as they are known before
+        it (every parameter with a gradient, aligned), with their tables built now."""
+        launches = []
+        for index, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.numel()]
+            if not params:
+                continue
+            plan = self._plans[index] = _Plan(params, self.block)
+            lr = self._lr(index, group["lr"], params[0].device)
+            launches.append(self._arguments(plan, group, params[0], plan.numels, lr, True))
+        return launches, launches[0][0][0].device if launches else None
+
+    def _arguments(self, plan: "_Plan", group: dict, base: torch.Tensor, table: torch.Tensor,
+                   lr: torch.Tensor, aligned: bool) -> tuple[tuple, dict]:
+        beta1, beta2 = group["betas"]
+        return ((base, table, plan.block_tensor, plan.block_start, plan.numels, lr,
+                 len(plan.shapes), float(beta1), float(beta2), float(group["eps"]),
+                 float(group["weight_decay"])),
+                {"BLOCK": self.block, "ALIGNED": aligned,
+                 "WEIGHT_DECAY": group["weight_decay"] != 0, "num_warps": self.num_warps})
+
+    def __getstate__(self) -> dict:  # copies and pickles: torch keeps only the state
+        return {**super().__getstate__(), "block": self.block, "num_warps": self.num_warps}
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        self.block = state.pop("block", BLOCK)
+        self.num_warps = state.pop("num_warps", NUM_WARPS)
+        super().__setstate__(state)
+        self._plans, self._lr_tensors = {}, {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -187,6 +301,7 @@ class TritonAdam(torch.optim.Adam):
         return loss
 
     def _update(self, index: int, group: dict, params: list[torch.Tensor]) -> None:
+        wait_for_compilation()
         grads = [p.grad for p in params]
         for p, g in zip(params, grads):
             if g.is_sparse or g.stride() != p.stride() or not _dense(p):
@@ -202,13 +317,10 @@ class TritonAdam(torch.optim.Adam):
         table = plan.offsets([params, grads, [s["exp_avg"] for s in states],
                               [s["exp_avg_sq"] for s in states], steps])
         torch._foreach_add_(steps, 1)
-        beta1, beta2 = group["betas"]
-        _kernel()[(plan.n_blocks,)](
-            params[0], table, plan.block_tensor, plan.block_start, plan.numels,
-            self._lr(index, group["lr"], params[0].device), len(params), float(beta1),
-            float(beta2), float(group["eps"]), float(group["weight_decay"]), BLOCK=self.block,
-            ALIGNED=plan.aligned, WEIGHT_DECAY=group["weight_decay"] != 0,
-            num_warps=self.num_warps)
+        args, kwargs = self._arguments(plan, group, params[0], table,
+                                       self._lr(index, group["lr"], params[0].device),
+                                       plan.aligned)
+        _kernel()[(plan.n_blocks,)](*args, **kwargs)
 
     def _state(self, p: torch.Tensor) -> dict:
         state = self.state[p]

@@ -19,9 +19,11 @@ class Snapshot:
     (``"snapshot_iter_{iteration}.pt"``); then the ``keep`` newest files are kept and older
     ones deleted. A fixed name is simply replaced each time.
 
-    ``background=True`` (the default) copies the state to host memory (a synchronizing copy
-    of the weights and optimizer state: milliseconds) and writes the file on a background
-    thread, so training goes on while the bytes reach the disk. One write is in flight at a
+    ``background=True`` (the default) copies the state to host memory and writes the file on
+    a background thread, so training goes on while the bytes reach the disk. Device tensors
+    are copied into pinned memory without a host sync, in stream order (the steps queued after
+    the snapshot cannot change them before they are copied); the thread waits for the copies
+    before it writes. The host never stalls on the GPU for a snapshot. One write is in flight at a
     time; the next snapshot, ``finalize`` and an interrupt wait for it, and a failed write is
     raised there. The file is still written atomically: a crash mid-write leaves the previous
     snapshot.
@@ -55,13 +57,19 @@ class Snapshot:
             self._written.append(str(path))
         stale, self._written = self._written[:-self.keep], self._written[-self.keep:]
         # The list is updated before the state is taken so the snapshot knows about itself.
-        state = _host_copy(trainer.state_dict())
+        copies = []
+        state = _host_copy(trainer.state_dict(), copies)
+        copied = None
+        if copies:  # device tensors: their copies are queued on these devices' streams
+            copied = [torch.cuda.Event() for _ in copies]
+            for event, device in zip(copied, copies):
+                event.record(torch.cuda.current_stream(device))
         if wait:
-            _save(state, path, stale)
+            _save(state, path, stale, copied)
             return path
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kasoku-snapshot")
-        self._pending = self._pool.submit(_save, state, path, stale)
+        self._pending = self._pool.submit(_save, state, path, stale, copied)
         return path
 
     def wait(self) -> None:
@@ -87,19 +95,30 @@ class Snapshot:
         self._written = list(state["written"])
 
 
-def _save(state: dict, path: Path, stale: list[str]) -> None:
+def _save(state: dict, path: Path, stale: list[str], copied=None) -> None:
+    for event in copied or ():
+        event.synchronize()  # the pinned copies hold the values now
     save_snapshot(state, path)
     for old in stale:
         Path(old).unlink(missing_ok=True)
 
 
-def _host_copy(state):
+def _host_copy(state, copies: list):
     """A copy of ``state`` that training cannot change any more: tensors cloned into host
-    memory (device tensors copied, host tensors cloned, since the step updates them in place)."""
+    memory (host tensors cloned, since the step updates them in place; CUDA tensors copied
+    into pinned memory on their device's current stream, asynchronously: their devices are
+    appended to ``copies``, and the copies are complete once that stream gets there)."""
     if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
+        t = state.detach()
+        if t.device.type != "cuda":
+            return t.to("cpu", copy=True)
+        host = torch.empty_like(t, device="cpu", pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        if t.device not in copies:
+            copies.append(t.device)
+        return host
     if isinstance(state, dict):
-        return {k: _host_copy(v) for k, v in state.items()}
+        return {k: _host_copy(v, copies) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(_host_copy(v) for v in state)
+        return type(state)(_host_copy(v, copies) for v in state)
     return state
