@@ -45,7 +45,6 @@ from kasoku.errors import ConfigError
 
 BLOCK = 512  # with 8 warps the fastest of 512..4096 x 4/8 on an H200 (adam_update_probe.py)
 NUM_WARPS = 8
-_FIELDS = 5  # param, grad, exp_avg, exp_avg_sq, step
 _ALIGN = 16  # bytes: four float32, one vectorized load
 
 
@@ -67,12 +66,12 @@ def triton_unavailable_reason(params: list[torch.Tensor]) -> str | None:
     allowed = {"cpu", "cuda"} if interpreting() else {"cuda"}
     if not devices <= allowed:
         return f"it needs CUDA parameters, and these are on {', '.join(sorted(devices))}"
+    if len({p.device for p in params}) > 1:
+        return "its parameters must all be on one device"
     return None
 
 
 _KERNELS: dict[bool, object] = {}
-
-
 _DEFINING = threading.Lock()
 _AHEAD: list[threading.Thread] = []  # compilations started ahead of the first step
 AHEAD_FAILURES: list[str] = []
@@ -105,7 +104,7 @@ def _define_kernel():
         g_at = tl.load(table + n_tensors + i) + offs
         m_at = tl.load(table + 2 * n_tensors + i) + offs
         v_at = tl.load(table + 3 * n_tensors + i) + offs
-        if ALIGNED:  # every tensor starts 16 bytes from a multiple of the base's alignment
+        if ALIGNED:  # the base is 16-byte aligned and every distance a multiple of 16 bytes
             p_at = tl.max_contiguous(tl.multiple_of(p_at, 4), BLOCK)
             g_at = tl.max_contiguous(tl.multiple_of(g_at, 4), BLOCK)
             m_at = tl.max_contiguous(tl.multiple_of(m_at, 4), BLOCK)
@@ -178,9 +177,9 @@ def compile_early(device, weight_decay: bool, block: int = BLOCK,
     # specializes like any count other than 1 or a multiple of 16.
     with torch.cuda.device(device):
         ints = torch.zeros(2, dtype=torch.int64, device=device)
-        args = (torch.zeros(4, device=device), ints, torch.zeros(1, dtype=torch.int32,
-                device=device), ints, ints, torch.zeros((), device=device), 2, 0.9, 0.999,
-                1e-8, 0.0)
+        floats = torch.zeros(4, dtype=torch.float32, device=device)
+        args = (floats, ints, torch.zeros(1, dtype=torch.int32, device=device), ints, ints,
+                floats[0], 2, 0.9, 0.999, 1e-8, 0.0)
     compile_ahead([(args, {"BLOCK": block, "ALIGNED": True, "WEIGHT_DECAY": weight_decay,
                            "num_warps": num_warps})], device)
 
@@ -208,6 +207,9 @@ class _Plan:
         self.addresses: tuple = ()
         self.table: torch.Tensor | None = None
         self.aligned = False
+        # Host sides of the copies recorded in CUDA graphs: every replay reads them again,
+        # so they must outlive this table (freed, the host allocator would hand them out).
+        self._recorded: list[torch.Tensor] = []
 
     def offsets(self, tensors: list[list[torch.Tensor]]) -> torch.Tensor:
         """The table for ``tensors`` = [params, grads, exp_avgs, exp_avg_sqs, steps]: each
@@ -223,6 +225,8 @@ class _Plan:
         if device.type == "cuda":
             # Pinned and non_blocking: a host-to-device copy that a CUDA graph can record.
             host = host.pin_memory()
+            if torch.cuda.is_current_stream_capturing():
+                self._recorded.append(host)
         self.table = host.to(device, non_blocking=True)
         self.addresses = addresses
         self.aligned = all((a - base) % _ALIGN == 0 for a in addresses) and base % _ALIGN == 0
@@ -342,7 +346,8 @@ class TritonAdam(torch.optim.Adam):
             return lr.to(device, torch.float32)
         cached = self._lr_tensors.get(index)
         if cached is None or cached[0] != lr:
-            tensor = cached[1] if cached is not None else torch.empty((), device=device)
+            tensor = cached[1] if cached is not None else \
+                torch.empty((), dtype=torch.float32, device=device)
             tensor.fill_(float(lr))
             self._lr_tensors[index] = cached = (lr, tensor)
         return cached[1]
