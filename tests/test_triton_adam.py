@@ -111,20 +111,34 @@ def test_state_dict_moves_between_torch_adam_and_triton_adam(interpreter):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=2e-6)
 
 
-def test_make_optimizer_builds_it_for_adam_and_refuses_it_elsewhere(interpreter, monkeypatch):
+def test_make_optimizer_builds_it_for_adam_and_refuses_it_elsewhere(interpreter):
     params = _tensors()
     opt = make_optimizer("adam", params, 1e-3, weight_decay=1e-4, impl="triton")
     assert isinstance(opt, TritonAdam) and opt.defaults["weight_decay"] == 1e-4
     with pytest.raises(ConfigError, match="adam only"):
         make_optimizer("momentum", _tensors(), 0.1, impl="triton")
-    with pytest.raises(ConfigError, match="float32 parameters only.*torch.float64"):
-        make_optimizer("adam", [torch.zeros(3, dtype=torch.float64)], 1e-3, impl="triton")
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("cpu", "it needs CUDA parameters, and these are on cpu"),
+    ("float64", "it updates float32 parameters only, and these include torch.float64"),
+    ("no triton", "Triton is not installed"),
+])
+def test_where_it_cannot_run_the_update_is_torchs_own_warned_once(case, reason, monkeypatch):
+    from kasoku.accel.notes import LeverWarning, reset_warnings
+    if case != "no triton":
+        pytest.importorskip("triton")
+    reset_warnings()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ConfigError, match="needs CUDA parameters, and these are on cpu"):
-        make_optimizer("adam", _tensors(), 1e-3, impl="triton")
-    monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
-    with pytest.raises(ConfigError, match="Triton is not installed"):
-        make_optimizer("adam", _tensors(), 1e-3, impl="triton")
+    if case == "no triton":
+        monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
+    params = [torch.zeros(3, dtype=torch.float64 if case == "float64" else torch.float32,
+                          requires_grad=True)]
+    with pytest.warns(LeverWarning, match=f"optimizer_impl triton: {reason}.*runs as the fused"):
+        opt = make_optimizer("adam", params, 1e-3, impl="triton")
+    assert type(opt) is torch.optim.Adam and opt.defaults["fused"]
+    with pytest.raises(ConfigError, match=reason):  # the class itself, asked directly, refuses
+        TritonAdam(params)
 
 
 def test_a_gradient_laid_out_unlike_its_parameter_is_refused_with_advice(interpreter):

@@ -12,7 +12,8 @@ IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 """loop: one kernel per tensor per op; foreach: multi-tensor kernels; fused: one kernel for all
 weights (torch's ``fused=True``; SGD, momentum and Adam only); compiled: the foreach update
 compiled by ``torch.compile`` (SGD, momentum and Adam; see ``compile_step``); triton: Adam as
-one Triton kernel over all weights with a full grid (``kasoku.accel.triton_adam``)."""
+one Triton kernel over all weights with a full grid (``kasoku.accel.triton_adam``; where it
+cannot run -- a CPU, no Triton -- the update is fused or foreach, warned once)."""
 
 
 def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9,
@@ -49,8 +50,17 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         if name != "adam":
             raise ConfigError(f"--optimizer-impl triton implements adam only, not {name}; use "
                               f"--optimizer-impl fused or compiled")
-        from kasoku.accel.triton_adam import TritonAdam
-        return TritonAdam(params, **kwargs)
+        from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
+        tensors = [p for g in params for p in g["params"]] \
+            if params and isinstance(params[0], dict) else params
+        reason = triton_unavailable_reason(tensors)
+        if reason is None:
+            return TritonAdam(params, **kwargs)
+        # A lever that cannot apply here (a CPU, no Triton) is skipped, said once.
+        impl = "fused" if _fused_available(params) else "foreach"
+        from kasoku.accel.notes import warn_once
+        warn_once(f"optimizer_impl triton: {reason}; the update runs as the {impl} "
+                  f"implementation")
     if impl == "compiled":
         return compile_step(cls(params, foreach=True, fused=False, **kwargs))
     if impl == "fused":
