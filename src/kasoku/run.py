@@ -54,7 +54,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         torch.set_num_threads(threads)
 
     accel = accel or AccelConfig()
-    if accel.optimizer_impl == "triton" and device.type == "cuda":
+    if accel.optimizer_impl == "triton" and recipe.optimizer == "adam" and device.type == "cuda":
         # Triton's start-up and the kernel's compilation overlap with loading the data.
         from kasoku.accel.triton_adam import compile_early
         compile_early(device, weight_decay=recipe.weight_decay != 0)
