@@ -4,8 +4,8 @@ group in a single launch that covers all their elements with a full grid.
 torch's fused Adam gives each 65,536-element chunk of its multi-tensor kernel one thread block:
 the MNIST MLP's 1.8M weights make ~28 blocks on a GPU of 132 multiprocessors (32.9 us per
 update in a CUDA graph on an H200). The inductor-compiled update fills the GPU (11.9 us) but
-costs seconds of tracing and compilation in every new process. This kernel fills the GPU and
-is compiled by Triton once per machine (its cache), a fraction of a second.
+costs seconds of tracing and compilation in every new process. This kernel fills the GPU
+(11.6 us) and is compiled by Triton once per machine (its cache), a fraction of a second.
 
 How one launch reaches tensors that live anywhere in memory: the kernel gets one of them as a
 real pointer (the base, so Triton knows its alignment) and, for every tensor, the distance of
@@ -29,8 +29,9 @@ libraries to key its cache, ~0.3 s on an H200 host) and, on a machine without a 
 the compilation itself overlap with the rest of start-up instead of stalling the first step,
 which waits for the thread only if it is still running.
 
-Needs float32 parameters on a CUDA device and Triton (torch's CUDA builds ship it). With
-``TRITON_INTERPRET=1`` Triton runs the kernel on the CPU instead (slowly: for tests).
+Needs float32 parameters on a CUDA device and Triton (torch's CUDA builds ship it); elsewhere
+``kasoku.optim.make_optimizer`` gives torch's fused update instead, warned once. With
+``TRITON_INTERPRET=1`` Triton runs the kernel on the CPU (slowly: for tests).
 """
 from __future__ import annotations
 
