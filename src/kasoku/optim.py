@@ -114,9 +114,9 @@ def compile_step(optimizer: torch.optim.Optimizer, backend: str = "inductor"
     Inductor's kernels for the same update cover every element with a full grid. The state,
     ``state_dict`` and hooks stay the optimizer's own; the compiler is imported here and
     compilation happens at the first step (warm-up). Learning rates that change (schedules)
-    should be tensors, as a CUDA graph needs them anyway, or every new float value recompiles. On a CPU without a C++ compiler,
-    which inductor needs there, the update stays the foreach one (warned once). ``backend``:
-    torch.compile's (tests use ``aot_eager``).
+    should be tensors, as a CUDA graph needs them anyway, or every new float value recompiles.
+    On a CPU without a C++ compiler, which inductor needs there, the update stays the foreach
+    one (warned once). ``backend``: torch.compile's (tests use ``aot_eager``).
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if backend == "inductor" and params and params[0].device.type == "cpu":

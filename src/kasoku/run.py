@@ -84,7 +84,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         trainer.extend(schedule)
     if val_set is not None:
         # Evaluation needs no small batches; with the dataset resident on the device, a few
-        # large ones (MNIST's 10,000 in 10) cost a fraction of a hundred small ones' launches.
+        # large ones (MNIST's 10,000 in 10) cost a fraction of a hundred small ones' launches;
+        # a recipe may take more at once (mnist-mlp: all 10,000).
         val_batch = recipe.eval_batch_size or \
             max(batch_size, 1000 if train.loader == "device" else 100)
         val_loader = _make_loader(train.loader, val_set, val_batch, device,

@@ -23,10 +23,10 @@ class Snapshot:
     a background thread, so training goes on while the bytes reach the disk. Device tensors
     are copied into pinned memory without a host sync, in stream order (the steps queued after
     the snapshot cannot change them before they are copied); the thread waits for the copies
-    before it writes. The host never stalls on the GPU for a snapshot. One write is in flight at a
-    time; the next snapshot, ``finalize`` and an interrupt wait for it, and a failed write is
-    raised there. The file is still written atomically: a crash mid-write leaves the previous
-    snapshot.
+    before it writes, so taking a snapshot does not make the host wait for the GPU. One write
+    is in flight at a time; the next snapshot, ``finalize`` and an interrupt wait for it, and
+    a failed write is raised there. The file is still written atomically: a crash mid-write
+    leaves the previous snapshot.
     """
     trigger = (1, "epoch")
     priority = PRIORITY_SNAPSHOT
