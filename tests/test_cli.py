@@ -110,3 +110,12 @@ def test_device_loader_trains_the_same_weights_as_serial(tmp_path):
     a = _weights(tmp_path / "s" / "snapshot_latest.pt")
     b = _weights(tmp_path / "d" / "snapshot_latest.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_with_prefetch(tmp_path, capsys):
+    args = ["train", "sine-lstm", "--synthetic-size", "200", "--batch-size", "50",
+            "--epochs", "1", "--no-progress"]
+    assert main(args + ["--out", str(tmp_path / "t"), "--loader", "threads:2",
+                        "--prefetch", "4"]) == 0
+    assert main(args + ["--out", str(tmp_path / "s"), "--prefetch", "4"]) == 2
+    assert "the serial loader makes each batch when it is asked" in capsys.readouterr().err

@@ -186,6 +186,13 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert (out / "data_bench.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_prefetch_reaches_the_loaders_that_make_batches_ahead(jpegs, tmp_path):
+    result, _, _ = _bench(tmp_path, sources=(str(jpegs),), prefetch=3,
+                          loaders=("serial", "multiprocess:1", "threads:2"))
+    assert result.exit_code == 0
+    assert [r["figures"]["prefetch_batches"] for r in result.records] == [None, 3, 3]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["nowhere"], "neither a folder nor a workload"),
     (["mnist-mlp", "--loader", "serial,fast:2"], "unknown loader 'fast:2'"),
@@ -197,6 +204,12 @@ def test_cli_end_to_end(tmp_path, capsys):
 def test_cli_errors_are_clear(argv, message, tmp_path, capsys):
     assert main(["data", "bench", *argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_prefetch_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["data", "bench", "mnist-mlp", "--prefetch", "0", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "whole number >= 1, got '0'" in capsys.readouterr().err
 
 
 def test_process_loaders_get_windows_long_enough_for_their_workers():

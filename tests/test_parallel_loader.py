@@ -180,6 +180,28 @@ def test_make_loader_parses_counts():
             _make_loader(bad, array_set(), 4, cpu)
 
 
+def test_prefetch_sets_the_batches_in_flight():
+    from kasoku.errors import ConfigError
+    from kasoku.run import _make_loader
+    cpu, data = torch.device("cpu"), array_set(40)  # 20 batches of 2
+    expected = batches(SerialLoader(data, 2, seed=0), 10)
+    with _make_loader("multiprocess:2", data, 2, cpu, prefetch=3) as loader:
+        assert loader.prefetch_batches == 3
+        got = [next(loader)]
+        assert len(loader._pending) == 2 * 3 - 1  # per worker: 6 started, one handed out
+        assert_same(expected, got + batches(loader, 9))
+    with _make_loader("threads:2", data, 2, cpu, prefetch=5) as loader:
+        next(loader)
+        assert len(loader._pending) == 5 - 1
+    with _make_loader("multiprocess:1", data, 2, cpu) as loader:
+        assert loader.prefetch_batches == 2  # the default
+    for kind in ("serial", "device"):
+        with pytest.raises(ConfigError, match="keeps none in flight"):
+            _make_loader(kind, data, 2, cpu, prefetch=2)
+    with pytest.raises(ConfigError, match="whole number >= 1"):
+        _make_loader("threads:2", data, 2, cpu, prefetch=0)
+
+
 def test_forkserver_workers_give_the_serial_batches(folder):
     # The start method used when CUDA is initialized in the training process.
     dataset = ImageFolder(folder, train=True, image_size=8, seed=1)

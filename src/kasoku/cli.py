@@ -20,6 +20,16 @@ def _resolution(text: str) -> tuple[int, int]:
     return w, h
 
 
+PREFETCH_HELP = ("batches the loader keeps in flight: per worker for multiprocess and "
+                 "gpu-jpeg-procs (default 2), in all for threads (2) and gpu-jpeg (3)")
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _loader_kind(text: str) -> str:
     from kasoku.run import _parse_loader
     try:
@@ -63,6 +73,8 @@ def _add_train(sub) -> None:
                         "nvImageCodec; KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow "
                         "chooses); gpu-jpeg-procs[:N]: the same work in N worker processes "
                         "(default 6, at most half the cores), batches handed over in GPU memory")
+    p.add_argument("--prefetch", type=_positive, metavar="N",
+                   help=PREFETCH_HELP)
     p.add_argument("--strict-data", action="store_true",
                    help="make the first bad sample (corrupt image) an error instead of a "
                         "skipped, counted warning")
@@ -114,6 +126,9 @@ def _add_data_bench(dsub) -> None:
                    metavar="SPEC[,SPEC...]",
                    help="loaders to measure, in order; a bare number continues the kind before "
                    "it: serial,multiprocess:1,2,4,8,threads:4 (default: %(default)s)")
+    b.add_argument("--prefetch", type=_positive, metavar="N",
+                   help=PREFETCH_HELP + "; the serial and device loaders are measured as they "
+                   "are")
     b.add_argument("--resolution", type=_resolutions, metavar="WxH[,WxH...]",
                    help="measure synthetic JPEG folders of these resolutions (made once with "
                    "make-jpeg, reused after), e.g. 500x375,1000x750")
@@ -177,7 +192,8 @@ def _cmd_train(args) -> int:
     train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, device=args.device, out=args.out,
                         log_interval=args.log_interval, snapshot_interval=args.snapshot_interval,
-                        loader=args.loader, threads=args.threads, progress=not args.no_progress)
+                        loader=args.loader, prefetch=args.prefetch, threads=args.threads,
+                        progress=not args.no_progress)
     resume = None
     if args.resume == "auto":
         resume = args.out / "snapshot_latest.pt"
@@ -244,6 +260,7 @@ def _cmd_data_bench(args) -> int:
         resolutions=tuple(args.resolution or ()), images=args.images, out=args.out,
         batch_size=args.batch_size, device=device, warmup=args.warmup, batches=args.batches,
         windows=args.windows, seed=args.seed, image_size=args.image_size,
+        prefetch=args.prefetch,
         data=DataConfig(root=args.data, synthetic=args.synthetic,
                         synthetic_train_size=args.synthetic_size),
         model=args.model, accel=accel if args.model else None)

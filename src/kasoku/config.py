@@ -46,6 +46,10 @@ class TrainConfig:
     decoded by N threads) | multiprocess[:N] (batches made by N worker processes) |
     gpu-jpeg[:N] (JPEG folders: N threads read the files, the GPU decodes and crops batches) |
     gpu-jpeg-procs[:N] (gpu-jpeg's work in N worker processes, batches handed over on the GPU)."""
+    prefetch: int | None = None
+    """Batches the loader keeps in flight ahead of the training step: per worker for
+    multiprocess and gpu-jpeg-procs (default 2), in all for threads (2) and gpu-jpeg (3).
+    None: those defaults. The serial and device loaders make a batch when asked for one."""
     threads: int | None = None
     """CPU threads for PyTorch's operators (None: PyTorch's default, one per core). Small
     models such as sine-lstm run faster on one thread, and far faster when other jobs share

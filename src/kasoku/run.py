@@ -70,7 +70,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     # The step takes chunks of steps_per_call batches (MultiStep): the loader makes them.
     # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
     loader = _make_loader(train.loader, train_set, batch_size, device, seed=train.seed,
-                          batches_per_call=accel.steps_per_call)
+                          batches_per_call=accel.steps_per_call, prefetch=train.prefetch)
     loader = wrap_for_device(loader, device)
     if accel.cuda_graph and device.type == "cuda" and accel.steps_per_call > 1:
         _warn_short_chunks(accel.steps_per_call, loader.full_batches_per_epoch)
@@ -89,7 +89,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         val_batch = recipe.eval_batch_size or \
             max(batch_size, 1000 if train.loader == "device" else 100)
         val_loader = _make_loader(train.loader, val_set, val_batch, device,
-                                  shuffle=False, repeat=False)
+                                  shuffle=False, repeat=False, prefetch=train.prefetch)
         val_loader = wrap_for_device(val_loader, device)
         trainer.extend(ext.Evaluator(val_loader, model, workload.loss_fn, metric_fn=metric_fn,
                                      device=device))
@@ -112,10 +112,20 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
 
 
 def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
-                 batches_per_call: int = 1, **kwargs):
+                 batches_per_call: int = 1, prefetch: int | None = None, **kwargs):
+    """The loader ``kind`` names (``--loader``); ``prefetch``: batches in flight (see
+    ``TrainConfig.prefetch``), for the kinds that make batches ahead."""
     from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
     from kasoku.data.loader import SerialLoader
     name, count = _parse_loader(kind)
+    if prefetch is not None:
+        if name not in PREFETCHING:
+            raise ConfigError(f"--prefetch {prefetch}: the {name} loader makes each batch when "
+                              f"it is asked for one and keeps none in flight; it applies to "
+                              f"{', '.join(PREFETCHING)}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ConfigError(f"--prefetch must be a whole number >= 1, got {prefetch!r}")
+        kwargs["prefetch_batches"] = prefetch
     if batches_per_call > 1 and name not in ("serial", "device"):
         raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands out "
                           f"several batches per call; use --loader serial or --loader device, "
@@ -153,6 +163,8 @@ def _make_loader(kind: str, dataset, batch_size: int, device: torch.device,
 
 _LOADERS = ("serial", "device", "threads", "multiprocess", "gpu-jpeg", "gpu-jpeg-procs")
 _COUNTED = ("threads", "multiprocess", "gpu-jpeg", "gpu-jpeg-procs")
+PREFETCHING = _COUNTED
+"""The loader kinds that make batches ahead (``--prefetch``)."""
 
 
 def _parse_loader(kind: str) -> tuple[str, int | None]:

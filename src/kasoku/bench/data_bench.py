@@ -92,6 +92,9 @@ class DataBenchRequest:
     """A workload whose training rate the loaders are compared with."""
     accel: AccelConfig | None = None
     """The model's levers (None: ``AccelConfig()``, what ``kasoku train`` uses)."""
+    prefetch: int | None = None
+    """Batches in flight for the loaders that make them ahead (``--prefetch``; None: each
+    loader's default); serial and device loaders are measured as they are."""
 
 
 @dataclass
@@ -290,15 +293,18 @@ def _scaled_to_workers(req: DataBenchRequest, spec: str) -> DataBenchRequest:
 def _measure(figures: dict, source: Source, spec: str, batch_size: int,
              device: torch.device, req: DataBenchRequest, model: _Model | None) -> None:
     from kasoku.perf.cpu import busy_cores, cpu_seconds
-    from kasoku.run import _make_loader, _parse_loader
-    dataset = in_memory(source.dataset) if _parse_loader(spec)[0] == "device" \
-        else source.dataset
+    from kasoku.run import PREFETCHING, _make_loader, _parse_loader
+    kind = _parse_loader(spec)[0]
+    dataset = in_memory(source.dataset) if kind == "device" else source.dataset
+    prefetch = req.prefetch if kind in PREFETCHING else None
     t0 = time.perf_counter()
     loader = None
     try:
         # Full batches only: every window counts the same work, and a compiled or graphed
         # model never meets a second shape.
-        loader = _make_loader(spec, dataset, batch_size, device, seed=req.seed, drop_last=True)
+        loader = _make_loader(spec, dataset, batch_size, device, seed=req.seed, drop_last=True,
+                              prefetch=prefetch)
+        figures["prefetch_batches"] = getattr(loader, "prefetch_batches", None)
         _take(loader, 1)
         _sync(device)
         figures["first_batch_s"] = time.perf_counter() - t0
