@@ -1,0 +1,189 @@
+"""Does GPU JPEG decoding slow a training step down, or wait for it? (issue: input pipelines)
+
+    python benchmarks/decode_interference.py DIR [--decoders torchvision,nv-default,nv-hw,...]
+        [--train-stream 0|1] [--green-decode N] [--single-thread]
+
+DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolution
+500x375``). Needs CUDA; the nv-* decoders need nvImageCodec.
+
+1. Each decoder alone: one batch of 256 files, already in memory, decoded 8 times per window
+   (3 windows). torchvision = ``decode_jpeg(list, device="cuda")``; nv-default =
+   nvImageCodec's default backends; nv-hw / nv-gpu / nv-hybrid = only its HW_GPU_ONLY /
+   GPU_ONLY / HYBRID_CPU_GPU backend.
+2. ImageNet ResNet-50, batch 256, whole step captured as a CUDA graph (bf16, channels_last,
+   fused SGD, cuDNN autotune; ``--compile 1`` adds torch.compile): the training rate alone,
+   then with a second thread decoding one batch per training step on a high-priority side
+   stream (the host runs at most two steps ahead, as a training loop does). Reported: the
+   rate until both are done (what a loader feeding this step would allow), and the training
+   stream's own rate (whether decoding slowed the step).
+   ``--train-stream 1`` trains on a stream of its own instead of the default stream;
+   ``--green-decode N`` decodes in a CUDA green context of N SMs.
+3. ``--single-thread``: one thread enqueues 30 training steps, then decodes 30 batches: when
+   the decoding ends says whether it waited for the queued steps.
+"""
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("dir")
+p.add_argument("--decoders", default="torchvision,nv-default,nv-hw,nv-gpu,nv-hybrid")
+p.add_argument("--compile", type=int, default=0)
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--train-stream", type=int, default=1)
+p.add_argument("--green-decode", type=int, default=0)
+p.add_argument("--single-thread", action="store_true")
+a = p.parse_args()
+dev = torch.device("cuda")
+files = sorted(Path(a.dir).rglob("*.jpg"))[:256]
+if len(files) < 256:
+    sys.exit(f"{a.dir} holds {len(files)} JPEGs; 256 are needed")
+BATCH = 256
+
+
+def make(name):
+    if name == "torchvision":
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+        data = [read_file(str(f)) for f in files]
+        return lambda: decode_jpeg(data, mode=ImageReadMode.RGB, device=dev)
+    from nvidia import nvimgcodec as nv
+    kinds = {"nv-hw": "HW_GPU_ONLY", "nv-gpu": "GPU_ONLY", "nv-hybrid": "HYBRID_CPU_GPU"}
+    if name == "nv-default":
+        dec = nv.Decoder(device_id=0)
+    else:
+        dec = nv.Decoder(device_id=0, backends=[nv.Backend(getattr(nv.BackendKind, kinds[name]))])
+    streams = [nv.CodeStream(f.read_bytes()) for f in files]
+
+    def run():
+        out = dec.decode(streams, cuda_stream=torch.cuda.current_stream(dev).cuda_stream)
+        bad = sum(1 for o in out if o is None)
+        if bad:
+            raise RuntimeError(f"{name}: {bad} images failed")
+        return out
+    return run
+
+
+decoders = {}
+for name in a.decoders.split(","):
+    try:
+        fn = make(name)
+        fn()
+        torch.cuda.synchronize()
+        decoders[name] = fn
+    except Exception as exc:  # noqa: BLE001 - reported, the others go on
+        print(f"{name}: unusable: {type(exc).__name__}: {exc}", flush=True)
+
+for name, fn in decoders.items():
+    rates = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(8):
+            keep = fn()
+        torch.cuda.synchronize()
+        rates.append(8 * BATCH / (time.perf_counter() - t0))
+    del keep
+    print(f"ALONE {name}: {sorted(round(r) for r in rates)} img/s", flush=True)
+
+from kasoku.accel.config import AccelConfig  # noqa: E402
+from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
+from kasoku.bench.rungs import Rung  # noqa: E402
+from kasoku.bench.timing import timed  # noqa: E402
+from kasoku.bench.worker import _make_runner  # noqa: E402
+from kasoku.workloads import create_workload  # noqa: E402
+
+cfg = AccelConfig(precision="bf16", channels_last=True, cudnn_benchmark=True,
+                  optimizer_impl="fused", compile=bool(a.compile), cuda_graph=True)
+wl = create_workload("imagenet-resnet50")
+torch.manual_seed(0)
+model = wl.build_model().to(dev)
+pool = make_pool(batch_spec(wl, model), BATCH, dev, 4, seed=0)
+runner = _make_runner(Rung("decode-interference", cfg), wl, model, dev, wl.recipe.lr, [])
+timed(dev, lambda: runner(cycle(pool, 12, 0)))
+side = torch.cuda.Stream(dev, priority=-5)
+train_stream = torch.cuda.Stream(dev) if a.train_stream else torch.cuda.current_stream(dev)
+green = None
+if a.green_decode:
+    from torch.cuda.green_contexts import GreenContext
+    green = GreenContext.create(num_sms=a.green_decode, device_id=0)
+print(f"training on {'a stream of its own' if a.train_stream else 'the default stream'}; "
+      f"decoding {'in a green context of %d SMs' % a.green_decode if green else 'on all SMs'}")
+
+
+def window(fn):
+    """(images/s until training and decoding are both done, the training stream's images/s)"""
+    n = a.steps
+    sem = threading.Semaphore(0)
+    done = []
+
+    def decode_loop():
+        if green is not None:
+            green.set_context()
+        stream = torch.cuda.current_stream(dev) if green is not None else side
+        with torch.cuda.stream(stream):
+            for _ in range(n):
+                sem.acquire()
+                keep = fn()
+                stream.synchronize()
+                del keep
+        if green is not None:
+            green.pop_context()
+        done.append(time.perf_counter())
+
+    thread = threading.Thread(target=decode_loop) if fn else None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if thread:
+        thread.start()
+    events = []
+    for i in range(n):
+        with torch.cuda.stream(train_stream):
+            runner(cycle(pool, 1, i))
+        events.append(torch.cuda.Event())
+        events[-1].record(train_stream)
+        sem.release()
+        if i >= 2:
+            events[i - 2].synchronize()  # at most two steps ahead, like a training loop
+    torch.cuda.synchronize()
+    t_train = time.perf_counter() - t0
+    if thread:
+        thread.join()
+    total = (max(done[0], t0 + t_train) - t0) if thread else t_train
+    return BATCH * n / total, BATCH * n / t_train
+
+
+def single(fn, n=30):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(train_stream):
+        for i in range(n):
+            runner(cycle(pool, 1, i))
+    t_enqueued = time.perf_counter() - t0
+    with torch.cuda.stream(side):
+        for _ in range(n):
+            keep = fn()
+            side.synchronize()
+    t_decoded = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    del keep
+    return t_enqueued, t_decoded, time.perf_counter() - t0
+
+
+if a.single_thread:
+    for name, fn in decoders.items():
+        for _ in range(2):
+            e, d, t = single(fn)
+            print(f"SINGLE-THREAD {name}: 30 steps enqueued after {e * 1e3:.0f} ms; 30 batches "
+                  f"decoded at {d * 1e3:.0f} ms; all done at {t * 1e3:.0f} ms", flush=True)
+
+alone = sorted(window(None)[0] for _ in range(3))
+print(f"TRAIN alone: {[round(r) for r in alone]} img/s", flush=True)
+for name, fn in decoders.items():
+    runs = sorted(window(fn) for _ in range(3))
+    print(f"TRAIN + {name}: {[round(r[0]) for r in runs]} img/s until both are done "
+          f"({100 * runs[1][0] / alone[1]:.0f}% of alone); the training stream's own rate "
+          f"{sorted(round(r[1]) for r in runs)}", flush=True)
