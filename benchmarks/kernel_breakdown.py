@@ -3,7 +3,7 @@ with the rate beside it; and the experiments tried on ResNet-50's top rung.
 
     python benchmarks/kernel_breakdown.py imagenet-resnet50 --device cuda --batch-size 256 \
         --config +cuda-graph --profile [--cudnn-limit0] [--coordinate-descent] \
-        [--stem-pad 4] [--aten-pool-backward]
+        [--stem-pad 4]
 
 ``--config``: a rung label of the device's ladder or a ``key=value,...`` spec (as ``kasoku
 bench --config``). The model is built, accelerated and warmed up as ``kasoku bench`` does
@@ -18,7 +18,6 @@ Experiments (each changes one thing; the JSON line says which were on):
                          tuned per kernel at compile time)
   --stem-pad C           the first convolution's input and weight zero-padded from 3 to C
                          channels (same outputs; cuDNN's kernels for C=3 are slow)
-  --aten-pool-backward   inductor calls ATen's max-pool backward instead of generating it
 """
 import argparse
 import json
@@ -37,7 +36,6 @@ p.add_argument("--profile", action="store_true")
 p.add_argument("--cudnn-limit0", action="store_true")
 p.add_argument("--coordinate-descent", action="store_true")
 p.add_argument("--stem-pad", type=int, default=0)
-p.add_argument("--aten-pool-backward", action="store_true")
 a = p.parse_args()
 
 if a.cudnn_limit0:
@@ -45,11 +43,6 @@ if a.cudnn_limit0:
 if a.coordinate_descent:
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = True
-if a.aten_pool_backward:
-    from torch._inductor import lowering
-    for op in (torch.ops.aten.max_pool2d_with_indices_backward,
-               torch.ops.aten.max_pool2d_with_indices_backward.default):
-        lowering.lowerings[op] = lowering.fallback_max_pool2d_with_indices_backward
 
 from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
 from kasoku.bench.rungs import rung_from_spec  # noqa: E402
@@ -91,8 +84,7 @@ m, loss = measure_windows(runner, pool, dev, a.batch_size, a.steps, a.windows, s
 f = m.figures()
 print(json.dumps({"workload": a.workload, "config": rung.label, "batch_size": a.batch_size,
                   "experiments": {k: v for k, v in vars(a).items()
-                                  if k in ("cudnn_limit0", "coordinate_descent", "stem_pad",
-                                           "aten_pool_backward")},
+                                  if k in ("cudnn_limit0", "coordinate_descent", "stem_pad")},
                   "first_step_s": round(first, 1), "warmup_s": round(warm, 2),
                   "samples_per_s": round(f["samples_per_s"]["median"]),
                   "windows": sorted(round(r) for r in m.samples_per_s),
