@@ -42,7 +42,7 @@ def sweep(tmp_path_factory):
         mp.setenv(DIVERGE_ENV, BROKEN)
         code, text = bench(["mnist-mlp", "--batch-size", "8,16,64", "--config", "fp32",
                             "--config", "+bf16", "--config", "+channels_last", "--config",
-                            BROKEN, "--out", str(out), *FAST])
+                            BROKEN, "--out", str(out), "--kernels", "2", *FAST])
     records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     return code, text, records, out
 
@@ -78,6 +78,21 @@ def test_cpu_ladder_writes_the_documented_results(sweep):
         assert needle in table, needle
     with Image.open(out / "ladder.png") as img:
         assert img.format == "PNG" and img.size[0] > 300
+
+
+def test_each_run_records_where_its_step_time_goes(sweep):
+    _, _, records, _ = sweep
+    ok = [r for r in records if r["status"] == "ok"]
+    assert ok
+    for r in ok:
+        k = r["figures"]["kernels"]
+        assert k["steps"] == 2 and k["device"] == "cpu"
+        split = k["by_category_ms_per_step"]
+        # the MLP's three layers are matrix products; Adam's operators run in its step
+        assert split["conv/matmul"] > 0 and split["optimizer"] > 0, (r["rung"], split)
+        assert 0 < k["kernel_ms_per_step"] <= k["wall_ms_per_step"]
+        assert any("addmm" in t["name"] or "mm" in t["name"] for t in k["top"])
+    assert all("kernels" not in r["figures"] for r in records if r["status"] == "oom")
 
 
 def test_oom_is_recorded_and_the_other_sizes_measured(sweep):

@@ -64,6 +64,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for weights and batches")
     p.add_argument("--peak-size", type=int,
                    help="matrix size of the peak probe (default: 8192 GPU, 2048 CPU)")
+    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                   help="after the windows, profile STEPS more steps and record where the "
+                   "time goes by kind of kernel (GPU) or operator (CPU): convolutions and "
+                   "matrix products, Triton (compiled code), optimizer, copies (default 0: off)")
     p.add_argument("--report", action="store_true",
                    help="measure nothing: print the table and redraw ladder.png from "
                    "OUT/results.jsonl (the latest run of each rung and batch size), e.g. after "
@@ -118,7 +122,8 @@ def sweep_config(args: argparse.Namespace, device, out: Path):
                                ("--warmup", warmup, 0),
                                ("--numerics-steps", args.numerics_steps, 0),
                                ("--timeout", args.timeout, 1e-3), ("--threads", args.threads, 1),
-                               ("--peak-size", args.peak_size, 1)):
+                               ("--peak-size", args.peak_size, 1),
+                               ("--kernels", args.kernels, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least:g}, got {value}")
     if args.windows < 3:
@@ -128,7 +133,8 @@ def sweep_config(args: argparse.Namespace, device, out: Path):
                        batch_sizes=tuple(batch_sizes), out=out, device=str(device),
                        steps=steps, windows=args.windows, warmup=warmup,
                        numerics_steps=args.numerics_steps, timeout_s=args.timeout,
-                       seed=args.seed, threads=args.threads, peak_size=args.peak_size)
+                       seed=args.seed, threads=args.threads, peak_size=args.peak_size,
+                       kernels=args.kernels)
 
 
 def _device(text: str | None, need_it: bool = True):

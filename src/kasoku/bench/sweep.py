@@ -54,6 +54,8 @@ class SweepConfig:
     pool_batches: int = 4
     peak_size: int | None = None
     """Matmul size of the peak probe (None: the device's default)."""
+    kernels: int = 0
+    """Steps profiled per run for the kernel-time split (0: none)."""
 
 
 @dataclass
@@ -150,6 +152,8 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
            "--seed", str(cfg.seed), "--pool-batches", str(cfg.pool_batches)]
     if cfg.threads:
         cmd += ["--threads", str(cfg.threads)]
+    if cfg.kernels and not numerics_only:
+        cmd += ["--kernels", str(cfg.kernels)]
     if numerics_only:
         cmd.append("--numerics-only")
     t0 = time.perf_counter()
@@ -268,6 +272,13 @@ def _progress(rec: dict) -> str:
             f"n {s['n']}), warm-up {f['warmup_s']:.1f} s, {rec['wall_s']:.1f} s in all")
     if rec["numerics"].get("status") == "FAIL":
         text += "  NUMERICS FAIL"
+    k = f.get("kernels")
+    if k:
+        what = "kernels" if k["device"] == "cuda" else "operators"
+        split = ", ".join(f"{c} {ms:.2f}" for c, ms in k["by_category_ms_per_step"].items()
+                          if ms > 0)
+        text += (f"\n      {what}: {k['kernel_ms_per_step']:.2f} of {k['wall_ms_per_step']:.2f}"
+                 f" ms per step ({split})")
     return text
 
 

@@ -60,6 +60,9 @@ class WorkerRequest:
     """CPU threads (None: the workload's preference, else PyTorch's default)."""
     pool_batches: int = 4
     numerics_only: bool = False
+    kernels: int = 0
+    """Steps profiled after the windows for the kernel-time split (``kasoku.perf.kernels``);
+    0: none."""
 
 
 def run(req: WorkerRequest) -> dict:
@@ -142,6 +145,12 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None
                               start=done)
     figures.update(m.figures())
     figures["final_loss"] = float(loss)
+    if req.kernels:
+        from kasoku.perf.kernels import profile_steps
+        start = done + req.steps * req.windows
+        split = profile_steps(lambda: runner(cycle(pool, req.kernels, start)), device,
+                              steps=req.kernels)
+        figures["kernels"] = split.to_dict(top=10)
 
 
 def _make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
@@ -229,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int)
     p.add_argument("--pool-batches", type=int, default=4)
+    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                   help="profile this many steps after the windows: kernel time by kind")
     p.add_argument("--probe-peak", metavar="DTYPES", help="measure matmul peaks instead")
     p.add_argument("--peak-size", type=int)
     args = p.parse_args(argv)
@@ -242,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     req = WorkerRequest(args.workload, Rung(args.rung, config_from_json(args.config)),
                         args.batch_size, args.device, args.steps, args.windows, args.warmup,
                         args.numerics_steps, args.seed, args.threads, args.pool_batches,
-                        args.numerics_only)
+                        args.numerics_only, args.kernels)
     record = run(req)
     if args.json:
         sys.stdout.flush()
