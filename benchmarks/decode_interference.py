@@ -1,7 +1,7 @@
 """Does GPU JPEG decoding slow a training step down, or wait for it? (issue: input pipelines)
 
     python benchmarks/decode_interference.py DIR [--decoders torchvision,nv-default,nv-hw,...]
-        [--train-stream 0|1] [--green-decode N] [--single-thread]
+        [--train-stream 0|1] [--green-decode N] [--ahead K,...] [--single-thread]
 
 DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolution
 500x375``). Needs CUDA; the nv-* decoders need nvImageCodec.
@@ -13,7 +13,8 @@ DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolu
 2. ImageNet ResNet-50, batch 256, whole step captured as a CUDA graph (bf16, channels_last,
    fused SGD, cuDNN autotune; ``--compile 1`` adds torch.compile): the training rate alone,
    then with a second thread decoding one batch per training step on a high-priority side
-   stream (the host runs at most two steps ahead, as a training loop does). Reported: the
+   stream (the host launches step i once step i-K is done, K from ``--ahead``, default 2,
+   several values measured in turn). Reported: the
    rate until both are done (what a loader feeding this step would allow), and the training
    stream's own rate (whether decoding slowed the step).
    ``--train-stream 1`` trains on a stream of its own instead of the default stream;
@@ -37,6 +38,8 @@ p.add_argument("--steps", type=int, default=30)
 p.add_argument("--train-stream", type=int, default=1)
 p.add_argument("--green-decode", type=int, default=0)
 p.add_argument("--single-thread", action="store_true")
+p.add_argument("--ahead", default="2",
+               help="steps queued on the GPU at most (>= 1), comma-separated values")
 a = p.parse_args()
 dev = torch.device("cuda")
 files = sorted(Path(a.dir).rglob("*.jpg"))[:256]
@@ -114,7 +117,7 @@ print(f"training on {'a stream of its own' if a.train_stream else 'the default s
       f"decoding {'in a green context of %d SMs' % a.green_decode if green else 'on all SMs'}")
 
 
-def window(fn):
+def window(fn, ahead=2):
     """(images/s until training and decoding are both done, the training stream's images/s)"""
     n = a.steps
     sem = threading.Semaphore(0)
@@ -141,13 +144,13 @@ def window(fn):
         thread.start()
     events = []
     for i in range(n):
+        if i >= ahead:
+            events[i - ahead].synchronize()  # step i - ahead is done before step i starts
         with torch.cuda.stream(train_stream):
             runner(cycle(pool, 1, i))
         events.append(torch.cuda.Event())
         events[-1].record(train_stream)
         sem.release()
-        if i >= 2:
-            events[i - 2].synchronize()  # at most two steps ahead, like a training loop
     torch.cuda.synchronize()
     t_train = time.perf_counter() - t0
     if thread:
@@ -180,10 +183,11 @@ if a.single_thread:
             print(f"SINGLE-THREAD {name}: 30 steps enqueued after {e * 1e3:.0f} ms; 30 batches "
                   f"decoded at {d * 1e3:.0f} ms; all done at {t * 1e3:.0f} ms", flush=True)
 
-alone = sorted(window(None)[0] for _ in range(3))
-print(f"TRAIN alone: {[round(r) for r in alone]} img/s", flush=True)
-for name, fn in decoders.items():
-    runs = sorted(window(fn) for _ in range(3))
-    print(f"TRAIN + {name}: {[round(r[0]) for r in runs]} img/s until both are done "
-          f"({100 * runs[1][0] / alone[1]:.0f}% of alone); the training stream's own rate "
-          f"{sorted(round(r[1]) for r in runs)}", flush=True)
+for ahead in [int(k) for k in a.ahead.split(",")]:
+    alone = sorted(window(None, ahead)[0] for _ in range(3))
+    print(f"host ahead {ahead}: TRAIN alone: {[round(r) for r in alone]} img/s", flush=True)
+    for name, fn in decoders.items():
+        runs = sorted(window(fn, ahead) for _ in range(3))
+        print(f"host ahead {ahead}: TRAIN + {name}: {[round(r[0]) for r in runs]} img/s until "
+              f"both are done ({100 * runs[1][0] / alone[1]:.0f}% of alone); the training "
+              f"stream's own rate {sorted(round(r[1]) for r in runs)}", flush=True)
