@@ -1,7 +1,10 @@
 """Does GPU JPEG decoding slow a training step down, or wait for it? (issue: input pipelines)
 
     python benchmarks/decode_interference.py DIR [--decoders torchvision,nv-default,nv-hw,...]
-        [--train-stream 0|1] [--green-decode N] [--ahead K,...] [--single-thread]
+        [--train-stream 0|1] [--green-decode N] [--ahead K,...] [--single-thread] [--probe]
+
+The process asks for CUDA's 32 hardware queues as kasoku does; run it with
+``CUDA_DEVICE_MAX_CONNECTIONS=8`` (CUDA's default) to see what that changes.
 
 DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolution
 500x375``). Needs CUDA; the nv-* decoders need nvImageCodec.
@@ -9,7 +12,9 @@ DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolu
 1. Each decoder alone: one batch of 256 files, already in memory, decoded 8 times per window
    (3 windows). torchvision = ``decode_jpeg(list, device="cuda")``; nv-default =
    nvImageCodec's default backends; nv-hw / nv-gpu / nv-hybrid = only its HW_GPU_ONLY /
-   GPU_ONLY / HYBRID_CPU_GPU backend.
+   GPU_ONLY / HYBRID_CPU_GPU backend; kasoku-tv / kasoku-nv = the gpu-jpeg loader's whole
+   batch (``JpegBatchMaker.assemble``: decode with torchvision / nvImageCodec, crop, flip,
+   normalize), from files read into memory once.
 2. ImageNet ResNet-50, batch 256, whole step captured as a CUDA graph (bf16, channels_last,
    fused SGD, cuDNN autotune; ``--compile 1`` adds torch.compile): the training rate alone,
    then with a second thread decoding one batch per training step on a high-priority side
@@ -21,6 +26,13 @@ DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolu
    ``--green-decode N`` decodes in a CUDA green context of N SMs.
 3. ``--single-thread``: one thread enqueues 30 training steps, then decodes 30 batches: when
    the decoding ends says whether it waited for the queued steps.
+4. ``--probe``: which work the decoding waits for. Each decoder decodes one batch on a
+   high-priority side stream while another stream is busy with ~100 ms of (a) a spin kernel
+   on a single SM, (b) back-to-back matrix products that fill every SM, (c) two training
+   steps. Printed: when the decode call returned to the host, when its stream was done and
+   when the busy stream was done. A decode that ends only after the spin kernel (which leaves
+   all other SMs idle) waits on the other stream itself (an implicit synchronization or
+   streams sharing a hardware queue, see ``CUDA_DEVICE_MAX_CONNECTIONS``), not for SMs.
 """
 import argparse
 import sys
@@ -38,9 +50,13 @@ p.add_argument("--steps", type=int, default=30)
 p.add_argument("--train-stream", type=int, default=1)
 p.add_argument("--green-decode", type=int, default=0)
 p.add_argument("--single-thread", action="store_true")
+p.add_argument("--probe", action="store_true")
 p.add_argument("--ahead", default="2",
                help="steps queued on the GPU at most (>= 1), comma-separated values")
 a = p.parse_args()
+from kasoku.perf.queues import queues, request_queues  # noqa: E402
+request_queues()  # as kasoku's command line does; a value set outside is kept
+print(f"CUDA_DEVICE_MAX_CONNECTIONS: {queues()}", flush=True)
 dev = torch.device("cuda")
 files = sorted(Path(a.dir).rglob("*.jpg"))[:256]
 if len(files) < 256:
@@ -49,6 +65,14 @@ BATCH = 256
 
 
 def make(name):
+    if name.startswith("kasoku-"):  # the gpu-jpeg loader's whole batch: decode, crop, normalize
+        from kasoku.data.gpu_jpeg import JpegBatchMaker
+        from kasoku.data.imagefolder import ImageFolder
+        maker = JpegBatchMaker(ImageFolder(a.dir, train=True), dev,
+                               {"kasoku-tv": "torchvision", "kasoku-nv": "nvimgcodec"}[name])
+        idx = list(range(BATCH))
+        prepared = maker.read_many(idx)
+        return lambda: maker.assemble(0, idx, prepared)
     if name == "torchvision":
         from torchvision.io import ImageReadMode, decode_jpeg, read_file
         data = [read_file(str(f)) for f in files]
@@ -176,6 +200,64 @@ def single(fn, n=30):
     return t_enqueued, t_decoded, time.perf_counter() - t0
 
 
+def probe(fn, busy):
+    """ms from the start: (decode call returned, decode stream done, busy stream done)"""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(train_stream):
+        busy()
+        end = torch.cuda.Event()
+        end.record(train_stream)
+    with torch.cuda.stream(side):
+        keep = fn()
+        t_ret = time.perf_counter()
+        side.synchronize()
+        t_dec = time.perf_counter()
+    end.synchronize()
+    t_busy = time.perf_counter()
+    del keep
+    return tuple(round((t - t0) * 1e3, 1) for t in (t_ret, t_dec, t_busy))
+
+
+def busy_makers():
+    """Work of ~100 ms on the current stream: a one-SM spin, SM-filling matmuls, 2 steps."""
+    def elapsed(work):
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop)
+
+    elapsed(lambda: torch.cuda._sleep(int(1e7)))  # the first launch loads the kernel
+    cycles = int(1e7 * 100 / elapsed(lambda: torch.cuda._sleep(int(1e7))))
+    m = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    per = elapsed(lambda: [m @ m for _ in range(10)]) / 10
+    n_mm = max(1, int(100 / per))
+    return {"spin (1 SM)": lambda: torch.cuda._sleep(cycles),
+            f"{n_mm} matmuls (all SMs)": lambda: [m @ m for _ in range(n_mm)],
+            "2 training steps": lambda: runner(cycle(pool, 2, 0))}
+
+
+if a.probe:
+    makers = busy_makers()
+    for name, fn in decoders.items():
+        alone = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.cuda.stream(side):
+                keep = fn()
+                side.synchronize()
+            alone.append(round((time.perf_counter() - t0) * 1e3, 1))
+        del keep
+        print(f"PROBE {name}: one batch alone {sorted(alone)} ms", flush=True)
+        for what, busy in makers.items():
+            runs = [probe(fn, busy) for _ in range(3)]
+            print(f"PROBE {name} beside {what}: (returned, decoded, busy done) ms = {runs}",
+                  flush=True)
+
 if a.single_thread:
     for name, fn in decoders.items():
         for _ in range(2):
@@ -183,7 +265,7 @@ if a.single_thread:
             print(f"SINGLE-THREAD {name}: 30 steps enqueued after {e * 1e3:.0f} ms; 30 batches "
                   f"decoded at {d * 1e3:.0f} ms; all done at {t * 1e3:.0f} ms", flush=True)
 
-for ahead in [int(k) for k in a.ahead.split(",")]:
+for ahead in [int(k) for k in a.ahead.split(",") if k]:
     alone = sorted(window(None, ahead)[0] for _ in range(3))
     print(f"host ahead {ahead}: TRAIN alone: {[round(r) for r in alone]} img/s", flush=True)
     for name, fn in decoders.items():
@@ -191,3 +273,4 @@ for ahead in [int(k) for k in a.ahead.split(",")]:
         print(f"host ahead {ahead}: TRAIN + {name}: {[round(r[0]) for r in runs]} img/s until "
               f"both are done ({100 * runs[1][0] / alone[1]:.0f}% of alone); the training "
               f"stream's own rate {sorted(round(r[1]) for r in runs)}", flush=True)
+

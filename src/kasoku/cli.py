@@ -274,6 +274,8 @@ def _cuda_available() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from kasoku.perf.queues import request_queues
+    request_queues()  # before anything starts CUDA: side streams need queues of their own
     args = build_parser().parse_args(argv)
     args.argv = argv
     from kasoku.bench.cli_args import cmd_bench

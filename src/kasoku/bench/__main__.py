@@ -7,6 +7,8 @@ from kasoku.errors import ConfigError, DataError
 
 
 def main(argv=None) -> int:
+    from kasoku.perf.queues import request_queues
+    request_queues()  # as kasoku's main command line does
     parser = argparse.ArgumentParser(prog="kasoku")
     add_bench_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -222,6 +222,8 @@ def config_from_json(text: str) -> AccelConfig | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kasoku.perf.queues import request_queues
+    request_queues()  # as kasoku's main command line does (normally inherited from it)
     p = argparse.ArgumentParser(prog="python -m kasoku.bench.worker",
                                 description="one benchmark run, reported as one JSON line")
     p.add_argument("--json", action="store_true", help="print the record as one JSON line")

@@ -38,6 +38,7 @@ from kasoku.data.parallel_loader import _PrefetchLoader
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
                                     crop_flip_params_batch, resize_shorter_to)
 from kasoku.errors import DataError
+from kasoku.perf.queues import check_queues
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
@@ -202,6 +203,8 @@ class GpuJpegLoader(_PrefetchLoader):
             raise TypeError(f"the gpu-jpeg loader reads JPEG folders (ImageFolder); {dataset!r} "
                             f"is not one: use the device, serial, threads or multiprocess loader")
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            check_queues("gpu-jpeg")  # its side streams must not share the training's queue
         self.num_threads = num_threads or min(8, os.cpu_count() or 1)
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")

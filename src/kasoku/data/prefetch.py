@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from kasoku.data.device_loader import DeviceLoader
+from kasoku.perf.queues import check_queues
 
 _VIEW = ("epoch", "position", "is_new_epoch", "epoch_detail", "last_chunk_batches")
 """The loader attributes that describe where the consumer is (recorded with each batch)."""
@@ -55,6 +56,8 @@ class DevicePrefetcher:
     def __init__(self, loader, device):
         self.loader = loader
         device = torch.device(device)
+        if device.type == "cuda":
+            check_queues("DevicePrefetcher")  # before CUDA starts, where it has not yet
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
