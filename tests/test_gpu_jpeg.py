@@ -98,6 +98,19 @@ def test_same_samples_crops_and_flips_as_serial_over_two_epochs(folder, train):
         assert gpu.epoch == serial.epoch == 2
 
 
+def test_the_next_epoch_is_started_before_this_one_ends(folder):
+    serial, _ = loaders(folder, batch_size=8)
+    gpu = GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8,
+                        device="cpu", num_threads=2, prefetch_batches=4)
+    with gpu:
+        per_epoch = serial.batches_per_epoch
+        for _ in range(per_epoch):
+            assert_same_views(next(serial), next(gpu))
+        assert [key for key, _, _ in gpu._pending] == [(1, k) for k in range(3)]
+        for _ in range(2 * per_epoch):  # crops and flips drawn for the epoch of each batch
+            assert_same_views(next(serial), next(gpu))
+
+
 def test_sharded_ranks_get_the_serial_shards(folder):
     for rank in range(2):
         serial, gpu = loaders(folder, batch_size=5, rank=rank, world_size=2, seed=9)

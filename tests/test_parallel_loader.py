@@ -202,6 +202,29 @@ def test_prefetch_sets_the_batches_in_flight():
         _make_loader("threads:2", data, 2, cpu, prefetch=0)
 
 
+def test_worker_processes_start_the_next_epoch_before_this_one_ends(folder):
+    # 3 batches an epoch, 4 in flight: the last batch of an epoch is handed out with the
+    # next epoch's first three already started, and the batches stay the serial ones.
+    kw = dict(shuffle=True, seed=3)
+    serial = SerialLoader(make_dataset("folder", folder), 4, **kw)
+    expected = batches(serial, 3 * serial.batches_per_epoch)
+    with ProcessLoader(make_dataset("folder", folder), 4, num_workers=2, prefetch_batches=2,
+                       **kw) as loader:
+        got = batches(loader, serial.batches_per_epoch)
+        assert [key for key, _, _ in loader._pending] == [(1, 0), (1, 1), (1, 2)]
+        got += batches(loader, 2 * serial.batches_per_epoch)
+        assert_same(expected, got)
+        assert loader.epoch == 3
+
+
+def test_threads_keep_to_the_epoch_they_are_in():
+    # Per-sample threads augment with the dataset's current epoch: nothing of the next
+    # epoch may start before it begins.
+    with ThreadLoader(array_set(12), 4, num_threads=2, prefetch_batches=4) as loader:
+        batches(loader, 2)
+        assert [key for key, _, _ in loader._pending] == [(0, 2)]
+
+
 def test_forkserver_workers_give_the_serial_batches(folder):
     # The start method used when CUDA is initialized in the training process.
     dataset = ImageFolder(folder, train=True, image_size=8, seed=1)

@@ -195,6 +195,7 @@ class GpuJpegLoader(_PrefetchLoader):
     """
 
     yields_device_batches = True
+    crosses_epochs = True  # each batch's crops are drawn for the epoch it is submitted with
 
     def __init__(self, dataset: ImageFolder, batch_size: int, device="cuda",
                  num_threads: int | None = None, decoder: str = "auto",
@@ -217,12 +218,12 @@ class GpuJpegLoader(_PrefetchLoader):
         self._held: collections.deque = collections.deque()  # (event, buffers) still in use
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
 
-    def _submit(self, position, indices):
+    def _submit(self, epoch, position, indices):
         idx = indices.tolist()
         step = -(-len(idx) // self.num_threads)
         reads = [self._io.submit(self._maker.read_many, idx[k:k + step])
                  for k in range(0, len(idx), step)]
-        return self._worker.submit(self._make_batch, self.epoch, idx, reads)
+        return self._worker.submit(self._make_batch, epoch, idx, reads)
 
     def _collect(self, position, indices, future):
         x, y, event, buffers = future.result()  # re-raises DataError (strict) and decode errors
