@@ -81,6 +81,77 @@ def test_batched_crop_equals_torch_bilinear_resize_of_each_crop(layout):
         torch.testing.assert_close(got[b], want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.fixture
+def interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def kernel_table(tensors, layout, boxes, flips):
+    """The kernel's table for separate images: each one's distance from the first."""
+    base = tensors[0]
+    rows = []
+    for t, box, flip in zip(tensors, boxes.tolist(), flips.tolist()):
+        if layout == "hwc":
+            (h, w), strides = t.shape[:2], (t.stride(0), t.stride(1), t.stride(2))
+        else:
+            (h, w), strides = t.shape[1:], (t.stride(1), t.stride(2), t.stride(0))
+        rows.append([t.data_ptr() - base.data_ptr(), h, w, *strides, *box, float(flip), 0])
+    return base, torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("layout", ["hwc", "chw"])
+def test_crop_kernel_equals_the_torch_crop(interpreter, layout):
+    from kasoku.data.crop_kernel import crop_resize_normalize_kernel
+    images = hwc_images(3)
+    # Boxes inside, fractional, reaching past the edges, and upscaling a sliver.
+    boxes = torch.tensor([[2.0, 3.5, 20.25, 30.0], [0.0, 0.0, 17.0, 23.0],
+                          [50.5, -1.0, 13.0, 25.0]])
+    flips = torch.tensor([False, True, True])
+    flat, offsets, shapes, strides = flat_inputs(images, layout)
+    want = crop_resize_normalize(flat, offsets, shapes, strides, boxes, flips, 16,
+                                 (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    tensors = [im if layout == "hwc" else im.permute(2, 0, 1).contiguous() for im in images]
+    base, table = kernel_table(tensors, layout, boxes, flips)
+    got = crop_resize_normalize_kernel(base, table, 16, (0.485, 0.456, 0.406),
+                                       (0.229, 0.224, 0.225))
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_crop_kernel_reads_strided_images_where_they_lie(interpreter):
+    # A pitched image (rows padded, as a decoder may return them) and a channels-first view
+    # of an HWC buffer: no copies, the strides say where each pixel is.
+    from kasoku.data.crop_kernel import crop_resize_normalize_kernel
+    g = torch.Generator().manual_seed(1)
+    padded = torch.randint(0, 256, (30, 48, 3), generator=g, dtype=torch.uint8)
+    pitched = padded[:, :40]
+    assert not pitched.is_contiguous()
+    boxes, flips = torch.tensor([[1.0, 2.0, 25.0, 33.0]]), torch.tensor([True])
+    flat, offsets, shapes, strides = flat_inputs([pitched.contiguous()], "hwc")
+    want = crop_resize_normalize(flat, offsets, shapes, strides, boxes, flips, 12,
+                                 (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    for tensor, layout in ((pitched, "hwc"), (pitched.permute(2, 0, 1), "chw")):
+        base, table = kernel_table([tensor], layout, boxes, flips)
+        got = crop_resize_normalize_kernel(base, table, 12, (0.5, 0.5, 0.5),
+                                           (0.25, 0.25, 0.25))
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_the_loader_crops_alike_with_the_kernel_and_with_torch_ops(interpreter, folder,
+                                                                  monkeypatch):
+    def first_batches(count):
+        with GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8,
+                           device="cpu", num_threads=2, seed=3) as loader:
+            return [next(loader) for _ in range(count)]
+
+    with_kernel = first_batches(2)
+    monkeypatch.setenv("KASOKU_CROP_KERNEL", "torch")
+    for (xa, ya), (xb, yb) in zip(first_batches(2), with_kernel):
+        assert torch.equal(ya, yb)
+        torch.testing.assert_close(xb, xa, rtol=0, atol=1e-4)
+
+
 def test_val_box_is_the_resize_then_centre_crop_of_imagefolder():
     # 500x375 -> shorter side 256 (341x256), centre 224 at (left 58, top 16): x1.4648 back.
     top, left, h, w = val_box(375, 500, 224)
@@ -220,3 +291,24 @@ def test_cuda_batches_match_serial(folder, decoder):
             # nvJPEG's chroma upsampling and IDCT differ from libjpeg's: a looser bound.
             assert_same_views(next(serial), (x.cpu(), y.cpu()),
                               tolerance=0.2 if decoder == "pillow" else 0.3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decoder", ["torchvision", "nvimgcodec", "pillow"])
+def test_cuda_crop_kernel_matches_torch_ops(folder, decoder, monkeypatch):
+    pytest.importorskip("triton")
+
+    def first_batches():
+        try:
+            loader = GpuJpegLoader(ImageFolder(folder, train=True, image_size=SIZE, seed=5), 8,
+                                   device="cuda", decoder=decoder, seed=1)
+        except ValueError as exc:  # this decoder is not installed here
+            pytest.skip(str(exc))
+        with loader:
+            return [tuple(t.cpu() for t in next(loader)) for _ in range(3)]
+
+    with_kernel = first_batches()
+    monkeypatch.setenv("KASOKU_CROP_KERNEL", "torch")
+    for (xa, ya), (xb, yb) in zip(first_batches(), with_kernel):
+        assert torch.equal(ya, yb)
+        torch.testing.assert_close(xb, xa, rtol=0, atol=1e-4)

@@ -14,6 +14,8 @@ def fresh(monkeypatch):
     monkeypatch.setenv(queues.ENV, "0")  # so that the variable is restored afterwards
     monkeypatch.delenv(queues.ENV)
     monkeypatch.setattr(queues, "_warned", False)
+    # As in a process that has not started CUDA (on a GPU machine other tests have).
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
 
 
 def test_requested_before_cuda_starts():

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from kasoku.data import crop_kernel
 from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
 from kasoku.data.jpeg_decoders import (HWC, CpuImage, make_decoder, pillow_decode,
                                        read_bytes)
@@ -135,29 +136,44 @@ class JpegBatchMaker:
                    else im for im in images]
         shapes = [(t.shape[0], t.shape[1]) if lay == HWC else (t.shape[1], t.shape[2])
                   for t, lay in zip(tensors, layout)]
-        strides = [(3 * w, 3, 1) if lay == HWC else (w, 1, h * w)
-                   for (h, w), lay in zip(shapes, layout)]
         heights, widths = zip(*shapes)
+        kernel = crop_kernel.usable(self.device)
+        if kernel:  # the images stay where they are: the kernel reads them from one base
+            base = tensors[0]
+            starts = torch.tensor([t.data_ptr() - base.data_ptr() for t in tensors],
+                                  dtype=torch.float64)
+            strides = [(t.stride(0), t.stride(1), t.stride(2)) if lay == HWC
+                       else (t.stride(1), t.stride(2), t.stride(0))
+                       for t, lay in zip(tensors, layout)]
+        else:  # one flat copy of them all, each image contiguous
+            sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float64)
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            starts = sizes.cumsum(0) - sizes
+            strides = [(3 * w, 3, 1) if lay == HWC else (w, 1, h * w)
+                       for (h, w), lay in zip(shapes, layout)]
         if ds.train:
             boxes, flips = crop_flip_params_batch(ds.seed, epoch, final, heights, widths)
             boxes = boxes.float()
         else:
             boxes = torch.tensor([val_box(h, w, ds.image_size) for h, w in shapes])
             flips = torch.zeros(len(shapes), dtype=torch.bool)
-        sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.float64)
-        flat = torch.cat([t.reshape(-1) for t in tensors])
         # Every per-image number in one table (exact in float64): one copy to the device.
-        table = torch.cat([(sizes.cumsum(0) - sizes).view(-1, 1),
+        table = torch.cat([starts.view(-1, 1),
                            torch.tensor(shapes, dtype=torch.float64),
                            torch.tensor(strides, dtype=torch.float64), boxes.double(),
                            flips.double().view(-1, 1),
                            self._labels[torch.tensor(final)].double().view(-1, 1)], 1)
         if self.device.type == "cuda":
             table = table.pin_memory().to(self.device, non_blocking=True)
-        offsets, shapes_t, strides_t = table[:, 0].long(), table[:, 1:3].long(), \
-            table[:, 3:6].long()
-        x = crop_resize_normalize(flat, offsets, shapes_t, strides_t, table[:, 6:10].float(),
-                                  table[:, 10] > 0, ds.image_size, IMAGENET_MEAN, IMAGENET_STD)
+        if kernel:
+            x = crop_kernel.crop_resize_normalize_kernel(base, table, ds.image_size,
+                                                         IMAGENET_MEAN, IMAGENET_STD)
+        else:
+            offsets, shapes_t, strides_t = table[:, 0].long(), table[:, 1:3].long(), \
+                table[:, 3:6].long()
+            x = crop_resize_normalize(flat, offsets, shapes_t, strides_t,
+                                      table[:, 6:10].float(), table[:, 10] > 0,
+                                      ds.image_size, IMAGENET_MEAN, IMAGENET_STD)
         y = self._labels[torch.tensor(final)] if host_labels else table[:, 11].long()
         return x, y, buffers
 
