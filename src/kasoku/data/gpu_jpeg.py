@@ -4,10 +4,13 @@ Once Tensor Cores make the model fast, decoding JPEGs on the CPU becomes the bot
 CPU threads only read the files; each batch is decoded on the GPU in one call (torchvision's
 batched nvJPEG ``decode_jpeg(device="cuda")``, or nvImageCodec; on an H200 both reach the
 rate of its hardware JPEG decoder, ~21,000 images/s of 500x375), and random-resized-crop,
-flip and normalization run as one batched gather over all the decoded images
-(``crop_resize_normalize``), whatever their sizes.
+flip and normalization run over all the decoded images at once, whatever their sizes: one
+Triton kernel (``kasoku.data.crop_kernel``) on a GPU, else the same arithmetic as PyTorch ops
+(``crop_resize_normalize``).
 The next batches are prepared on a side CUDA stream by a background thread while the current
-one trains; the training stream waits on an event, never on the host.
+one trains; the training stream waits on an event, never on the host. The side streams need
+hardware queues of their own (``kasoku.perf.queues``), and the next epoch's first batches are
+started before this epoch ends.
 
 The order, sharding and ``(epoch, position)`` resume state are ``SerialLoader``'s, and each
 sample's crop and flip are drawn exactly as ``ImageFolder`` draws them (the same counter-based
