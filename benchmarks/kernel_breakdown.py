@@ -3,7 +3,7 @@ with the rate beside it; and the experiments tried on ResNet-50's top rung.
 
     python benchmarks/kernel_breakdown.py imagenet-resnet50 --device cuda --batch-size 256 \
         --config +cuda-graph --profile [--cudnn-limit0] [--coordinate-descent] \
-        [--stem-pad 4]
+        [--autotune-pointwise] [--stem-pad 4]
 
 ``--config``: a rung label of the device's ladder or a ``key=value,...`` spec (as ``kasoku
 bench --config``). The model is built, accelerated and warmed up as ``kasoku bench`` does
@@ -16,6 +16,8 @@ Experiments (each changes one thing; the JSON line says which were on):
                          cuDNN algorithm, not the 10 its heuristics rank first)
   --coordinate-descent   torch._inductor.config.coordinate_descent_tuning (Triton block sizes
                          tuned per kernel at compile time)
+  --autotune-pointwise   torch._inductor.config.max_autotune_pointwise (block sizes of the
+                         pointwise and reduction kernels benchmarked at compile time)
   --stem-pad C           the first convolution's input and weight zero-padded from 3 to C
                          channels (same outputs; cuDNN's kernels for C=3 are slow)
 """
@@ -35,6 +37,7 @@ p.add_argument("--windows", type=int, default=5)
 p.add_argument("--profile", action="store_true")
 p.add_argument("--cudnn-limit0", action="store_true")
 p.add_argument("--coordinate-descent", action="store_true")
+p.add_argument("--autotune-pointwise", action="store_true")
 p.add_argument("--stem-pad", type=int, default=0)
 a = p.parse_args()
 
@@ -43,6 +46,9 @@ if a.cudnn_limit0:
 if a.coordinate_descent:
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = True
+if a.autotune_pointwise:
+    import torch._inductor.config as inductor_config
+    inductor_config.max_autotune_pointwise = True
 
 from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
 from kasoku.bench.rungs import rung_from_spec  # noqa: E402
@@ -84,7 +90,8 @@ m, loss = measure_windows(runner, pool, dev, a.batch_size, a.steps, a.windows, s
 f = m.figures()
 print(json.dumps({"workload": a.workload, "config": rung.label, "batch_size": a.batch_size,
                   "experiments": {k: v for k, v in vars(a).items()
-                                  if k in ("cudnn_limit0", "coordinate_descent", "stem_pad")},
+                                  if k in ("cudnn_limit0", "coordinate_descent", "autotune_pointwise",
+                                           "stem_pad")},
                   "first_step_s": round(first, 1), "warmup_s": round(warm, 2),
                   "samples_per_s": round(f["samples_per_s"]["median"]),
                   "windows": sorted(round(r) for r in m.samples_per_s),
