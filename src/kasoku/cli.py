@@ -72,7 +72,7 @@ def _add_train(sub) -> None:
                         "and normalized in batches on the GPU (decoder: torchvision, else "
                         "nvImageCodec; KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow "
                         "chooses); gpu-jpeg-procs[:N]: the same work in N worker processes "
-                        "(default 6, at most half the cores), batches handed over in GPU memory")
+                        "(default 8, at most half the cores), batches handed over in GPU memory")
     p.add_argument("--prefetch", type=_positive, metavar="N",
                    help=PREFETCH_HELP)
     p.add_argument("--strict-data", action="store_true",
