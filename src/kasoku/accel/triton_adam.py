@@ -36,22 +36,17 @@ Needs float32 parameters on a CUDA device and Triton (torch's CUDA builds ship i
 from __future__ import annotations
 
 import math
-import os
 import threading
 import warnings
 
 import torch
 
+from kasoku._triton import LazyKernel, interpreting
 from kasoku.errors import ConfigError
 
 BLOCK = 512  # with 8 warps the fastest of 512..4096 x 4/8 on an H200 (adam_update_probe.py)
 NUM_WARPS = 8
 _ALIGN = 16  # bytes: four float32, one vectorized load
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels on the CPU (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def triton_unavailable_reason(params: list[torch.Tensor]) -> str | None:
@@ -72,21 +67,9 @@ def triton_unavailable_reason(params: list[torch.Tensor]) -> str | None:
     return None
 
 
-_KERNELS: dict[bool, object] = {}
-_DEFINING = threading.Lock()
 _AHEAD: list[threading.Thread] = []  # compilations started ahead of the first step
 AHEAD_FAILURES: list[str] = []
 """Why compilations started ahead failed, if any did (each also warned)."""
-
-
-def _kernel():
-    """The Triton kernel, defined on first use (``import triton`` costs ~0.2 s), once for the
-    GPU and once for the interpreter (Triton reads the switch when a kernel is defined)."""
-    with _DEFINING:
-        kernel = _KERNELS.get(interpreting())
-        if kernel is None:
-            kernel = _KERNELS[interpreting()] = _define_kernel()
-        return kernel
 
 
 def _define_kernel():
@@ -128,6 +111,9 @@ def _define_kernel():
         tl.store(base + p_at, p, mask=mask)
 
     return adam_kernel
+
+
+_kernel = LazyKernel(_define_kernel)
 
 
 def compile_ahead(launches: list[tuple[tuple, dict]], device) -> None:

@@ -26,6 +26,8 @@ import threading
 
 import torch
 
+from kasoku._triton import LazyKernel, interpreting
+
 ENV = "KASOKU_CROP_KERNEL"
 """``torch`` makes gpu-jpeg crop with PyTorch ops instead of the kernel (for comparisons)."""
 
@@ -33,13 +35,7 @@ TABLE_COLUMNS = 12
 """Per image (float64): distance from the base in bytes, H, W, strides (row, column,
 channel) in elements, crop box (top, left, height, width), flip, label."""
 
-_KERNELS: dict[bool, object] = {}
-_DEFINING = threading.Lock()
 _LAUNCHING = threading.Lock()
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def usable(device: torch.device) -> bool:
@@ -54,14 +50,6 @@ def usable(device: torch.device) -> bool:
     except ImportError:
         return False
     return True
-
-
-def _kernel():
-    with _DEFINING:
-        kernel = _KERNELS.get(interpreting())
-        if kernel is None:
-            kernel = _KERNELS[interpreting()] = _define_kernel()
-        return kernel
 
 
 def _define_kernel():
@@ -126,6 +114,9 @@ def _define_kernel():
             tl.store(out + ((b * 3 + c) * S + i) * S + j, shift + value * scale, mask=inside)
 
     return crop_kernel
+
+
+_kernel = LazyKernel(_define_kernel)
 
 
 def crop_resize_normalize_kernel(base: torch.Tensor, table: torch.Tensor, size: int,
