@@ -41,8 +41,10 @@ class _PrefetchLoader(SerialLoader):
     how it is awaited (``_collect(position, indices, handle) -> batch``) and how a handle is
     dropped. Where ``crosses_epochs`` (and the loader repeats), the next epoch's first batches
     are started while this epoch's last ones are still being consumed, so an epoch's end does
-    not drain the pipeline: with a small folder (8 batches an epoch) the drain cost a GPU
-    training step fed by gpu-jpeg about a tenth of its rate.
+    not drain the pipeline: with a small folder (8 batches an epoch) the drain cost gpu-jpeg
+    a tenth of its rate alone (9,913 against 10,987 images/s on an H200) and the ResNet-50
+    step it fed 3 points (88% against 91% of its synthetic-data rate); with 16 worker
+    processes and a 64-batch epoch, cores sat idle (13.4-13.9 of 16 busy, now 15.3).
     """
 
     crosses_epochs = False
