@@ -30,9 +30,11 @@ DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolu
    high-priority side stream while another stream is busy with ~100 ms of (a) a spin kernel
    on a single SM, (b) back-to-back matrix products that fill every SM, (c) two training
    steps. Printed: when the decode call returned to the host, when its stream was done and
-   when the busy stream was done. A decode that ends only after the spin kernel (which leaves
-   all other SMs idle) waits on the other stream itself (an implicit synchronization or
-   streams sharing a hardware queue, see ``CUDA_DEVICE_MAX_CONNECTIONS``), not for SMs.
+   when the busy stream was done. A decode that ends just when the other stream's work ends
+   waits on that stream itself, not for SMs (certainly so beside the spin, which leaves all
+   other SMs idle): an implicit synchronization, or the two streams sharing a hardware queue.
+   On an H200 the decoding ended with the matmuls and the training steps under
+   ``CUDA_DEVICE_MAX_CONNECTIONS=8`` and ran beside them with 32 (docs/benchmarks.md).
 """
 import argparse
 import sys
