@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kasoku.models.norm import BatchNormAct2d
+
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
     return nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=stride, padding=1, bias=False)
@@ -33,10 +35,9 @@ class BasicBlock(nn.Module):
                  downsample: nn.Module | None = None):
         super().__init__()
         self.conv1 = _conv3x3(in_ch, planes, stride)
-        self.bn1 = nn.BatchNorm2d(planes)
+        self.bn1 = BatchNormAct2d(planes)
         self.conv2 = _conv3x3(planes, planes)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
+        self.bn2 = BatchNormAct2d(planes)  # + identity, then ReLU
         self.downsample = downsample
 
     def last_bn(self) -> nn.BatchNorm2d:
@@ -44,9 +45,8 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        out = self.bn1(self.conv1(x))
+        return self.bn2(self.conv2(out), identity)
 
 
 class Bottleneck(nn.Module):
@@ -58,12 +58,11 @@ class Bottleneck(nn.Module):
         super().__init__()
         out_ch = planes * self.expansion
         self.conv1 = _conv1x1(in_ch, planes)
-        self.bn1 = nn.BatchNorm2d(planes)
+        self.bn1 = BatchNormAct2d(planes)
         self.conv2 = _conv3x3(planes, planes, stride)
-        self.bn2 = nn.BatchNorm2d(planes)
+        self.bn2 = BatchNormAct2d(planes)
         self.conv3 = _conv1x1(planes, out_ch)
-        self.bn3 = nn.BatchNorm2d(out_ch)
-        self.relu = nn.ReLU(inplace=True)
+        self.bn3 = BatchNormAct2d(out_ch)  # + identity, then ReLU
         self.downsample = downsample
 
     def last_bn(self) -> nn.BatchNorm2d:
@@ -71,10 +70,9 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        out = self.bn1(self.conv1(x))
+        out = self.bn2(self.conv2(out))
+        return self.bn3(self.conv3(out), identity)
 
 
 class ResNet(nn.Module):
@@ -92,12 +90,11 @@ class ResNet(nn.Module):
         if cifar_stem:
             self.stem = nn.Sequential(
                 nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False),
-                nn.BatchNorm2d(64), nn.ReLU(inplace=True))
+                BatchNormAct2d(64))
         else:
             self.stem = nn.Sequential(
                 nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False),
-                nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-                nn.MaxPool2d(kernel_size=3, stride=2, padding=1))
+                BatchNormAct2d(64), nn.MaxPool2d(kernel_size=3, stride=2, padding=1))
         self._in_ch = 64
         self.layer1 = self._make_stage(block, 64, layers[0], stride=1)
         self.layer2 = self._make_stage(block, 128, layers[1], stride=2)
@@ -112,7 +109,7 @@ class ResNet(nn.Module):
         downsample = None
         if stride != 1 or self._in_ch != out_ch:
             downsample = nn.Sequential(_conv1x1(self._in_ch, out_ch, stride),
-                                       nn.BatchNorm2d(out_ch))
+                                       BatchNormAct2d(out_ch, relu=False))
         stage = [block(self._in_ch, planes, stride, downsample)]
         self._in_ch = out_ch
         stage += [block(out_ch, planes) for _ in range(1, blocks)]
