@@ -31,8 +31,8 @@ def field_docs(cls) -> dict[str, str]:
 
 def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--precision``, ``--channels-last``, ``--cudnn-benchmark``, ``--optimizer-impl``,
-    ``--compile [MODE]``, ``--cuda-graph``, ``--loss-scale-init`` and ``--steps-per-call`` to
-    ``parser``."""
+    ``--fused-bn``, ``--fast-stem``, ``--compile [MODE]``, ``--cuda-graph``,
+    ``--loss-scale-init`` and ``--steps-per-call`` to ``parser``."""
     d = AccelConfig()
     # "%" would be read as a format specifier by argparse's help.
     h = {k: field_docs(AccelConfig).get(k, "").replace("%", "%%")
@@ -44,6 +44,8 @@ def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cudnn-benchmark", action="store_true", help=h["cudnn_benchmark"])
     g.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default=d.optimizer_impl,
                    help=f"{h['optimizer_impl']} (default: {d.optimizer_impl})")
+    g.add_argument("--fused-bn", action="store_true", help=h["fused_bn"])
+    g.add_argument("--fast-stem", action="store_true", help=h["fast_stem"])
     g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    metavar="MODE", help=f"{h['compile']} MODE: {h['compile_mode']}")
     g.add_argument("--cuda-graph", action="store_true", help=h["cuda_graph"])
@@ -57,6 +59,7 @@ def accel_config_from_args(args: argparse.Namespace) -> AccelConfig:
     """The ``AccelConfig`` of parsed arguments (from a parser given ``add_accel_arguments``)."""
     return AccelConfig(precision=args.precision, channels_last=args.channels_last,
                        cudnn_benchmark=args.cudnn_benchmark, optimizer_impl=args.optimizer_impl,
+                       fused_bn=args.fused_bn, fast_stem=args.fast_stem,
                        compile=args.compile is not None,
                        compile_mode=args.compile or AccelConfig.compile_mode,
                        cuda_graph=args.cuda_graph, loss_scale_init=args.loss_scale_init,

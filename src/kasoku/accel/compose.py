@@ -10,10 +10,12 @@ import torch
 from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
 from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.cudnn import apply_cudnn_benchmark
+from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import apply_cuda_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, has_conv2d
 from kasoku.accel.multistep import apply_multistep
 from kasoku.accel.precision import apply_precision
+from kasoku.accel.stem import apply_fast_stem
 from kasoku.errors import ConfigError
 
 
@@ -77,6 +79,9 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     # decides which tensors the optimizer holds (fp32 masters copied from the final weights).
     model = apply_channels_last(model, cfg, notes)
     precision = apply_precision(model, cfg, device, notes)
+    # The fused batch-norm layers before compilation, which then calls their kernels whole.
+    model = apply_fused_bn(model, cfg, device, notes)
+    model = apply_fast_stem(model, cfg, device, notes)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     model = apply_compile(model, cfg, device, notes)

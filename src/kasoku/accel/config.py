@@ -26,6 +26,14 @@ class AccelConfig:
     Triton kernel over all weights with a full grid: the compiled update's speed without its
     per-process compile time; CUDA, float32) | None: fused where PyTorch has it, else
     foreach."""
+    fused_bn: bool = False
+    """Batch norm, residual add and ReLU of each layer as one Triton kernel pair forward and
+    one backward (seed 004's fused BN+ReLU; kasoku.accel.fused_bn): the models' BatchNormAct2d
+    layers in training, channels_last, on CUDA."""
+    fast_stem: bool = False
+    """The stem of a conv net: its stride-2 convolution on 3 channels computed space-to-depth
+    (a 4x4 stride-1 convolution on 16 channels: the same result, faster cuDNN kernels) and its
+    max-pool as Triton kernels (kasoku.accel.stem); CUDA."""
     compile: bool = False
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"
