@@ -3,6 +3,7 @@ batch pool, timing, and one worker run (plain, kasoku, simulated OOM)."""
 import argparse
 import math
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,7 +23,8 @@ from kasoku.workloads import create_workload
 def test_gpu_ladder_adds_one_lever_per_rung():
     ladder = gpu_ladder()
     assert [r.label for r in ladder] == ["plain", "fp32", "tf32", "amp", "+channels_last",
-                                         "+fused", "+compile", "+cuda-graph"]
+                                         "+fused", "+compile", "+cuda-graph", "+fused-bn",
+                                         "+fast-stem"]
     assert ladder[0] is PLAIN and ladder[0].config is None
     c = {r.label: r.config for r in ladder[1:]}
     assert c["fp32"] == AccelConfig(precision="fp32", optimizer_impl="foreach")
@@ -33,6 +35,9 @@ def test_gpu_ladder_adds_one_lever_per_rung():
     assert c["+fused"].optimizer_impl == "fused" and not c["+fused"].compile
     assert c["+compile"].compile and not c["+compile"].cuda_graph
     assert c["+cuda-graph"].cuda_graph and c["+cuda-graph"].compile
+    assert not c["+cuda-graph"].fused_bn and not c["+fused-bn"].fast_stem
+    assert c["+fused-bn"] == replace(c["+cuda-graph"], fused_bn=True)
+    assert c["+fast-stem"] == replace(c["+fused-bn"], fast_stem=True)
     assert [compute_dtype(r) for r in ladder[:4]] == ["fp32", "fp32", "tf32", "bf16"]
 
 
