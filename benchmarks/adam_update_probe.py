@@ -8,10 +8,9 @@ one flat buffer, one Triton kernel on one flat buffer, and kasoku's ``--optimize
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
+
+from kasoku.bench.timing import graph_replay_ms
 
 SHAPES = [(1000, 784), (1000,), (1000, 1000), (1000,), (10, 1000), (10,)]
 
@@ -25,29 +24,8 @@ def params():
 
 
 def timed_graph(fn, label):
-    t0 = time.perf_counter()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    once = time.perf_counter() - t0
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(1000):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1000 * 1e3)
-    print(f"{label:40s} {statistics.median(times):7.1f} us/update   one-time {once:6.2f} s",
-          flush=True)
+    ms, once = graph_replay_ms(fn, replays=1000)
+    print(f"{label:40s} {ms * 1e3:7.1f} us/update   one-time {once:6.2f} s", flush=True)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import json
 import torch
 
 from kasoku.accel import fused_bn
+from kasoku.bench.timing import graph_replay_ms
 from kasoku.models.norm import BatchNormAct2d
 
 # (channels, side, relu, residual, layers of this shape in ResNet-50 v1.5 at 224x224)
@@ -28,29 +29,6 @@ LAYERS = [
     (512, 14, True, False, 1), (512, 7, True, False, 5), (2048, 7, True, True, 3),
     (2048, 7, False, False, 1),
 ]
-
-
-def graphed_ms(fn, reps: int = 20) -> float:
-    """Median of 5 timings of ``reps`` replays of ``fn`` captured as a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[2]
 
 
 def step_fn(module, x, r, dy):
@@ -88,13 +66,13 @@ def main():
         module = BatchNormAct2d(c, relu=relu).to(dev)
         row = {"channels": c, "side": side, "relu": relu, "residual": res, "count": count}
         compiled = torch.compile(module)
-        row["inductor_ms"] = graphed_ms(step_fn(compiled, x, r, dy))
+        row["inductor_ms"] = graph_replay_ms(step_fn(compiled, x, r, dy))[0]
         totals["inductor"] += count * row["inductor_ms"]
         module.fused_forward = fused_bn.fused_forward
         for name, overrides in variants:
             for k, v in {**defaults, **overrides}.items():
                 setattr(fused_bn, k, v)
-            row[f"{name}_ms"] = graphed_ms(step_fn(module, x, r, dy))
+            row[f"{name}_ms"] = graph_replay_ms(step_fn(module, x, r, dy))[0]
             totals[name] += count * row[f"{name}_ms"]
         for k, v in defaults.items():
             setattr(fused_bn, k, v)

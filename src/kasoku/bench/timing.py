@@ -68,3 +68,33 @@ def measure_windows(runner: Runner, pool: list[Batch], device: torch.device, bat
         loss, seconds = timed(device, lambda: runner(batches))
         m.window_s.append(seconds)
     return m, loss
+
+
+def graph_replay_ms(fn: Callable[[], object], replays: int = 20, windows: int = 5
+                    ) -> tuple[float, float]:
+    """``fn`` captured as one CUDA graph (after 3 eager calls on a side stream, as capture
+    needs), then timed replaying: (median over ``windows`` of the milliseconds per replay,
+    each window ``replays`` replays between two CUDA events; seconds spent warming up and
+    capturing). No host time is in the figure: for kernels alone."""
+    t0 = time.perf_counter()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    once = time.perf_counter() - t0
+    times = []
+    for _ in range(windows):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    return statistics.median(times), once
