@@ -19,7 +19,7 @@ backward  reduce: read dy and x (and y, whose sign is the ReLU's mask, when ther
           rows stores the weight's and bias's gradients.
 
 Measured on an H200 (ResNet-50's 53 layers at batch 256, bf16, forward + backward, each layer
-in a CUDA graph; ``benchmarks/fused_bn_probe.py``): 16.1 ms against 17.4 ms for inductor's
+in a CUDA graph; ``benchmarks/fused_bn_probe.py``): 16.0 ms against 17.4 ms for inductor's
 kernels of the same PyTorch ops, at 2.4-4.1 TB/s of least traffic per layer. In the whole
 compiled, graphed training step the lever alone took ResNet-50 from 6,802 to 7,068 images/s
 (docs/benchmarks.md).
