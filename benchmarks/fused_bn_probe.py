@@ -5,16 +5,16 @@ of such layers in the network.
 
     python benchmarks/fused_bn_probe.py [--batch-size 256] [--variant KEY=VALUE,...]...
 
-``--variant``: overrides of ``fused_bn``'s tile constants (``BLOCK_M``, ``PROGRAMS_PER_SM``,
-``APPLY_ROWS``, ``NUM_WARPS``, ``BLOCK_C`` (0: 64 up to 64 channels, else 128)), each timed
-as one more column. Prints one JSON line per layer shape, then the totals.
+``--variant``: overrides of ``kasoku.accel.bn_kernels``' tile constants (``BLOCK_M``,
+``PROGRAMS_PER_SM``, ``APPLY_ROWS``, ``NUM_WARPS``, ``BLOCK_C``; 0: the layer's own choice),
+each timed as one more column. Prints one JSON line per layer shape, then the totals.
 """
 import argparse
 import json
 
 import torch
 
-from kasoku.accel import fused_bn
+from kasoku.accel import bn_kernels, fused_bn
 from kasoku.bench.timing import graph_replay_ms
 from kasoku.models.norm import BatchNormAct2d
 
@@ -47,7 +47,7 @@ def main():
     p.add_argument("--variant", action="append", default=[])
     a = p.parse_args()
     dev = torch.device("cuda")
-    defaults = {k: getattr(fused_bn, k) for k in
+    defaults = {k: getattr(bn_kernels, k) for k in
                 ("BLOCK_M", "PROGRAMS_PER_SM", "APPLY_ROWS", "NUM_WARPS", "BLOCK_C")}
     variants = [("fused", {})]
     for spec in a.variant:
@@ -71,11 +71,11 @@ def main():
         module.fused_forward = fused_bn.fused_forward
         for name, overrides in variants:
             for k, v in {**defaults, **overrides}.items():
-                setattr(fused_bn, k, v)
+                setattr(bn_kernels, k, v)
             row[f"{name}_ms"] = graph_replay_ms(step_fn(module, x, r, dy))[0]
             totals[name] += count * row[f"{name}_ms"]
         for k, v in defaults.items():
-            setattr(fused_bn, k, v)
+            setattr(bn_kernels, k, v)
         module.fused_forward = None
         # bytes of the least traffic (x, dy, dx, y: 2 bytes each; + r, dr with a residual)
         passes = 8 + (4 if res else 0)

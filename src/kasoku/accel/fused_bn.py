@@ -24,7 +24,8 @@ kernels of the same PyTorch ops, at 2.4-4.1 TB/s of least traffic per layer. In 
 compiled, graphed training step the lever alone took ResNet-50 from 6,802 to 7,068 images/s
 (docs/benchmarks.md).
 
-Both ops are ``torch.library`` custom ops with an autograd formula, so ``torch.compile`` and a
+The kernels, their tiles and grids are in ``kasoku.accel.bn_kernels``. Both ops are
+``torch.library`` custom ops with an autograd formula, so ``torch.compile`` and a
 captured CUDA graph keep them whole (inductor calls them as it calls cuDNN). Which layers: the
 models' ``kasoku.models.norm.BatchNormAct2d`` (batch norm, optional residual, optional ReLU in
 one module); ``apply_fused_bn`` switches them to this path. It runs when the layer is training
@@ -34,209 +35,16 @@ the same thing with PyTorch ops.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from kasoku._triton import LazyKernel, interpreting
+from kasoku._triton import interpreting
+from kasoku.accel.bn_kernels import as_matrix, grids, kernels, tiles
 from kasoku.accel.notes import skip
 
-BLOCK_M = 64
-"""Rows of the ``[M, C]`` activation per tile."""
-PROGRAMS_PER_SM = 4
-"""Reduction kernels: programs launched per multiprocessor (each sums a run of rows)."""
-APPLY_ROWS = 256
-"""Elementwise kernels: rows per program (a multiple of ``BLOCK_M``)."""
-NUM_WARPS = 0
-"""Warps per program; 0: 8 for layers with a residual (more loads in flight) or of up to 64
-channels, else 4."""
-BLOCK_C = 0
-"""Channels per tile; 0: 64 for layers with a residual or of up to 64 channels, else 128.
-(Both chosen with benchmarks/fused_bn_probe.py on an H200.)"""
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _define_kernels():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def bn_stats_kernel(X, ACC, M, C, rows_per_prog,
-                     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-        pid_m = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        first = tl.load(X + cols, mask=cmask, other=0.0).to(tl.float32)
-        start = pid_m * rows_per_prog
-        end = tl.minimum(start + rows_per_prog, M)
-        acc_s = tl.full([BLOCK_M, BLOCK_C], 0.0, tl.float32)
-        acc_q = tl.full([BLOCK_M, BLOCK_C], 0.0, tl.float32)
-        for r0 in range(start, end, BLOCK_M):
-            rows = r0 + tl.arange(0, BLOCK_M)
-            mask = (rows < end)[:, None] & cmask[None, :]
-            offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
-            v = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            v = tl.where(mask, v - first[None, :], 0.0)
-            acc_s += v
-            acc_q += v * v
-        tl.atomic_add(ACC + cols, tl.reduce(acc_s, 0, tl.standard._sum_combine), mask=cmask)
-        tl.atomic_add(ACC + C + cols, tl.reduce(acc_q, 0, tl.standard._sum_combine), mask=cmask)
-
-    @triton.jit
-    def bn_forward_kernel(X, R, Y, ACC, W, B, MEAN, INVSTD, VAR, M, C, rows_per_prog, eps,
-                       HAS_RES: tl.constexpr,
-                       RELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-        pid_m = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        first = tl.load(X + cols, mask=cmask, other=0.0).to(tl.float32)
-        shifted_mean = tl.load(ACC + cols, mask=cmask, other=0.0) / M
-        var = tl.load(ACC + C + cols, mask=cmask, other=0.0) / M - shifted_mean * shifted_mean
-        var = tl.maximum(var, 0.0)
-        mean = first + shifted_mean
-        invstd = 1.0 / tl.sqrt(var + eps)
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-        b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
-        scale = w * invstd
-        shift = b - mean * scale
-        if pid_m == 0:
-            tl.store(MEAN + cols, mean, mask=cmask)
-            tl.store(INVSTD + cols, invstd, mask=cmask)
-            tl.store(VAR + cols, var, mask=cmask)
-        start = pid_m * rows_per_prog
-        end = tl.minimum(start + rows_per_prog, M)
-        for r0 in range(start, end, BLOCK_M):
-            rows = r0 + tl.arange(0, BLOCK_M)
-            mask = (rows < end)[:, None] & cmask[None, :]
-            offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            z = x * scale[None, :] + shift[None, :]
-            if HAS_RES:
-                z += tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
-            if RELU:
-                z = tl.maximum(z, 0.0)
-            tl.store(Y + offs, z.to(Y.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def bn_backward_reduce_kernel(DY, X, Y, DR, W, B, MEAN, INVSTD, ACC, M, C, rows_per_prog,
-                               HAS_RES: tl.constexpr, RELU: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-        pid_m = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mean = tl.load(MEAN + cols, mask=cmask, other=0.0)
-        invstd = tl.load(INVSTD + cols, mask=cmask, other=0.0)
-        scale = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) * invstd
-        shift = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32) - mean * scale
-        start = pid_m * rows_per_prog
-        end = tl.minimum(start + rows_per_prog, M)
-        acc_g = tl.full([BLOCK_M, BLOCK_C], 0.0, tl.float32)
-        acc_gx = tl.full([BLOCK_M, BLOCK_C], 0.0, tl.float32)
-        for r0 in range(start, end, BLOCK_M):
-            rows = r0 + tl.arange(0, BLOCK_M)
-            mask = (rows < end)[:, None] & cmask[None, :]
-            offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
-            g = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            if RELU:  # the ReLU's mask: the output's sign, or recomputed from x
-                if HAS_RES:
-                    live = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32) > 0.0
-                else:
-                    live = (x * scale[None, :] + shift[None, :]) > 0.0
-                g = tl.where(live, g, 0.0)
-            if HAS_RES:  # the residual's gradient, which the next kernel reads back
-                tl.store(DR + offs, g.to(DR.dtype.element_ty), mask=mask)
-            acc_g += g
-            acc_gx += tl.where(mask, g * (x - mean[None, :]), 0.0)
-        tl.atomic_add(ACC + cols, tl.reduce(acc_g, 0, tl.standard._sum_combine), mask=cmask)
-        tl.atomic_add(ACC + C + cols, tl.reduce(acc_gx, 0, tl.standard._sum_combine), mask=cmask)
-
-    @triton.jit
-    def bn_backward_kernel(DY, X, DX, DR, W, B, MEAN, INVSTD, ACC, DW, DB, M, C,
-                        rows_per_prog, HAS_RES: tl.constexpr, RELU: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-        pid_m = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mean = tl.load(MEAN + cols, mask=cmask, other=0.0)
-        invstd = tl.load(INVSTD + cols, mask=cmask, other=0.0)
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-        scale = w * invstd
-        shift = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32) - mean * scale
-        sum_g = tl.load(ACC + cols, mask=cmask, other=0.0)
-        sum_gx = tl.load(ACC + C + cols, mask=cmask, other=0.0)
-        if pid_m == 0:
-            tl.store(DW + cols, (sum_gx * invstd).to(DW.dtype.element_ty), mask=cmask)
-            tl.store(DB + cols, sum_g.to(DB.dtype.element_ty), mask=cmask)
-        # dx = w/std * (g - mean(g) - xhat * mean(g * xhat))
-        mean_g = sum_g / M
-        k = sum_gx * invstd * invstd / M
-        start = pid_m * rows_per_prog
-        end = tl.minimum(start + rows_per_prog, M)
-        for r0 in range(start, end, BLOCK_M):
-            rows = r0 + tl.arange(0, BLOCK_M)
-            mask = (rows < end)[:, None] & cmask[None, :]
-            offs = rows.to(tl.int64)[:, None] * C + cols[None, :]
-            x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_RES:  # g, masked, as the reduction stored it
-                g = tl.load(DR + offs, mask=mask, other=0.0).to(tl.float32)
-            else:
-                g = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-                if RELU:
-                    g = tl.where((x * scale[None, :] + shift[None, :]) > 0.0, g, 0.0)
-            dx = scale[None, :] * (g - mean_g[None, :] - (x - mean[None, :]) * k[None, :])
-            tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def bn_running_kernel(RUN_MEAN, RUN_VAR, MEAN, VAR, M, C, momentum,
-                       BLOCK_C: tl.constexpr):
-        cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        mean = tl.load(MEAN + cols, mask=cmask, other=0.0)
-        unbiased = tl.load(VAR + cols, mask=cmask, other=0.0) * (M / (M - 1.0))
-        run_mean = tl.load(RUN_MEAN + cols, mask=cmask, other=0.0).to(tl.float32)
-        run_var = tl.load(RUN_VAR + cols, mask=cmask, other=0.0).to(tl.float32)
-        tl.store(RUN_MEAN + cols, ((1.0 - momentum) * run_mean + momentum * mean)
-                 .to(RUN_MEAN.dtype.element_ty), mask=cmask)
-        tl.store(RUN_VAR + cols, ((1.0 - momentum) * run_var + momentum * unbiased)
-                 .to(RUN_VAR.dtype.element_ty), mask=cmask)
-
-    return (bn_stats_kernel, bn_forward_kernel, bn_backward_reduce_kernel, bn_backward_kernel,
-            bn_running_kernel)
-
-
-_kernels = LazyKernel(_define_kernels)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
-
-
-def _tiles(C: int, residual: bool) -> tuple[int, int]:
-    """(channels per tile, warps per program)."""
-    block_c = BLOCK_C or (64 if residual or C <= 64 else 128)
-    return block_c, NUM_WARPS or (8 if residual or C <= 64 else 4)
-
-
-def _as_matrix(t: Tensor) -> Tensor:
-    """A channels_last ``[N, C, H, W]`` tensor as the ``[N*H*W, C]`` matrix it is in memory."""
-    n, c, h, w = t.shape
-    return t.permute(0, 2, 3, 1).reshape(n * h * w, c)
-
-
-def _grids(M: int, C: int, device: torch.device, block_c: int) -> tuple[tuple, tuple]:
-    col_blocks = -(-C // block_c)
-    wanted = max(1, _sm_count(device) * PROGRAMS_PER_SM // col_blocks)
-    rows = -(-M // wanted)
-    reduce_rows = -(-rows // BLOCK_M) * BLOCK_M
-    return ((-(-M // reduce_rows), col_blocks), reduce_rows), \
-        ((-(-M // APPLY_ROWS), col_blocks), APPLY_ROWS)
-
 
 def _channels_last(t: Tensor) -> Tensor:
     return t.contiguous(memory_format=torch.channels_last)
@@ -255,15 +63,15 @@ def bn_act_forward(x: Tensor, weight: Tensor, bias: Tensor, residual: Optional[T
     invstd, var = torch.empty_like(mean), torch.empty_like(mean)
     acc = torch.zeros(2, C, dtype=torch.float32, device=x.device)
     res = _channels_last(residual) if residual is not None else x
-    stats, forward = _kernels()[:2]
-    block_c, warps = _tiles(C, residual is not None)
-    (red_grid, red_rows), (app_grid, app_rows) = _grids(M, C, x.device, block_c)
-    xm = _as_matrix(x)
-    stats[red_grid](xm, acc, M, C, red_rows, BLOCK_M=BLOCK_M, BLOCK_C=block_c,
+    stats, forward = kernels()[:2]
+    block_m, block_c, warps = tiles(C, residual is not None)
+    (red_grid, red_rows), (app_grid, app_rows) = grids(M, C, x.device, block_c)
+    xm = as_matrix(x)
+    stats[red_grid](xm, acc, M, C, red_rows, BLOCK_M=block_m, BLOCK_C=block_c,
                     num_warps=warps)
-    forward[app_grid](xm, _as_matrix(res), _as_matrix(y), acc, weight, bias, mean, invstd, var,
+    forward[app_grid](xm, as_matrix(res), as_matrix(y), acc, weight, bias, mean, invstd, var,
                       M, C, app_rows, eps, HAS_RES=residual is not None, RELU=relu,
-                      BLOCK_M=BLOCK_M, BLOCK_C=block_c, num_warps=warps)
+                      BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps)
     return y, mean, invstd, var
 
 
@@ -282,7 +90,7 @@ def bn_running_stats_(running_mean: Tensor, running_var: Tensor, mean: Tensor, v
     """``running = (1 - momentum) * running + momentum * batch``, the variance unbiased over
     ``count`` values per channel (``nn.BatchNorm2d``'s update), in place."""
     C = mean.numel()
-    running = _kernels()[4]
+    running = kernels()[4]
     running[(-(-C // 128),)](running_mean, running_var, mean, var, count, C, momentum,
                              BLOCK_C=128)
 
@@ -306,17 +114,17 @@ def bn_act_backward(dy: Tensor, x: Tensor, y: Tensor, weight: Tensor, bias: Tens
     dweight = torch.empty_like(weight)
     dbias = torch.empty_like(bias)
     acc = torch.zeros(2, C, dtype=torch.float32, device=x.device)
-    reduce, backward = _kernels()[2:4]
-    block_c, warps = _tiles(C, has_residual)
-    (red_grid, red_rows), (app_grid, app_rows) = _grids(M, C, x.device, block_c)
-    dym, xm, ym = _as_matrix(dy), _as_matrix(x), _as_matrix(y)
-    drm = _as_matrix(dr) if has_residual else dym
+    reduce, backward = kernels()[2:4]
+    block_m, block_c, warps = tiles(C, has_residual)
+    (red_grid, red_rows), (app_grid, app_rows) = grids(M, C, x.device, block_c)
+    dym, xm, ym = as_matrix(dy), as_matrix(x), as_matrix(y)
+    drm = as_matrix(dr) if has_residual else dym
     reduce[red_grid](dym, xm, ym, drm, weight, bias, mean, invstd, acc, M, C, red_rows,
-                     HAS_RES=has_residual, RELU=relu, BLOCK_M=BLOCK_M, BLOCK_C=block_c,
+                     HAS_RES=has_residual, RELU=relu, BLOCK_M=block_m, BLOCK_C=block_c,
                      num_warps=warps)
-    backward[app_grid](dym, xm, _as_matrix(dx), drm, weight, bias, mean, invstd, acc, dweight,
+    backward[app_grid](dym, xm, as_matrix(dx), drm, weight, bias, mean, invstd, acc, dweight,
                        dbias, M, C, app_rows,
-                       HAS_RES=has_residual, RELU=relu, BLOCK_M=BLOCK_M, BLOCK_C=block_c,
+                       HAS_RES=has_residual, RELU=relu, BLOCK_M=block_m, BLOCK_C=block_c,
                        num_warps=warps)
     return dx, dweight, dbias, dr
 
@@ -358,9 +166,11 @@ def fusable(module: nn.BatchNorm2d, x: Tensor, residual: Tensor | None) -> bool:
             and (residual is None or residual.shape == x.shape))
 
 
-def fused_forward(module, x: Tensor, residual: Tensor | None = None) -> Tensor:
-    """``BatchNormAct2d``'s forward through the kernels (the module decides with
-    ``fusable``)."""
+def fused_forward(module, x: Tensor, residual: Tensor | None = None) -> Tensor | None:
+    """``BatchNormAct2d``'s forward through the kernels, or None for a call they cannot take
+    (``fusable``: the module then runs its PyTorch ops)."""
+    if not fusable(module, x, residual):
+        return None
     y, mean, _, var = bn_act_forward(x, module.weight, module.bias, residual,
                                      float(module.eps), module.relu)
     with torch.no_grad():
