@@ -23,14 +23,14 @@ class BatchNormAct2d(nn.BatchNorm2d):
         super().__init__(num_features, **kwargs)
         self.relu = relu
         self.fused_forward: Callable | None = None
-        """Set by ``kasoku.accel.fused_bn.apply_fused_bn``: the kernels' forward, used for
-        the calls it can take (``fused_bn.fusable``)."""
+        """Set by ``kasoku.accel.fused_bn.apply_fused_bn``: the kernels' forward, which
+        returns None for a call it cannot take."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.fused_forward is not None:
-            from kasoku.accel.fused_bn import fusable
-            if fusable(self, x, residual):
-                return self.fused_forward(self, x, residual)
+            y = self.fused_forward(self, x, residual)
+            if y is not None:
+                return y
         y = super().forward(x)
         if residual is not None:
             y = y + residual
