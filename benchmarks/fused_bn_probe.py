@@ -6,7 +6,8 @@ of such layers in the network.
     python benchmarks/fused_bn_probe.py [--batch-size 256] [--variant KEY=VALUE,...]...
 
 ``--variant``: overrides of ``kasoku.accel.bn_kernels``' tile constants (``BLOCK_M``,
-``PROGRAMS_PER_SM``, ``APPLY_ROWS``, ``NUM_WARPS``, ``BLOCK_C``; 0: the layer's own choice),
+``PROGRAMS_PER_SM``, ``APPLY_ROWS``,
+``APPLY_PROGRAMS_PER_SM``, ``NUM_WARPS``, ``BLOCK_C``; 0: the layer's own choice),
 each timed as one more column. Prints one JSON line per layer shape, then the totals.
 """
 import argparse
@@ -47,8 +48,10 @@ def main():
     p.add_argument("--variant", action="append", default=[])
     a = p.parse_args()
     dev = torch.device("cuda")
+    fused_bn.MIN_ELEMENTS = 0  # every layer through the kernels, the small ones too
     defaults = {k: getattr(bn_kernels, k) for k in
-                ("BLOCK_M", "PROGRAMS_PER_SM", "APPLY_ROWS", "NUM_WARPS", "BLOCK_C")}
+                ("BLOCK_M", "PROGRAMS_PER_SM", "APPLY_ROWS", "APPLY_PROGRAMS_PER_SM", "NUM_WARPS",
+                 "BLOCK_C")}
     variants = [("fused", {})]
     for spec in a.variant:
         variants.append((spec, {k: int(v) for k, v in

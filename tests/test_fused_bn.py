@@ -7,12 +7,20 @@ import torch
 import torch.nn.functional as F
 
 from kasoku.accel.config import AccelConfig
+from kasoku.accel import fused_bn
 from kasoku.accel.fused_bn import apply_fused_bn, fusable, fused_forward
 from kasoku.accel.notes import reset_warnings
 from kasoku.models.norm import BatchNormAct2d
 from kasoku.models.resnet import Bottleneck, ResNet, resnet50
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def kernels_at_every_size(monkeypatch):
+    """The tests' small layers through the kernels (by default those under
+    ``MIN_ELEMENTS`` keep PyTorch's ops: test_small_layers_keep_pytorch_ops)."""
+    monkeypatch.setattr(fused_bn, "MIN_ELEMENTS", 0)
 
 
 @pytest.fixture
@@ -128,6 +136,15 @@ def test_calls_the_kernels_cannot_take_run_as_pytorch_ops(interpreter):
     m.train()
     m.momentum = None                                      # cumulative average: host count
     assert not fusable(m, nhwc(x), None)
+
+
+def test_small_layers_keep_pytorch_ops(interpreter, monkeypatch):
+    monkeypatch.setattr(fused_bn, "MIN_ELEMENTS", 1 << 21)
+    m = layer(64, True, True)
+    assert fusable(m, nhwc(torch.empty(8, 64, 64, 64)), None)      # 2**21 elements
+    small = nhwc(torch.randn(8, 64, 63, 64))
+    assert not fusable(m, small, None)
+    torch.testing.assert_close(m(small), layer(64, True, False)(small))
 
 
 def test_without_the_interpreter_cpu_tensors_take_pytorch_ops(monkeypatch):

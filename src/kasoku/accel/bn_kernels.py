@@ -14,12 +14,15 @@ from torch import Tensor
 
 from kasoku._triton import LazyKernel
 
-BLOCK_M = 64
+BLOCK_M = 32
 """Rows of the ``[M, C]`` activation per tile."""
 PROGRAMS_PER_SM = 4
 """Reduction kernels: programs launched per multiprocessor (each sums a run of rows)."""
 APPLY_ROWS = 256
-"""Elementwise kernels: rows per program (a multiple of ``BLOCK_M``)."""
+"""Elementwise kernels: most rows per program (a multiple of ``BLOCK_M``)."""
+APPLY_PROGRAMS_PER_SM = 8
+"""Elementwise kernels: fewer rows per program (down to ``BLOCK_M``) where ``APPLY_ROWS``
+would launch fewer programs than this per multiprocessor (small batches); 0: never."""
 NUM_WARPS = 0
 """Warps per program; 0: 8 for layers with a residual (more loads in flight) or of up to 64
 channels, else 4."""
@@ -203,8 +206,16 @@ def as_matrix(t: Tensor) -> Tensor:
 def grids(M: int, C: int, device: torch.device, block_c: int) -> tuple[tuple, tuple]:
     """((grid, rows per program) of the reduction kernels, the same of the elementwise ones)."""
     col_blocks = -(-C // block_c)
-    wanted = max(1, _sm_count(device) * PROGRAMS_PER_SM // col_blocks)
-    rows = -(-M // wanted)
-    reduce_rows = -(-rows // BLOCK_M) * BLOCK_M
+    sms = _sm_count(device)
+    wanted = max(1, sms * PROGRAMS_PER_SM // col_blocks)
+    reduce_rows = _round_up(-(-M // wanted), BLOCK_M)
+    apply_rows = APPLY_ROWS
+    if APPLY_PROGRAMS_PER_SM:
+        wanted = max(1, sms * APPLY_PROGRAMS_PER_SM // col_blocks)
+        apply_rows = min(APPLY_ROWS, max(BLOCK_M, _round_up(-(-M // wanted), BLOCK_M)))
     return ((-(-M // reduce_rows), col_blocks), reduce_rows), \
-        ((-(-M // APPLY_ROWS), col_blocks), APPLY_ROWS)
+        ((-(-M // apply_rows), col_blocks), apply_rows)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple

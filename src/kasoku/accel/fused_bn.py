@@ -10,19 +10,20 @@ forward   statistics: read x; per channel, sums of ``x - x[0]`` and of its squar
           sums: no cancellation when the mean is large against the spread), accumulated with
           atomics into a zeroed ``[2, C]`` float32 buffer;
           apply: read x (and the residual), write ``y = relu(x * scale + shift (+ r))``; the
-          first block of rows also stores the batch mean and 1/std for the backward pass and
-          updates the running statistics, as ``nn.BatchNorm2d`` does (unbiased variance);
+          first block of rows also stores the batch mean, 1/std (for the backward pass) and
+          variance, from which a small kernel updates the running statistics, as
+          ``nn.BatchNorm2d`` does (unbiased variance);
 backward  reduce: read dy and x (and y, whose sign is the ReLU's mask, when there is a
           residual; without one the mask is recomputed from x); per channel sums of the masked
           gradient g and of ``g * (x - mean)``; with a residual, write g (its gradient);
           apply: read dy and x again (with a residual: g and x), write dx; the first block of
           rows stores the weight's and bias's gradients.
 
-Measured on an H200 (ResNet-50's 53 layers at batch 256, bf16, forward + backward, each layer
-in a CUDA graph; ``benchmarks/fused_bn_probe.py``): 16.0 ms against 17.4 ms for inductor's
-kernels of the same PyTorch ops, at 2.4-4.1 TB/s of least traffic per layer. In the whole
-compiled, graphed training step the lever alone took ResNet-50 from 6,802 to 7,068 images/s
-(docs/benchmarks.md).
+Measured on an H200 (ResNet-50's 53 layers, bf16, forward + backward, each layer in a CUDA
+graph; ``benchmarks/fused_bn_probe.py``): 15.7 ms against 17.4 ms for inductor's kernels of
+the same PyTorch ops at batch 256, at 2.4-4.1 TB/s of least traffic per layer; 3.05 against
+3.15 ms at batch 32. In the whole compiled, graphed training step the lever alone took
+ResNet-50 from 6,789 to 7,117 images/s at batch 256 (docs/benchmarks.md).
 
 The kernels, their tiles and grids are in ``kasoku.accel.bn_kernels``. Both ops are
 ``torch.library`` custom ops with an autograd formula, so ``torch.compile`` and a
@@ -30,8 +31,8 @@ captured CUDA graph keep them whole (inductor calls them as it calls cuDNN). Whi
 models' ``kasoku.models.norm.BatchNormAct2d`` (batch norm, optional residual, optional ReLU in
 one module); ``apply_fused_bn`` switches them to this path. It runs when the layer is training
 with running statistics and a momentum, on a CUDA (or, with ``TRITON_INTERPRET=1``, CPU)
-tensor in channels_last of float16, bfloat16 or float32; anywhere else the module computes
-the same thing with PyTorch ops.
+tensor in channels_last of float16, bfloat16 or float32 of at least ``MIN_ELEMENTS``
+elements; anywhere else the module computes the same thing with PyTorch ops.
 """
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ from kasoku.accel.bn_kernels import as_matrix, grids, kernels, tiles
 from kasoku.accel.notes import skip
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_ELEMENTS = 1 << 21
+"""Smaller activations keep PyTorch's ops: there inductor's kernels (fewer launches per
+layer) were faster than these on an H200 (ResNet-50's 256x14x14 and 512x7x7 layers at batch
+32: 22.4 and 17.2 us against 30.6 and 24.5 us forward + backward; fused_bn_probe.py).
+From 2**21 elements up the fused kernels were as fast or faster."""
 
 def _channels_last(t: Tensor) -> Tensor:
     return t.contiguous(memory_format=torch.channels_last)
@@ -162,7 +168,7 @@ def fusable(module: nn.BatchNorm2d, x: Tensor, residual: Tensor | None) -> bool:
             and module.momentum is not None and x.dim() == 4
             and (x.is_cuda or interpreting()) and x.dtype in DTYPES
             and x.is_contiguous(memory_format=torch.channels_last)
-            and x.shape[0] * x.shape[2] * x.shape[3] > 1
+            and x.shape[0] * x.shape[2] * x.shape[3] > 1 and x.numel() >= MIN_ELEMENTS
             and (residual is None or residual.shape == x.shape))
 
 
