@@ -1,0 +1,91 @@
+"""ResNet-50's training step on one GPU, kernel by kernel: rate, then the profiled step's span,
+busy and idle time, launches, and the time per kind of kernel (kasoku's batch-norm kernels by
+name, cuDNN/cuBLAS, inductor's, the optimizer's, fills) and the longest kernels.
+
+    python benchmarks/step_profile.py BATCH_SIZE [RUNG]     # RUNG: default +fast-stem
+
+Built, accelerated and warmed up as ``kasoku bench`` does; rate: median of 5 CUDA-event-timed
+windows of 20 steps; profile: 10 more steps under torch.profiler (device times of kernels).
+Idle time: the span not covered by any kernel (launch gaps inside the graph replay).
+"""
+import collections
+import json
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kasoku.bench.pool import batch_spec, cycle, make_pool
+from kasoku.bench.rungs import rung_from_spec
+from kasoku.bench.timing import measure_windows, timed
+from kasoku.bench.worker import _make_runner
+from kasoku.workloads import create_workload
+
+GROUPS = ("bn_stats", "bn_forward", "bn_backward_reduce", "bn_backward_kernel", "bn_running",
+          "max_pool", "memset", "memcpy", "multi_tensor")
+CONV = ("conv", "xmma", "dgrad", "wgrad", "fprop", "cudnn", "sm90", "cutlass", "nvjet", "gemm",
+        "implicit")
+
+
+def group(name: str) -> str:
+    low = name.lower()
+    for key in GROUPS:
+        if key in low:
+            return key
+    if "triton" in low:
+        return "inductor (triton)"
+    if any(k in low for k in CONV):
+        return "conv/matmul"
+    return "other: " + name[:40]
+
+
+def main():
+    bs = int(sys.argv[1])
+    cfg = sys.argv[2] if len(sys.argv) > 2 else "+fast-stem"
+    dev = torch.device("cuda")
+    rung = rung_from_spec(cfg, "cuda")
+    wl = create_workload("imagenet-resnet50")
+    torch.manual_seed(0)
+    model = wl.build_model().to(dev)
+    pool = make_pool(batch_spec(wl, model), bs, dev, 4, seed=0)
+    notes = []
+    runner = _make_runner(rung, wl, model, dev, wl.recipe.lr, notes)
+    _, first = timed(dev, lambda: runner(cycle(pool, 1, 0)))
+    timed(dev, lambda: runner(cycle(pool, 10, 1)))
+    m, _ = measure_windows(runner, pool, dev, bs, 20, 5, start=11)
+    print(json.dumps({"batch_size": bs, "config": rung.label,
+                      "samples_per_s": round(m.figures()["samples_per_s"]["median"]),
+                      "windows": sorted(round(r) for r in m.samples_per_s),
+                      "first_step_s": round(first, 1), "notes": notes}))
+    n = 10
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner(cycle(pool, n, 200))
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy, idle, end = 0.0, 0.0, spans[0][0]
+    for s, e, _ in spans:
+        idle += max(0.0, s - end)
+        busy += max(0.0, e - max(s, end))
+        end = max(end, e)
+    print(f"per step: span {(end - spans[0][0]) / n:.1f} us, kernels busy {busy / n:.1f} us, "
+          f"idle {idle / n:.1f} us, {len(spans) / n:.0f} launches")
+    total, count = collections.defaultdict(float), collections.Counter()
+    for s, e, name in spans:
+        total[name] += e - s
+        count[name] += 1
+    by_group, launches = collections.defaultdict(float), collections.Counter()
+    for name in total:
+        by_group[group(name)] += total[name]
+        launches[group(name)] += count[name]
+    for g in sorted(by_group, key=lambda k: -by_group[k]):
+        print(f"{g:40s} {by_group[g] / n:9.1f} us/step {launches[g] / n:5.0f} launches, "
+              f"{by_group[g] / launches[g]:6.2f} us each")
+    print("--- longest kernels")
+    for name in sorted(total, key=lambda k: -total[k])[:25]:
+        print(f"{total[name] / n:9.1f} us/step {count[name] / n:5.0f}x  {name[:100]}")
+
+
+if __name__ == "__main__":
+    main()
