@@ -3,7 +3,7 @@ with the rate beside it; and the experiments tried on ResNet-50's top rung.
 
     python benchmarks/kernel_breakdown.py imagenet-resnet50 --device cuda --batch-size 256 \
         --config +cuda-graph --profile [--cudnn-limit0] [--coordinate-descent] \
-        [--autotune-pointwise] [--stem-pad 4]
+        [--autotune-pointwise] [--combo-kernels] [--stem-pad 4]
 
 ``--config``: a rung label of the device's ladder or a ``key=value,...`` spec (as ``kasoku
 bench --config``). The model is built, accelerated and warmed up as ``kasoku bench`` does
@@ -18,6 +18,8 @@ Experiments (each changes one thing; the JSON line says which were on):
                          tuned per kernel at compile time)
   --autotune-pointwise   torch._inductor.config.max_autotune_pointwise (block sizes of the
                          pointwise and reduction kernels benchmarked at compile time)
+  --combo-kernels        torch._inductor.config.combo_kernels (independent kernels, such as
+                         autocast's weight casts, combined into fewer launches; experimental)
   --stem-pad C           the first convolution's input and weight zero-padded from 3 to C
                          channels (same outputs; cuDNN's kernels for C=3 are slow)
 """
@@ -38,6 +40,7 @@ p.add_argument("--profile", action="store_true")
 p.add_argument("--cudnn-limit0", action="store_true")
 p.add_argument("--coordinate-descent", action="store_true")
 p.add_argument("--autotune-pointwise", action="store_true")
+p.add_argument("--combo-kernels", action="store_true")
 p.add_argument("--stem-pad", type=int, default=0)
 a = p.parse_args()
 
@@ -46,6 +49,9 @@ if a.cudnn_limit0:
 if a.coordinate_descent:
     import torch._inductor.config as inductor_config
     inductor_config.coordinate_descent_tuning = True
+if a.combo_kernels:
+    import torch._inductor.config as inductor_config
+    inductor_config.combo_kernels = True
 if a.autotune_pointwise:
     import torch._inductor.config as inductor_config
     inductor_config.max_autotune_pointwise = True
@@ -91,7 +97,7 @@ f = m.figures()
 print(json.dumps({"workload": a.workload, "config": rung.label, "batch_size": a.batch_size,
                   "experiments": {k: v for k, v in vars(a).items()
                                   if k in ("cudnn_limit0", "coordinate_descent", "autotune_pointwise",
-                                           "stem_pad")},
+                                           "combo_kernels", "stem_pad")},
                   "first_step_s": round(first, 1), "warmup_s": round(warm, 2),
                   "samples_per_s": round(f["samples_per_s"]["median"]),
                   "windows": sorted(round(r) for r in m.samples_per_s),
