@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kasoku.accel.cli_args import accel_config_from_args, add_accel_arguments
-from kasoku.accel.compile import apply_compile
+from kasoku.accel.compile import apply_compile, has_cxx_compiler
 from kasoku.accel.compose import Accelerated, accelerate
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.cudnn import apply_cudnn_benchmark
@@ -95,6 +95,35 @@ def test_compile_is_in_place_and_keeps_state_dict_keys():
     assert apply_compile(MLP(8, 16, 3), AccelConfig(), "cpu") is not None
     with pytest.raises(ConfigError, match="compile mode"):
         apply_compile(model, AccelConfig(compile=True, compile_mode="fast"), "cpu")
+
+
+def test_combo_kernels_reach_inductor_and_are_refused_elsewhere(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: seen.update(kw))
+    apply_compile(MLP(8, 16, 3), AccelConfig(compile=True, combo_kernels=True), "cpu")
+    assert seen["options"] == {"combo_kernels": True} and seen["mode"] is None
+    with pytest.raises(ConfigError, match="compile mode default"):
+        apply_compile(MLP(8, 16, 3), AccelConfig(compile=True, combo_kernels=True,
+                                                 compile_mode="max-autotune"), "cpu")
+    from kasoku.accel.compose import check_config
+    with pytest.raises(ConfigError, match="add --compile"):
+        check_config(AccelConfig(combo_kernels=True))
+
+
+@pytest.mark.skipif(not has_cxx_compiler(), reason="inductor on a CPU needs a C++ compiler")
+def test_combo_kernels_compile_the_same_function():
+    torch.manual_seed(0)
+    model, ref = MLP(8, 16, 3, depth=2), MLP(8, 16, 3, depth=2)
+    ref.load_state_dict(model.state_dict())
+    apply_compile(model, AccelConfig(compile=True, combo_kernels=True), "cpu")
+    x = torch.randn(5, 8)
+    y, want = model(x), ref(x)
+    y.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(y, want)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
 
 
 def _train_mlp(cfg, steps=4):

@@ -31,7 +31,7 @@ def field_docs(cls) -> dict[str, str]:
 
 def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--precision``, ``--channels-last``, ``--cudnn-benchmark``, ``--optimizer-impl``,
-    ``--fused-bn``, ``--fast-stem``, ``--compile [MODE]``, ``--cuda-graph``,
+    ``--fused-bn``, ``--fast-stem``, ``--compile [MODE]``, ``--combo-kernels``, ``--cuda-graph``,
     ``--loss-scale-init`` and ``--steps-per-call`` to ``parser``."""
     d = AccelConfig()
     # "%" would be read as a format specifier by argparse's help.
@@ -48,6 +48,7 @@ def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fast-stem", action="store_true", help=h["fast_stem"])
     g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    metavar="MODE", help=f"{h['compile']} MODE: {h['compile_mode']}")
+    g.add_argument("--combo-kernels", action="store_true", help=h["combo_kernels"])
     g.add_argument("--cuda-graph", action="store_true", help=h["cuda_graph"])
     g.add_argument("--loss-scale-init", type=float, default=d.loss_scale_init,
                    help=f"{h['loss_scale_init']} (default: {d.loss_scale_init:g})")
@@ -62,5 +63,6 @@ def accel_config_from_args(args: argparse.Namespace) -> AccelConfig:
                        fused_bn=args.fused_bn, fast_stem=args.fast_stem,
                        compile=args.compile is not None,
                        compile_mode=args.compile or AccelConfig.compile_mode,
+                       combo_kernels=args.combo_kernels,
                        cuda_graph=args.cuda_graph, loss_scale_init=args.loss_scale_init,
                        steps_per_call=args.steps_per_call)

@@ -40,8 +40,8 @@ def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = 
     """Compile ``model`` in place with ``cfg.compile_mode`` when ``cfg.compile``; returns it.
     Apply after everything that changes the weights' dtype or memory format (the compiled
     code specializes on them). On a CPU inductor needs a C++ compiler: without one the lever
-    is warned about once, noted and skipped. ``backend``: torch.compile's (tests use
-    ``aot_eager``)."""
+    is warned about once, noted and skipped. ``cfg.combo_kernels``: inductor's combo kernels
+    (compile mode default only). ``backend``: torch.compile's (tests use ``aot_eager``)."""
     if not cfg.compile:
         return model
     if cfg.compile_mode not in COMPILE_MODES:
@@ -54,6 +54,14 @@ def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = 
                     "is on PATH; running eagerly")
         return model
     mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    options = None
+    if getattr(cfg, "combo_kernels", False):
+        if mode is not None:  # torch.compile takes a mode or inductor options, not both
+            raise ConfigError(f"--combo-kernels sets inductor options, which torch.compile "
+                              f"does not take beside compile mode {mode!r}; use compile mode "
+                              f"default")
+        if backend == "inductor":
+            options = {"combo_kernels": True}
     import_compiler(backend)
-    model.compile(mode=mode, backend=backend)
+    model.compile(mode=mode, backend=backend, options=options)
     return model

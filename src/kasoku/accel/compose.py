@@ -47,6 +47,9 @@ def check_config(cfg: AccelConfig) -> None:
     if cfg.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
+    if cfg.combo_kernels and not (cfg.compile and cfg.compile_mode == "default"):
+        raise ConfigError("--combo-kernels is an option of torch.compile's default mode; add "
+                          "--compile (mode default)")
     if cfg.cuda_graph and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
         raise ConfigError(
             f"--cuda-graph with compile mode {cfg.compile_mode!r} would nest two layers of CUDA "

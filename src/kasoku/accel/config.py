@@ -38,6 +38,9 @@ class AccelConfig:
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"
     """torch.compile mode: default | reduce-overhead | max-autotune(-no-cudagraphs)."""
+    combo_kernels: bool = False
+    """With compile (mode default): inductor's combo kernels, independent kernels (such as
+    autocast's per-layer weight casts) combined into fewer launches; experimental in torch."""
     cuda_graph: bool = False
     """Capture the whole step (forward, backward, update) as one CUDA graph and replay it."""
     loss_scale_init: float = 2.0 ** 16
