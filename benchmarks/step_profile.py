@@ -1,6 +1,7 @@
 """ResNet-50's training step on one GPU, kernel by kernel: rate, then the profiled step's span,
-busy and idle time, launches, and the time per kind of kernel (kasoku's batch-norm kernels by
-name, cuDNN/cuBLAS, inductor's, the optimizer's, fills) and the longest kernels.
+busy and idle time, launches, and the time per kind of kernel (kasoku's batch-norm and pool
+kernels by name, the rest as ``kasoku.perf.kernels.classify`` sorts them) and the longest
+kernels.
 
     python benchmarks/step_profile.py BATCH_SIZE [RUNG]     # RUNG: default +fast-stem
 
@@ -19,24 +20,16 @@ from kasoku.bench.pool import batch_spec, cycle, make_pool
 from kasoku.bench.rungs import rung_from_spec
 from kasoku.bench.timing import measure_windows, timed
 from kasoku.bench.worker import _make_runner
+from kasoku.perf.kernels import classify
 from kasoku.workloads import create_workload
 
-GROUPS = ("bn_stats", "bn_forward", "bn_backward_reduce", "bn_backward_kernel", "bn_running",
-          "max_pool", "memset", "memcpy", "multi_tensor")
-CONV = ("conv", "xmma", "dgrad", "wgrad", "fprop", "cudnn", "sm90", "cutlass", "nvjet", "gemm",
-        "implicit")
+BN_KERNELS = ("bn_stats", "bn_forward", "bn_backward_reduce", "bn_backward_kernel",
+              "bn_running", "max_pool")
 
 
 def group(name: str) -> str:
-    low = name.lower()
-    for key in GROUPS:
-        if key in low:
-            return key
-    if "triton" in low:
-        return "inductor (triton)"
-    if any(k in low for k in CONV):
-        return "conv/matmul"
-    return "other: " + name[:40]
+    """kasoku's own kernels by name, the rest by ``kasoku.perf.kernels.classify``."""
+    return next((k for k in BN_KERNELS if k in name), None) or classify(name)
 
 
 def main():
