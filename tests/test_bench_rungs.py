@@ -69,6 +69,8 @@ def test_parse_config():
     assert (c.precision, c.optimizer_impl, c.cuda_graph, c.loss_scale_init,
             c.cudnn_benchmark) == ("fp16", "fused", True, 1024.0, False)
     assert parse_config("compile").compile_mode == "default"
+    # A bare precision with a hyphen is a precision, not a key spelled with "_".
+    assert parse_config("fp16-pure,fused").precision == "fp16-pure"
     with pytest.raises(ConfigError, match="unknown bench config key 'colour'.*precision"):
         parse_config("colour=red")
     for bad in ("precision=fp8", "compile=fastest", "channels_last=maybe",

@@ -109,9 +109,10 @@ def parse_config(spec: str) -> AccelConfig:
         if not item:
             continue
         key, has_value, raw = item.partition("=")
-        key, raw = key.strip().replace("-", "_"), raw.strip()
-        if not has_value and key in PRECISIONS:
+        key, raw = key.strip(), raw.strip()
+        if not has_value and key in PRECISIONS:  # before "-" becomes "_": fp16-pure
             key, has_value, raw = "precision", True, key
+        key = key.replace("-", "_")
         if not has_value and key in _ALIASES:
             name, value = _ALIASES[key]
             values[name] = value
