@@ -7,7 +7,8 @@ kernels.
 
 Built, accelerated and warmed up as ``kasoku bench`` does; rate: median of 5 CUDA-event-timed
 windows of 20 steps; profile: 10 more steps under torch.profiler (device times of kernels).
-Idle time: the span not covered by any kernel (launch gaps inside the graph replay).
+Idle time: the span not covered by any kernel (launch gaps inside the graph replay); kernel
+time summed over busy time: how much kernels overlapped (streams side by side).
 """
 import collections
 import json
@@ -62,8 +63,10 @@ def main():
         idle += max(0.0, s - end)
         busy += max(0.0, e - max(s, end))
         end = max(end, e)
+    summed = sum(e - s for s, e, _ in spans)
     print(f"per step: span {(end - spans[0][0]) / n:.1f} us, kernels busy {busy / n:.1f} us, "
-          f"idle {idle / n:.1f} us, {len(spans) / n:.0f} launches")
+          f"idle {idle / n:.1f} us, {len(spans) / n:.0f} launches, kernel time summed "
+          f"{summed / n:.1f} us (more than busy where kernels ran side by side)")
     total, count = collections.defaultdict(float), collections.Counter()
     for s, e, name in spans:
         total[name] += e - s
