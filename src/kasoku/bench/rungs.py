@@ -5,7 +5,8 @@ GPU ladder, each rung adding one lever to the one before:
     plain -> fp32 -> tf32 -> amp (bf16 autocast) -> +channels_last -> +fused -> +compile
     -> +cuda-graph (whole step captured, on top of compile) -> +fused-bn (batch norm, residual
     add and ReLU as kasoku's Triton kernels) -> +fast-stem (the stem convolution folded
-    space-to-depth, its max-pool as Triton kernels)
+    space-to-depth, its max-pool as Triton kernels) -> +combo-kernels (inductor combines
+    independent kernels, such as autocast's weight casts, into fewer launches)
 CPU ladder: plain -> fp32 -> bf16 (autocast) -> +channels_last -> +compile.
 
 ``plain`` and ``fp32`` use the optimizer implementation PyTorch picks by default on that device
@@ -68,10 +69,11 @@ def gpu_ladder() -> list[Rung]:
     graphed = replace(compiled, cuda_graph=True)
     fused_bn = replace(graphed, fused_bn=True)
     stem = replace(fused_bn, fast_stem=True)
+    combo = replace(stem, combo_kernels=True)
     return [PLAIN, Rung("fp32", fp32), Rung("tf32", tf32), Rung("amp", amp),
             Rung("+channels_last", nhwc), Rung("+fused", fused), Rung("+compile", compiled),
             Rung("+cuda-graph", graphed), Rung("+fused-bn", fused_bn),
-            Rung("+fast-stem", stem)]
+            Rung("+fast-stem", stem), Rung("+combo-kernels", combo)]
 
 
 def cpu_ladder() -> list[Rung]:
