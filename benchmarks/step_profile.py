@@ -21,7 +21,7 @@ from kasoku.bench.pool import batch_spec, cycle, make_pool
 from kasoku.bench.rungs import rung_from_spec
 from kasoku.bench.timing import measure_windows, timed
 from kasoku.bench.worker import _make_runner
-from kasoku.perf.kernels import classify
+from kasoku.perf.kernels import breakdown, classify
 from kasoku.workloads import create_workload
 
 BN_KERNELS = ("bn_stats", "bn_forward", "bn_backward_reduce", "bn_backward_kernel",
@@ -67,20 +67,18 @@ def main():
     print(f"per step: span {(end - spans[0][0]) / n:.1f} us, kernels busy {busy / n:.1f} us, "
           f"idle {idle / n:.1f} us, {len(spans) / n:.0f} launches, kernel time summed "
           f"{summed / n:.1f} us (more than busy where kernels ran side by side)")
-    total, count = collections.defaultdict(float), collections.Counter()
-    for s, e, name in spans:
-        total[name] += e - s
-        count[name] += 1
+    # Per kernel name (times in us here): kasoku.perf.kernels' own totals, longest first.
+    per_name = breakdown(((name, e - s) for s, e, name in spans), n, 0.0, "cuda").kernels
     by_group, launches = collections.defaultdict(float), collections.Counter()
-    for name in total:
-        by_group[group(name)] += total[name]
-        launches[group(name)] += count[name]
+    for name, total, count in per_name:
+        by_group[group(name)] += total
+        launches[group(name)] += count
     for g in sorted(by_group, key=lambda k: -by_group[k]):
         print(f"{g:40s} {by_group[g] / n:9.1f} us/step {launches[g] / n:5.0f} launches, "
               f"{by_group[g] / launches[g]:6.2f} us each")
     print("--- longest kernels")
-    for name in sorted(total, key=lambda k: -total[k])[:25]:
-        print(f"{total[name] / n:9.1f} us/step {count[name] / n:5.0f}x  {name[:100]}")
+    for name, total, count in per_name[:25]:
+        print(f"{total / n:9.1f} us/step {count / n:5.0f}x  {name[:100]}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from kasoku.perf import queues
+
 
 def environment(device: torch.device | str | None = None) -> dict:
     """A JSON-ready dict. With a CUDA ``device`` it names that GPU and the driver (this
@@ -29,7 +31,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        "cuda_device_max_connections": os.environ.get(queues.ENV),
         "device_type": device.type,
         "device_name": cpu_name(),
         "device_count": 1,
