@@ -24,7 +24,7 @@ def test_gpu_ladder_adds_one_lever_per_rung():
     ladder = gpu_ladder()
     assert [r.label for r in ladder] == ["plain", "fp32", "tf32", "amp", "+channels_last",
                                          "+fused", "+compile", "+cuda-graph", "+fused-bn",
-                                         "+fast-stem", "+combo-kernels"]
+                                         "+fast-stem", "+combo-kernels", "+matmul-1x1"]
     assert ladder[0] is PLAIN and ladder[0].config is None
     c = {r.label: r.config for r in ladder[1:]}
     assert c["fp32"] == AccelConfig(precision="fp32", optimizer_impl="foreach")
@@ -39,6 +39,7 @@ def test_gpu_ladder_adds_one_lever_per_rung():
     assert c["+fused-bn"] == replace(c["+cuda-graph"], fused_bn=True)
     assert c["+fast-stem"] == replace(c["+fused-bn"], fast_stem=True)
     assert c["+combo-kernels"] == replace(c["+fast-stem"], combo_kernels=True)
+    assert c["+matmul-1x1"] == replace(c["+combo-kernels"], matmul_1x1=True)
     assert [compute_dtype(r) for r in ladder[:4]] == ["fp32", "fp32", "tf32", "bf16"]
 
 

@@ -9,6 +9,7 @@ import torch
 
 from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
 from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
+from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import apply_cuda_graph
@@ -50,6 +51,10 @@ def check_config(cfg: AccelConfig) -> None:
     if cfg.combo_kernels and not (cfg.compile and cfg.compile_mode == "default"):
         raise ConfigError("--combo-kernels is an option of torch.compile's default mode; add "
                           "--compile (mode default)")
+    if cfg.matmul_1x1 and not cfg.channels_last:
+        raise ConfigError("--matmul-1x1 computes 1x1 convolutions on channels_last activations "
+                          "(in NCHW the product would need a transpose copy each way); add "
+                          "--channels-last")
     if cfg.cuda_graph and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
         raise ConfigError(
             f"--cuda-graph with compile mode {cfg.compile_mode!r} would nest two layers of CUDA "
@@ -85,6 +90,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     # The fused batch-norm layers before compilation, which then calls their kernels whole.
     model = apply_fused_bn(model, cfg, device, notes)
     model = apply_fast_stem(model, cfg, device, notes)
+    model = apply_matmul_1x1(model, cfg, notes)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     model = apply_compile(model, cfg, device, notes)

@@ -34,6 +34,10 @@ class AccelConfig:
     """The stem of a conv net: its stride-2 convolution on 3 channels computed space-to-depth
     (a 4x4 stride-1 convolution on 16 channels: the same result, faster cuDNN kernels) and its
     max-pool as Triton kernels (kasoku.accel.stem); CUDA."""
+    matmul_1x1: bool = False
+    """1x1 convolutions as matrix products on channels_last activations (cuBLAS instead of
+    cuDNN: faster for ResNet-50's shapes at small batches on an H200; kasoku.accel.conv_matmul);
+    needs channels_last."""
     compile: bool = False
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"

@@ -6,7 +6,8 @@ GPU ladder, each rung adding one lever to the one before:
     -> +cuda-graph (whole step captured, on top of compile) -> +fused-bn (batch norm, residual
     add and ReLU as kasoku's Triton kernels) -> +fast-stem (the stem convolution folded
     space-to-depth, its max-pool as Triton kernels) -> +combo-kernels (inductor combines
-    independent kernels, such as autocast's weight casts, into fewer launches)
+    independent kernels, such as autocast's weight casts, into fewer launches) -> +matmul-1x1
+    (1x1 convolutions as cuBLAS matrix products)
 CPU ladder: plain -> fp32 -> bf16 (autocast) -> +channels_last -> +compile.
 
 ``plain`` and ``fp32`` use the optimizer implementation PyTorch picks by default on that device
@@ -70,10 +71,12 @@ def gpu_ladder() -> list[Rung]:
     fused_bn = replace(graphed, fused_bn=True)
     stem = replace(fused_bn, fast_stem=True)
     combo = replace(stem, combo_kernels=True)
+    matmul = replace(combo, matmul_1x1=True)
     return [PLAIN, Rung("fp32", fp32), Rung("tf32", tf32), Rung("amp", amp),
             Rung("+channels_last", nhwc), Rung("+fused", fused), Rung("+compile", compiled),
             Rung("+cuda-graph", graphed), Rung("+fused-bn", fused_bn),
-            Rung("+fast-stem", stem), Rung("+combo-kernels", combo)]
+            Rung("+fast-stem", stem), Rung("+combo-kernels", combo),
+            Rung("+matmul-1x1", matmul)]
 
 
 def cpu_ladder() -> list[Rung]:
@@ -201,6 +204,9 @@ def _applicable(config: AccelConfig, device_type: str, has_conv: bool):
         if config.cuda_graph:
             config = replace(config, cuda_graph=False)
             dropped.append(("cuda_graph", f"CUDA graphs need CUDA, not {device_type}"))
+    if config.matmul_1x1 and not has_conv:
+        config = replace(config, matmul_1x1=False)
+        dropped.append(("matmul_1x1", "the model has no 2-d convolutions"))
     if config.channels_last and not has_conv:
         config = replace(config, channels_last=False)
         dropped.append(("channels_last", "the model has no 2-d convolutions"))
