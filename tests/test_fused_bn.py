@@ -230,9 +230,23 @@ def test_state_dict_keys_are_those_of_batchnorm2d():
     assert "relu=True" in repr(m)
 
 
+def test_programmatic_dependent_launch_only_where_it_can_run(monkeypatch):
+    from kasoku.accel import bn_kernels
+    cpu = torch.device("cpu")
+    assert bn_kernels.PDL is None and bn_kernels.launch_options(cpu) == {}
+    monkeypatch.setattr(bn_kernels, "PDL", True)  # forced on: still never in the interpreter
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert bn_kernels.launch_options(cpu) == {}
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert bn_kernels.launch_options(cpu) == {"GDC": True, "launch_pdl": True}
+
+
 @cuda
+@pytest.mark.parametrize("pdl", [None, False])
 @pytest.mark.parametrize("relu,residual", [(True, False), (True, True), (False, False)])
-def test_cuda_kernels_in_bfloat16_against_float32(relu, residual):
+def test_cuda_kernels_in_bfloat16_against_float32(relu, residual, pdl, monkeypatch):
+    from kasoku.accel import bn_kernels
+    monkeypatch.setattr(bn_kernels, "PDL", pdl)  # None: PDL where the GPU has it
     g = torch.Generator().manual_seed(0)
     shape = (32, 256, 14, 14)
     x, r, dy = (nhwc(torch.randn(shape, generator=g) * 2 + 1).bfloat16().float().cuda()

@@ -26,6 +26,12 @@ would launch fewer programs than this per multiprocessor (small batches); 0: nev
 NUM_WARPS = 0
 """Warps per program; 0: 8 for layers with a residual (more loads in flight) or of up to 64
 channels, else 4."""
+PDL: bool | None = None
+"""Launch the four kernels with programmatic dependent launch (PDL): each is scheduled while
+the kernel before it drains and waits in ``gdc_wait`` for its results; the reductions let the
+kernel after them start once their sums are in registers. None: on where the GPU has it
+(compute capability 9.0 and later) and Triton can emit it (ResNet-50 at bs 32 on an H200:
++1%, docs/benchmarks.md)."""
 BLOCK_C = 0
 """Channels per tile; 0: 64 for layers with a residual or of up to 64 channels, else 128.
 (Both chosen with benchmarks/fused_bn_probe.py on an H200.)"""
@@ -37,7 +43,10 @@ def _define_kernels():
 
     @triton.jit
     def bn_stats_kernel(X, ACC, M, C, rows_per_prog,
-                     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+                     GDC: tl.constexpr = False):
+        if GDC:  # programmatic dependent launch: wait for the kernel before to finish
+            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -54,13 +63,18 @@ def _define_kernels():
             v = tl.where(mask, v - first[None, :], 0.0)
             acc_s += v
             acc_q += v * v
+        if GDC:  # the sums are in registers: the next kernel may be scheduled (it waits)
+            tl.extra.cuda.gdc_launch_dependents()
         tl.atomic_add(ACC + cols, tl.reduce(acc_s, 0, tl.standard._sum_combine), mask=cmask)
         tl.atomic_add(ACC + C + cols, tl.reduce(acc_q, 0, tl.standard._sum_combine), mask=cmask)
 
     @triton.jit
     def bn_forward_kernel(X, R, Y, ACC, W, B, MEAN, INVSTD, VAR, M, C, rows_per_prog, eps,
                        HAS_RES: tl.constexpr,
-                       RELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                       RELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+                       GDC: tl.constexpr = False):
+        if GDC:  # programmatic dependent launch: wait for the kernel before to finish
+            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -95,7 +109,10 @@ def _define_kernels():
     @triton.jit
     def bn_backward_reduce_kernel(DY, X, Y, DR, W, B, MEAN, INVSTD, ACC, M, C, rows_per_prog,
                                HAS_RES: tl.constexpr, RELU: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+                               GDC: tl.constexpr = False):
+        if GDC:  # programmatic dependent launch: wait for the kernel before to finish
+            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -123,13 +140,18 @@ def _define_kernels():
                 tl.store(DR + offs, g.to(DR.dtype.element_ty), mask=mask)
             acc_g += g
             acc_gx += tl.where(mask, g * (x - mean[None, :]), 0.0)
+        if GDC:  # the sums are in registers: the next kernel may be scheduled (it waits)
+            tl.extra.cuda.gdc_launch_dependents()
         tl.atomic_add(ACC + cols, tl.reduce(acc_g, 0, tl.standard._sum_combine), mask=cmask)
         tl.atomic_add(ACC + C + cols, tl.reduce(acc_gx, 0, tl.standard._sum_combine), mask=cmask)
 
     @triton.jit
     def bn_backward_kernel(DY, X, DX, DR, W, B, MEAN, INVSTD, ACC, DW, DB, M, C,
                         rows_per_prog, HAS_RES: tl.constexpr, RELU: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+                        GDC: tl.constexpr = False):
+        if GDC:  # programmatic dependent launch: wait for the kernel before to finish
+            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -189,6 +211,22 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 2
+
+
+@functools.lru_cache(maxsize=None)
+def _has_pdl(device: torch.device) -> bool:
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    import triton.language as tl
+    return hasattr(tl.extra.cuda, "gdc_wait")
+
+
+def launch_options(device: torch.device) -> dict:
+    """Keyword arguments of every launch of the four kernels on ``device``: programmatic
+    dependent launch per ``PDL`` (never in Triton's interpreter)."""
+    from kasoku._triton import interpreting
+    on = _has_pdl(device) if PDL is None else PDL
+    return {"GDC": True, "launch_pdl": True} if on and not interpreting() else {}
 
 
 def tiles(C: int, residual: bool) -> tuple[int, int, int]:

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from kasoku._triton import interpreting
-from kasoku.accel.bn_kernels import as_matrix, grids, kernels, tiles
+from kasoku.accel.bn_kernels import as_matrix, grids, kernels, launch_options, tiles
 from kasoku.accel.notes import skip
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,14 +70,15 @@ def bn_act_forward(x: Tensor, weight: Tensor, bias: Tensor, residual: Optional[T
     acc = torch.zeros(2, C, dtype=torch.float32, device=x.device)
     res = _channels_last(residual) if residual is not None else x
     stats, forward = kernels()[:2]
+    pdl = launch_options(x.device)
     block_m, block_c, warps = tiles(C, residual is not None)
     (red_grid, red_rows), (app_grid, app_rows) = grids(M, C, x.device, block_c)
     xm = as_matrix(x)
     stats[red_grid](xm, acc, M, C, red_rows, BLOCK_M=block_m, BLOCK_C=block_c,
-                    num_warps=warps)
+                    num_warps=warps, **pdl)
     forward[app_grid](xm, as_matrix(res), as_matrix(y), acc, weight, bias, mean, invstd, var,
                       M, C, app_rows, eps, HAS_RES=residual is not None, RELU=relu,
-                      BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps)
+                      BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps, **pdl)
     return y, mean, invstd, var
 
 
@@ -121,17 +122,18 @@ def bn_act_backward(dy: Tensor, x: Tensor, y: Tensor, weight: Tensor, bias: Tens
     dbias = torch.empty_like(bias)
     acc = torch.zeros(2, C, dtype=torch.float32, device=x.device)
     reduce, backward = kernels()[2:4]
+    pdl = launch_options(x.device)
     block_m, block_c, warps = tiles(C, has_residual)
     (red_grid, red_rows), (app_grid, app_rows) = grids(M, C, x.device, block_c)
     dym, xm, ym = as_matrix(dy), as_matrix(x), as_matrix(y)
     drm = as_matrix(dr) if has_residual else dym
     reduce[red_grid](dym, xm, ym, drm, weight, bias, mean, invstd, acc, M, C, red_rows,
                      HAS_RES=has_residual, RELU=relu, BLOCK_M=block_m, BLOCK_C=block_c,
-                     num_warps=warps)
+                     num_warps=warps, **pdl)
     backward[app_grid](dym, xm, as_matrix(dx), drm, weight, bias, mean, invstd, acc, dweight,
                        dbias, M, C, app_rows,
                        HAS_RES=has_residual, RELU=relu, BLOCK_M=block_m, BLOCK_C=block_c,
-                       num_warps=warps)
+                       num_warps=warps, **pdl)
     return dx, dweight, dbias, dr
 
 
