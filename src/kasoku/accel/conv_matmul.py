@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kasoku.accel._recast import recast
 from kasoku.accel.notes import skip
 
 
@@ -56,9 +57,7 @@ class Conv1x1Matmul(nn.Conv2d):
         if not matmul_able(conv):
             raise ValueError(f"cannot compute {conv} as a matrix product: needs a 1x1 kernel, "
                              f"no padding, groups or dilation, the same stride on both axes")
-        new = cls.__new__(cls)
-        new.__dict__.update(conv.__dict__)  # the same Parameter objects, hooks and settings
-        return new
+        return recast(conv, cls)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last):

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from kasoku._triton import LazyKernel, interpreting
+from kasoku.accel._recast import recast
 
 BLOCK_P = 32
 """Pixels per tile."""
@@ -179,9 +180,7 @@ class MaxPool2dKernel(nn.MaxPool2d):
 
     @classmethod
     def from_pool(cls, pool: nn.MaxPool2d) -> "MaxPool2dKernel":
-        new = cls.__new__(cls)
-        new.__dict__.update(pool.__dict__)
-        return new
+        return recast(pool, cls)
 
     def forward(self, x: Tensor) -> Tensor:
         geometry = _square(self.kernel_size, self.stride, self.padding)

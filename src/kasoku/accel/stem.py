@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kasoku.accel._recast import recast
 from kasoku.accel.notes import skip
 
 CHANNEL_MULTIPLE = 8
@@ -40,9 +41,7 @@ class SpaceToDepthConv2d(nn.Conv2d):
         if not foldable(conv):
             raise ValueError(f"cannot fold {conv}: needs stride 2, no dilation or groups, "
                              f"zero padding equal on both axes")
-        new = cls.__new__(cls)
-        new.__dict__.update(conv.__dict__)  # the same Parameter objects, hooks and settings
-        return new
+        return recast(conv, cls)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
