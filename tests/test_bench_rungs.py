@@ -24,7 +24,8 @@ def test_gpu_ladder_adds_one_lever_per_rung():
     ladder = gpu_ladder()
     assert [r.label for r in ladder] == ["plain", "fp32", "tf32", "amp", "+channels_last",
                                          "+fused", "+compile", "+cuda-graph", "+fused-bn",
-                                         "+fast-stem", "+combo-kernels", "+matmul-1x1"]
+                                         "+fast-stem", "+combo-kernels", "+matmul-1x1",
+                                         "+wgrad-stream"]
     assert ladder[0] is PLAIN and ladder[0].config is None
     c = {r.label: r.config for r in ladder[1:]}
     assert c["fp32"] == AccelConfig(precision="fp32", optimizer_impl="foreach")
@@ -40,6 +41,7 @@ def test_gpu_ladder_adds_one_lever_per_rung():
     assert c["+fast-stem"] == replace(c["+fused-bn"], fast_stem=True)
     assert c["+combo-kernels"] == replace(c["+fast-stem"], combo_kernels=True)
     assert c["+matmul-1x1"] == replace(c["+combo-kernels"], matmul_1x1=True)
+    assert c["+wgrad-stream"] == replace(c["+matmul-1x1"], wgrad_stream=True)
     assert [compute_dtype(r) for r in ladder[:4]] == ["fp32", "fp32", "tf32", "bf16"]
 
 
@@ -56,7 +58,8 @@ def test_cpu_ladder_and_levers_that_do_not_apply():
     assert any("+channels_last skipped" in n for n in notes)
     rungs, notes = resolve(gpu_ladder(), "cpu", has_conv=True)
     assert "tf32" not in [r.label for r in rungs] and "+cuda-graph" not in [r.label for r in rungs]
-    for lever in ("tf32", "cudnn_benchmark", "cuda_graph"):
+    assert "+wgrad-stream" not in [r.label for r in rungs]
+    for lever in ("tf32", "cudnn_benchmark", "cuda_graph", "wgrad_stream"):
         assert sum(n.startswith(f"{lever} does not apply") for n in notes) == 1, notes
     assert all(not r.config.cudnn_benchmark for r in rungs if r.config)
     rungs, notes = resolve(gpu_ladder(), "cuda", has_conv=True)

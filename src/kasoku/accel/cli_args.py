@@ -31,7 +31,7 @@ def field_docs(cls) -> dict[str, str]:
 
 def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--precision``, ``--channels-last``, ``--cudnn-benchmark``, ``--optimizer-impl``,
-    ``--fused-bn``, ``--fast-stem``, ``--matmul-1x1``, ``--compile [MODE]``,
+    ``--fused-bn``, ``--fast-stem``, ``--matmul-1x1``, ``--wgrad-stream``, ``--compile [MODE]``,
     ``--combo-kernels``, ``--cuda-graph``, ``--loss-scale-init`` and ``--steps-per-call`` to
     ``parser``."""
     d = AccelConfig()
@@ -48,6 +48,7 @@ def add_accel_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fused-bn", action="store_true", help=h["fused_bn"])
     g.add_argument("--fast-stem", action="store_true", help=h["fast_stem"])
     g.add_argument("--matmul-1x1", action="store_true", help=h["matmul_1x1"])
+    g.add_argument("--wgrad-stream", action="store_true", help=h["wgrad_stream"])
     g.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    metavar="MODE", help=f"{h['compile']} MODE: {h['compile_mode']}")
     g.add_argument("--combo-kernels", action="store_true", help=h["combo_kernels"])
@@ -63,7 +64,7 @@ def accel_config_from_args(args: argparse.Namespace) -> AccelConfig:
     return AccelConfig(precision=args.precision, channels_last=args.channels_last,
                        cudnn_benchmark=args.cudnn_benchmark, optimizer_impl=args.optimizer_impl,
                        fused_bn=args.fused_bn, fast_stem=args.fast_stem,
-                       matmul_1x1=args.matmul_1x1,
+                       matmul_1x1=args.matmul_1x1, wgrad_stream=args.wgrad_stream,
                        compile=args.compile is not None,
                        compile_mode=args.compile or AccelConfig.compile_mode,
                        combo_kernels=args.combo_kernels,

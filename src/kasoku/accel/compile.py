@@ -41,7 +41,8 @@ def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = 
     Apply after everything that changes the weights' dtype or memory format (the compiled
     code specializes on them). On a CPU inductor needs a C++ compiler: without one the lever
     is warned about once, noted and skipped. ``cfg.combo_kernels``: inductor's combo kernels
-    (compile mode default only). ``backend``: torch.compile's (tests use ``aot_eager``)."""
+    (compile mode default only). ``cfg.wgrad_stream``: inductor's buffer reuse off (see
+    ``kasoku.accel.wgrad_stream``). ``backend``: torch.compile's (tests use ``aot_eager``)."""
     if not cfg.compile:
         return model
     if cfg.compile_mode not in COMPILE_MODES:
@@ -54,14 +55,23 @@ def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = 
                     "is on PATH; running eagerly")
         return model
     mode = None if cfg.compile_mode == "default" else cfg.compile_mode
-    options = None
+    options = {}
     if getattr(cfg, "combo_kernels", False):
         if mode is not None:  # torch.compile takes a mode or inductor options, not both
             raise ConfigError(f"--combo-kernels sets inductor options, which torch.compile "
                               f"does not take beside compile mode {mode!r}; use compile mode "
                               f"default")
-        if backend == "inductor":
-            options = {"combo_kernels": True}
+        options["combo_kernels"] = True
+    if getattr(cfg, "wgrad_stream", False):
+        # kasoku.accel.wgrad_stream: a second stream still reads gradient buffers after the
+        # backward code moved on; inductor's generated code must not hand them to later kernels.
+        options["allow_buffer_reuse"] = False
+    if backend != "inductor" or not options:
+        options = None
     import_compiler(backend)
+    if options and mode is not None:  # the mode's own options, then these
+        from torch._inductor import list_mode_options
+        options = {**list_mode_options(mode), **options}
+        mode = None
     model.compile(mode=mode, backend=backend, options=options)
     return model

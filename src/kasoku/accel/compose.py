@@ -17,6 +17,7 @@ from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, 
 from kasoku.accel.multistep import apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.accel.stem import apply_fast_stem
+from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.errors import ConfigError
 
 
@@ -55,6 +56,11 @@ def check_config(cfg: AccelConfig) -> None:
         raise ConfigError("--matmul-1x1 computes 1x1 convolutions on channels_last activations "
                           "(in NCHW the product would need a transpose copy each way); add "
                           "--channels-last")
+    if cfg.wgrad_stream and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
+        raise ConfigError(
+            f"--wgrad-stream with compile mode {cfg.compile_mode!r}: that mode records "
+            f"inductor's own CUDA graphs, which assume one stream; use compile mode default or "
+            f"max-autotune-no-cudagraphs (and --cuda-graph to capture the whole step)")
     if cfg.cuda_graph and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
         raise ConfigError(
             f"--cuda-graph with compile mode {cfg.compile_mode!r} would nest two layers of CUDA "
@@ -91,6 +97,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     model = apply_fused_bn(model, cfg, device, notes)
     model = apply_fast_stem(model, cfg, device, notes)
     model = apply_matmul_1x1(model, cfg, notes)
+    model = apply_wgrad_stream(model, cfg, device, notes)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     model = apply_compile(model, cfg, device, notes)

@@ -38,6 +38,9 @@ class AccelConfig:
     """1x1 convolutions as matrix products on channels_last activations (cuBLAS instead of
     cuDNN: faster for ResNet-50's shapes at small batches on an H200; kasoku.accel.conv_matmul);
     needs channels_last."""
+    wgrad_stream: bool = False
+    """The weight gradients of convolutions on a second CUDA stream, joined at the end of the
+    backward pass, so they run beside the rest of backward (kasoku.accel.wgrad_stream); CUDA."""
     compile: bool = False
     """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
     compile_mode: str = "default"

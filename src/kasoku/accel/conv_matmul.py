@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kasoku.accel import wgrad_stream as _wgrad
 from kasoku.accel._recast import recast
 from kasoku.accel.notes import skip
 
@@ -50,7 +51,10 @@ class _Subsample(torch.autograd.Function):
 
 class Conv1x1Matmul(nn.Conv2d):
     """``nn.Conv2d`` (1x1) computed as a matrix product on channels_last inputs (see the
-    module's doc)."""
+    module's doc). With ``wgrad_stream`` set (``kasoku.accel.wgrad_stream``) its weight
+    gradient goes to a second CUDA stream."""
+
+    wgrad_stream = False
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "Conv1x1Matmul":
@@ -61,13 +65,16 @@ class Conv1x1Matmul(nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last):
-            return super().forward(x)
+            return _wgrad.conv2d(self, x) if self.wgrad_stream else super().forward(x)
         s = self.stride[0]
         if s != 1:
             x = _Subsample.apply(x, s)
         n, c, h, w = x.shape
         rows = x.permute(0, 2, 3, 1).reshape(n * h * w, c)  # a view when stride is 1
-        y = F.linear(rows, self.weight.flatten(1), self.bias)
+        if self.wgrad_stream:
+            y = _wgrad.linear(rows, self.weight, self.bias)
+        else:
+            y = F.linear(rows, self.weight.flatten(1), self.bias)
         return y.view(n, h, w, self.out_channels).permute(0, 3, 1, 2)  # channels_last
 
 

@@ -72,11 +72,12 @@ def gpu_ladder() -> list[Rung]:
     stem = replace(fused_bn, fast_stem=True)
     combo = replace(stem, combo_kernels=True)
     matmul = replace(combo, matmul_1x1=True)
+    wgrad = replace(matmul, wgrad_stream=True)
     return [PLAIN, Rung("fp32", fp32), Rung("tf32", tf32), Rung("amp", amp),
             Rung("+channels_last", nhwc), Rung("+fused", fused), Rung("+compile", compiled),
             Rung("+cuda-graph", graphed), Rung("+fused-bn", fused_bn),
             Rung("+fast-stem", stem), Rung("+combo-kernels", combo),
-            Rung("+matmul-1x1", matmul)]
+            Rung("+matmul-1x1", matmul), Rung("+wgrad-stream", wgrad)]
 
 
 def cpu_ladder() -> list[Rung]:
@@ -204,9 +205,15 @@ def _applicable(config: AccelConfig, device_type: str, has_conv: bool):
         if config.cuda_graph:
             config = replace(config, cuda_graph=False)
             dropped.append(("cuda_graph", f"CUDA graphs need CUDA, not {device_type}"))
+        if config.wgrad_stream:
+            config = replace(config, wgrad_stream=False)
+            dropped.append(("wgrad_stream", f"a second CUDA stream, not on {device_type}"))
     if config.matmul_1x1 and not has_conv:
         config = replace(config, matmul_1x1=False)
         dropped.append(("matmul_1x1", "the model has no 2-d convolutions"))
+    if config.wgrad_stream and not has_conv:
+        config = replace(config, wgrad_stream=False)
+        dropped.append(("wgrad_stream", "the model has no 2-d convolutions"))
     if config.channels_last and not has_conv:
         config = replace(config, channels_last=False)
         dropped.append(("channels_last", "the model has no 2-d convolutions"))
