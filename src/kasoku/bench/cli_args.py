@@ -41,7 +41,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     which.add_argument("--ladder", action="store_true",
                        help="the device's default ladder (the default): GPU plain, fp32, "
                        "tf32, amp, +channels_last, +fused, +compile, +cuda-graph, +fused-bn, "
-                       "+fast-stem, +combo-kernels, +matmul-1x1; CPU plain, "
+                       "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream; CPU plain, "
                        "fp32, +fused, +bf16, +channels_last, +compile")
     which.add_argument("--config", action="append", metavar="SPEC",
                        help="a rung of your own, repeatable: a ladder label (amp, +compile) or "

@@ -7,8 +7,9 @@ GPU ladder, each rung adding one lever to the one before:
     add and ReLU as kasoku's Triton kernels) -> +fast-stem (the stem convolution folded
     space-to-depth, its max-pool as Triton kernels) -> +combo-kernels (inductor combines
     independent kernels, such as autocast's weight casts, into fewer launches) -> +matmul-1x1
-    (1x1 convolutions as cuBLAS matrix products)
-CPU ladder: plain -> fp32 -> bf16 (autocast) -> +channels_last -> +compile.
+    (1x1 convolutions as cuBLAS matrix products) -> +wgrad-stream (convolutions' weight
+    gradients on a second CUDA stream, joined at the end of the backward pass)
+CPU ladder: plain -> fp32 -> +fused -> +bf16 (autocast) -> +channels_last -> +compile.
 
 ``plain`` and ``fp32`` use the optimizer implementation PyTorch picks by default on that device
 (multi-tensor "foreach" on CUDA, the per-tensor loop on CPU), so the pair shows what kasoku's
