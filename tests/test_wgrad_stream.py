@@ -154,13 +154,13 @@ def test_cli_flag():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("graph", [False, True])
-def test_cuda_side_stream_gradients_match_one_stream(graph):
-    # The compiled (inductor), optionally graph-captured step with and without the lever,
-    # from the same weights: one step on the same batch must give the same gradients. A
-    # stream race (a buffer reused before the side stream read it) would not.
+@pytest.mark.parametrize("compiled,graph", [(False, False), (True, False), (True, True)])
+def test_cuda_side_stream_gradients_match_one_stream(compiled, graph):
+    # The step (eager, compiled by inductor, or compiled and graph-captured) with and without
+    # the lever, from the same weights: one step on the same batch must give the same
+    # gradients. A stream race (a buffer reused before the side stream read it) would not.
     dev = torch.device("cuda")
-    cfg = AccelConfig(precision="bf16", channels_last=True, matmul_1x1=True, compile=True,
+    cfg = AccelConfig(precision="bf16", channels_last=True, matmul_1x1=True, compile=compiled,
                       optimizer_impl="fused", cuda_graph=graph)
     g = torch.Generator(device=dev).manual_seed(0)
     batches = [(torch.randn(64, 3, 64, 64, generator=g, device=dev),
