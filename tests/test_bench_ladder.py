@@ -129,3 +129,10 @@ def test_report_redraws_from_the_lines_alone(sweep):
     code, again = bench(["mnist-mlp", "--device", "cpu", "--out", str(out), "--report"])
     assert code == 0 and "OOM" in again and "NUMERICS FAIL" in again
     assert (out / "ladder.png").exists()
+
+
+def test_each_rung_of_a_long_ladder_has_its_own_color():
+    from kasoku.bench.report import rung_colors
+    for n in (3, 10, 13, 20):
+        colors = rung_colors(n)
+        assert len(colors) == n and len(set(colors)) == n, n

@@ -57,6 +57,18 @@ def print_ladder(records: list[dict], title: str | None = None, file=None) -> No
     print_table(headers, rows, title=title.strip(), file=file)
 
 
+def rung_colors(n: int) -> list:
+    """One color per rung, distinct for up to 20 rungs (the GPU ladder has 13, more than
+    matplotlib's default cycle of 10): tab10 up to 10, else tab20's dark shades, then its
+    light ones."""
+    from matplotlib import colormaps
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    tab20 = colormaps["tab20"]
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return [tab20(order[i % 20]) for i in range(n)]
+
+
 def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
     """Grouped bars as in seed 004: x = batch size, one bar per rung, y = median rate, with
     min-max whiskers; an OOM is written where its bar would stand, a numerics failure is
@@ -70,6 +82,7 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
     ax = fig.add_subplot()
     width = 0.8 / max(1, len(rungs))
     top = max([median_rate(r) or 0.0 for r in records] + [1.0])
+    colors = rung_colors(len(rungs))
     for i, rung in enumerate(rungs):
         xs, heights, errs, hatches = [], [], [[], []], []
         for j, bs in enumerate(sizes):
@@ -87,7 +100,7 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
             errs[0].append(rate - s["min"])
             errs[1].append(s["max"] - rate)
             hatches.append(record.get("numerics", {}).get("status") == "FAIL")
-        bars = ax.bar(xs, heights, width, yerr=errs, capsize=2, label=rung)
+        bars = ax.bar(xs, heights, width, yerr=errs, capsize=2, label=rung, color=colors[i])
         for bar, failed in zip(bars, hatches):
             if failed:
                 bar.set_hatch("xx")
