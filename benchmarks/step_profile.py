@@ -33,9 +33,9 @@ def group(name: str) -> str:
     return next((k for k in BN_KERNELS if k in name), None) or classify(name)
 
 
-def main():
-    bs = int(sys.argv[1])
-    cfg = sys.argv[2] if len(sys.argv) > 2 else "+fast-stem"
+def prepare(bs: int, cfg: str):
+    """The rung built, accelerated and warmed up as ``kasoku bench`` does; prints its rate (median
+    of 5 CUDA-event-timed windows of 20 steps) and returns ``(runner, pool)``."""
     dev = torch.device("cuda")
     rung = rung_from_spec(cfg, "cuda")
     wl = create_workload("imagenet-resnet50")
@@ -51,6 +51,13 @@ def main():
                       "samples_per_s": round(m.figures()["samples_per_s"]["median"]),
                       "windows": sorted(round(r) for r in m.samples_per_s),
                       "first_step_s": round(first, 1), "notes": notes}))
+    return runner, pool
+
+
+def main():
+    bs = int(sys.argv[1])
+    cfg = sys.argv[2] if len(sys.argv) > 2 else "+fast-stem"
+    runner, pool = prepare(bs, cfg)
     n = 10
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
