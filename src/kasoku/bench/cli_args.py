@@ -48,6 +48,15 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                        "AccelConfig keys, e.g. precision=bf16,channels_last,compile=max-autotune"
                        " (plain is always measured too, and the fp32 reference of the "
                        "numerics guard runs for its losses)")
+    p.add_argument("--data", type=Path, metavar="DIR",
+                   help="the workload's dataset (the folder `kasoku train --data` reads): adds "
+                   "a last rung, +loader, the rung before it fed by a loader from DIR instead "
+                   "of synthetic batches on the device (seed 004's '+ the fastest loader')")
+    p.add_argument("--loader", metavar="SPEC",
+                   help="the +loader rung's loader, as `kasoku train --loader` takes it "
+                   "(default: kasoku's pick: device for an in-memory dataset such as MNIST or "
+                   "CIFAR-10, gpu-jpeg for a JPEG folder on a GPU, else multiprocess with one "
+                   "worker per core)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--steps", type=int, help="steps per timed window (default: 20 GPU, 30 CPU)")
     p.add_argument("--windows", type=int, default=3, help="timed windows per run (default 3)")
@@ -101,6 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def sweep_config(args: argparse.Namespace, device, out: Path):
     """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
+    from kasoku.bench.fed import check_data
     from kasoku.bench.rungs import PLAIN, default_ladder, rung_from_spec
     from kasoku.bench.sweep import SweepConfig
     from kasoku.workloads import create_workload
@@ -127,6 +137,7 @@ def sweep_config(args: argparse.Namespace, device, out: Path):
                                ("--kernels", args.kernels, 0)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least:g}, got {value}")
+    check_data(args.data, args.loader)
     if args.windows < 3:
         print(f"note: {args.windows} timed window(s): the median of fewer than 3 is not robust",
               file=sys.stderr)
@@ -135,7 +146,7 @@ def sweep_config(args: argparse.Namespace, device, out: Path):
                        steps=steps, windows=args.windows, warmup=warmup,
                        numerics_steps=args.numerics_steps, timeout_s=args.timeout,
                        seed=args.seed, threads=args.threads, peak_size=args.peak_size,
-                       kernels=args.kernels)
+                       kernels=args.kernels, data=args.data, loader=args.loader)
 
 
 def _device(text: str | None, need_it: bool = True):

@@ -16,6 +16,13 @@ def unit(records: list[dict]) -> str:
     return "samples/s"
 
 
+def data_label(records: list[dict]) -> str:
+    """Where the batches came from: "synthetic on-device", and each loader rung's source."""
+    fed = dict.fromkeys(f"{r['rung']} fed by the {r['data']['source']}" for r in records
+                        if (r.get("data") or {}).get("loader"))
+    return "; ".join(["synthetic on-device", *fed])
+
+
 def _grid(records: list[dict]):
     rungs = list(dict.fromkeys(r["rung"] for r in records))
     sizes = sorted({r["batch_size"] for r in records})
@@ -140,7 +147,7 @@ def report_results(out: Path, workload: str, device_type: str, file=None) -> Pat
         raise FileNotFoundError(f"no {workload} runs on {device_type} in {out}")
     env = records[0].get("env", {})
     title = (f"{workload} on {env.get('device_name', device_type)} (torch {env.get('torch')}, "
-             f"synthetic on-device, latest run of each rung and batch size)")
+             f"{data_label(records)}, latest run of each rung and batch size)")
     print_ladder(records, title=title, file=file)
     if any(median_rate(r) for r in records):
         return plot_ladder(records, Path(out) / "ladder.png", title)

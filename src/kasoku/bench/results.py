@@ -9,7 +9,9 @@ A line (schema ``kasoku.bench/1``)::
     config:   {"kind": "plain", ...} or {"kind": "kasoku", <every AccelConfig field>}
     settings: steps_per_window, windows, warmup_steps, numerics_steps, seed, pool_batches,
               optimizer, lr, momentum, weight_decay
-    data:     source ("synthetic on-device"), input_shape, input_dtype, input_range, target
+    data:     source ("synthetic on-device", or "SPEC loader, DIR" for the loader rung),
+              input_shape, input_dtype, input_range, target; the loader rung also loader
+              (the spec), root, train_samples
     env:      kasoku_version, kasoku_git, python, torch, cuda, cudnn, driver, device_type,
               device_name, device_count, compute_capability (CUDA), cpu_name, cpu_count,
               cpu_affinity, torch_threads, platform

@@ -34,6 +34,9 @@ class Rung:
     label: str
     config: AccelConfig | None
     """None: the plain PyTorch loop of ``kasoku.bench.plain``."""
+    loader: str | None = None
+    """A loader spec (``--loader``) or "fastest": the steps are fed by that loader from the
+    workload's dataset (``kasoku.bench.fed``) instead of synthetic batches on the device."""
 
     @property
     def is_plain(self) -> bool:
@@ -184,12 +187,12 @@ def resolve(rungs: list[Rung], device_type: str, has_conv: bool
                 stated.add(lever)
                 notes.append(f"{lever} does not apply: {why}")
         levers = {lever for lever, _ in dropped}
-        if dropped and out and config == out[-1].config:
+        if dropped and out and config == out[-1].config and rung.loader == out[-1].loader:
             new = sorted(levers - before) or sorted(levers)
             notes.append(f"rung {rung.label} skipped: without {', '.join(new)} it equals "
                          f"rung {out[-1].label}")
         else:
-            out.append(Rung(rung.label, config))
+            out.append(replace(rung, config=config))
         before = levers
     return out, notes
 

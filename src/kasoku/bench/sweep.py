@@ -16,15 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from kasoku.accel.memory_format import has_conv2d
-from kasoku.bench import numerics
+from kasoku.bench import fed, numerics
 from kasoku.bench.pool import batch_spec
-from kasoku.bench.report import plot_ladder, print_ladder
+from kasoku.bench.report import data_label, plot_ladder, print_ladder
 from kasoku.bench.results import SCHEMA, append_result, median_rate
 from kasoku.bench.rungs import REFERENCE_LABEL, Rung, compute_dtype, reference_rung, resolve
 from kasoku.perf.flops import count_step_flops
@@ -56,6 +56,10 @@ class SweepConfig:
     """Matmul size of the peak probe (None: the device's default)."""
     kernels: int = 0
     """Steps profiled per run for the kernel-time split (0: none)."""
+    data: Path | None = None
+    """The workload's dataset: adds the loader rung (``kasoku.bench.fed``)."""
+    loader: str | None = None
+    """The loader rung's loader spec (None: kasoku's pick, ``fed.fastest_loader``)."""
 
 
 @dataclass
@@ -122,6 +126,11 @@ def _prepare(cfg: SweepConfig, say):
     wl = create_workload(cfg.workload)
     model = wl.build_model()
     rungs, notes = resolve(list(cfg.rungs), torch.device(cfg.device).type, has_conv2d(model))
+    if cfg.data is not None:
+        base = next((r for r in reversed(rungs) if not r.is_plain), rungs[-1])
+        rungs.append(Rung(fed.LABEL, base.config, loader=cfg.loader or fed.FASTEST))
+        which = f"the {cfg.loader} loader" if cfg.loader else "the loader kasoku picks"
+        notes.append(f"{fed.LABEL}: the {base.label} rung fed by {which} from {cfg.data}")
     for note in notes:
         say(f"note: {note}")
     spec = batch_spec(wl, model)
@@ -154,6 +163,8 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
         cmd += ["--threads", str(cfg.threads)]
     if cfg.kernels and not numerics_only:
         cmd += ["--kernels", str(cfg.kernels)]
+    if rung.loader:
+        cmd += ["--loader", rung.loader, "--data", str(cfg.data)]
     if numerics_only:
         cmd.append("--numerics-only")
     t0 = time.perf_counter()
@@ -248,7 +259,11 @@ def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
 def _judge(rec: dict, rung: Rung, reference: list[float] | None, is_reference: bool) -> None:
     precision = "fp32" if rung.is_plain else rung.config.precision
     got = rec.get("numerics", {})
-    verdict = numerics.check(got.get("losses"), reference, precision, is_reference)
+    # A fed rung's batches are real data: its losses are only checked for being finite.
+    verdict = numerics.check(got.get("losses"), None if rung.loader else reference, precision,
+                             is_reference)
+    if rung.loader and verdict.status == "n/a":
+        verdict = replace(verdict, reason=fed.NUMERICS_REASON)
     rec["numerics"] = {"losses": got.get("losses"), "loss": got.get("loss"),
                        **verdict.to_dict()}
 
@@ -299,7 +314,7 @@ def _finish(cfg: SweepConfig, result: SweepResult, run_notes: list[str], say, st
     first = next((r for r in records if r["status"] == "ok"), None)
     windows = first["figures"]["samples_per_s"]["n"] if first else cfg.windows
     title = (f"{cfg.workload} on {env.get('device_name', cfg.device)} "
-             f"(torch {env.get('torch', torch.__version__)}, synthetic on-device, "
+             f"(torch {env.get('torch', torch.__version__)}, {data_label(records)}, "
              f"median of {windows} windows x {cfg.steps} steps)")
     print_ladder(records, title=title, file=stream)
     for note in run_notes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -55,17 +55,21 @@ class Measurement:
         }
 
 
-def measure_windows(runner: Runner, pool: list[Batch], device: torch.device, batch_size: int,
-                    steps: int, windows: int, start: int = 0) -> tuple[Measurement, torch.Tensor]:
+def measure_windows(runner: Runner, pool: list[Batch] | None, device: torch.device,
+                    batch_size: int, steps: int, windows: int, start: int = 0,
+                    batches: Callable[[int, int], Iterable[Batch]] | None = None
+                    ) -> tuple[Measurement, torch.Tensor]:
     """Time ``windows`` spans of ``steps`` steps each; returns the measurement and the last
-    loss. The batch lists are built before each span starts."""
+    loss. The batches come from ``pool`` (their lists built before each span starts) or from
+    ``batches(n, start)`` (an iterable a loader may fill lazily, inside the span)."""
     if steps < 1 or windows < 1:
         raise ValueError(f"steps and windows must be >= 1, got {steps} and {windows}")
     m = Measurement(batch_size, steps_per_window=steps)
     loss = None
     for w in range(windows):
-        batches = cycle(pool, steps, start + w * steps)
-        loss, seconds = timed(device, lambda: runner(batches))
+        span = (cycle(pool, steps, start + w * steps) if batches is None
+                else batches(steps, start + w * steps))
+        loss, seconds = timed(device, lambda: runner(span))
         m.window_s.append(seconds)
     return m, loss
 

@@ -63,6 +63,8 @@ class WorkerRequest:
     kernels: int = 0
     """Steps profiled after the windows for the kernel-time split (``kasoku.perf.kernels``);
     0: none."""
+    data: str | None = None
+    """The workload's dataset folder, for a rung fed by a loader (``rung.loader``)."""
 
 
 def run(req: WorkerRequest) -> dict:
@@ -100,7 +102,7 @@ def run(req: WorkerRequest) -> dict:
 
 
 def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None:
-    figures, notes = record["figures"], record["notes"]
+    notes = record["notes"]
     torch.manual_seed(req.seed)
     model = wl.build_model()
     spec = batch_spec(wl, model)
@@ -114,7 +116,27 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None
         lr *= DIVERGE_LR_SCALE
         notes.append(f"learning rate x{DIVERGE_LR_SCALE:g} by {DIVERGE_ENV} (test hook)")
     model = model.to(device)
+    if req.rung.loader:
+        if not req.data:
+            raise ValueError(f"rung {req.rung.label} is fed by a loader: it needs --data DIR")
+        from kasoku.bench.fed import FedBatches
+        fed = FedBatches(wl, req.data, req.rung.loader, req.batch_size, device, seed=req.seed)
+        record["data"] = {**record["data"], **fed.describe(req.data)}
+        try:
+            _measure_steps(req, wl, model, device, lr, record, lambda n, start: fed.take(n))
+        finally:
+            fed.close()
+        return
     pool = make_pool(spec, req.batch_size, device, req.pool_batches, seed=req.seed)
+    _measure_steps(req, wl, model, device, lr, record,
+                   lambda n, start: cycle(pool, n, start))
+
+
+def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: float,
+                   record: dict, batches) -> None:
+    """The phases of the module doc on ``batches(n, start)``: the batches of steps start ..
+    start + n - 1 (made lazily by a loader, inside the timed spans)."""
+    figures, notes = record["figures"], record["notes"]
     runner = _make_runner(req.rung, wl, model, device, lr, notes)
 
     # Numerics: the first K steps one at a time, every loss kept on the device (one sync at
@@ -125,7 +147,7 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None
 
     def one_by_one(start: int, n: int) -> None:
         for i in range(start, start + n):
-            losses.append(runner(cycle(pool, 1, i)).clone())
+            losses.append(runner(batches(1, i)).clone())
 
     _, first_s = timed(device, lambda: one_by_one(0, 1))
     _, rest_s = timed(device, lambda: one_by_one(1, k - 1))
@@ -138,17 +160,17 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None
             return
     warm_s = 0.0
     if req.warmup:
-        _, warm_s = timed(device, lambda: runner(cycle(pool, req.warmup, done)))
+        _, warm_s = timed(device, lambda: runner(batches(req.warmup, done)))
         done += req.warmup
     figures["warmup_s"] = first_s + rest_s + warm_s
-    m, loss = measure_windows(runner, pool, device, req.batch_size, req.steps, req.windows,
-                              start=done)
+    m, loss = measure_windows(runner, None, device, req.batch_size, req.steps, req.windows,
+                              start=done, batches=batches)
     figures.update(m.figures())
     figures["final_loss"] = float(loss)
     if req.kernels:
         from kasoku.perf.kernels import profile_steps
         start = done + req.steps * req.windows
-        split = profile_steps(lambda: runner(cycle(pool, req.kernels, start)), device,
+        split = profile_steps(lambda: runner(batches(req.kernels, start)), device,
                               steps=req.kernels)
         figures["kernels"] = split.to_dict(top=10)
 
@@ -242,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool-batches", type=int, default=4)
     p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
                    help="profile this many steps after the windows: kernel time by kind")
+    p.add_argument("--loader", help="feed the steps by this loader spec (or 'fastest') from "
+                   "--data instead of synthetic batches")
+    p.add_argument("--data", help="the workload's dataset folder, for --loader")
     p.add_argument("--probe-peak", metavar="DTYPES", help="measure matmul peaks instead")
     p.add_argument("--peak-size", type=int)
     args = p.parse_args(argv)
@@ -252,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.workload or not args.batch_size:
         p.error("--workload and --batch-size are required")
-    req = WorkerRequest(args.workload, Rung(args.rung, config_from_json(args.config)),
-                        args.batch_size, args.device, args.steps, args.windows, args.warmup,
-                        args.numerics_steps, args.seed, args.threads, args.pool_batches,
-                        args.numerics_only, args.kernels)
+    rung = Rung(args.rung, config_from_json(args.config), loader=args.loader)
+    req = WorkerRequest(args.workload, rung, args.batch_size, args.device, args.steps,
+                        args.windows, args.warmup, args.numerics_steps, args.seed, args.threads,
+                        args.pool_batches, args.numerics_only, args.kernels, args.data)
     record = run(req)
     if args.json:
         sys.stdout.flush()

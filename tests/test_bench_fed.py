@@ -1,0 +1,80 @@
+"""The ladder's loader rung (``kasoku bench --data DIR``): the rung before it fed by a loader
+from the workload's dataset, end to end in worker processes on the CPU, on an MNIST folder in
+the real IDX format; kasoku's pick of the loader; the settings it refuses."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from kasoku.bench import fed
+from kasoku.data.base import ArrayDataset
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.errors import ConfigError
+from kasoku.workloads import create_workload
+from test_bench_ladder import FAST, bench
+from test_data_mnist import write_mnist
+
+
+def test_loader_rung_feeds_the_rung_before_it_from_the_dataset(tmp_path):
+    data = write_mnist(tmp_path / "mnist", n_train=200, n_test=20)
+    out = tmp_path / "out"
+    code, text = bench(["mnist-mlp", "--batch-size", "16", "--config", "fp32", "--data",
+                        str(data), "--out", str(out), *FAST])
+    assert code == 0, text
+    records = {r["rung"]: r for r in map(json.loads, (out / "results.jsonl").read_text()
+                                         .splitlines())}
+    assert list(records) == ["fp32", "plain", fed.LABEL]
+    rec = records[fed.LABEL]
+    assert rec["status"] == "ok" and rec["config"] == records["fp32"]["config"]
+    assert rec["figures"]["samples_per_s"]["median"] > 0
+    # The device loader over the 200 training images of the folder, not the synthetic pool.
+    assert rec["data"]["loader"] == "device" and rec["data"]["train_samples"] == 200
+    assert rec["data"]["source"] == f"device loader, {data}"
+    assert records["fp32"]["data"]["source"] == "synthetic on-device"
+    # Real batches: the losses are kept, checked finite, and not compared with fp32's.
+    numerics = rec["numerics"]
+    assert numerics["status"] == "n/a" and numerics["reason"] == fed.NUMERICS_REASON
+    assert len(numerics["losses"]) == 4 and all(np.isfinite(numerics["losses"]))
+    assert f"{fed.LABEL} fed by the device loader, {data}" in text
+    assert f"note: {fed.LABEL}: the fp32 rung fed by the loader kasoku picks" in text
+
+
+def test_a_named_loader_is_used(tmp_path):
+    data = write_mnist(tmp_path / "mnist", n_train=64, n_test=8)
+    out = tmp_path / "out"
+    code, text = bench(["mnist-mlp", "--batch-size", "16", "--config", "fp32", "--data",
+                        str(data), "--loader", "serial", "--out", str(out), *FAST,
+                        "--numerics-steps", "0"])
+    assert code == 0, text
+    rec = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    assert rec["rung"] == fed.LABEL and rec["data"]["loader"] == "serial"
+    assert rec["status"] == "ok"
+
+
+def test_kasoku_picks_the_loader_by_dataset_and_device(tmp_path):
+    in_memory = ArrayDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.zeros(4))
+    assert fed.fastest_loader(in_memory, "cuda") == "device"
+    assert fed.fastest_loader(in_memory, "cpu") == "device"
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "cat" / "a.jpg")
+    folder = ImageFolder(tmp_path, train=True)
+    assert fed.fastest_loader(folder, "cuda") == "gpu-jpeg"
+    assert fed.fastest_loader(folder, "cpu").startswith("multiprocess:")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--loader", "device"], "--loader needs --data DIR"),
+    (["--data", "/no/such/folder"], "no such folder"),
+    (["--data", ".", "--loader", "bogus"], "bogus"),
+])
+def test_loader_settings_that_cannot_work_are_refused(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        bench(["mnist-mlp", "--device", "cpu", "--config", "fp32", *argv])
+
+
+def test_a_dataset_smaller_than_a_batch_is_a_clear_error(tmp_path):
+    data = write_mnist(tmp_path / "mnist", n_train=8, n_test=2)
+    with pytest.raises(ConfigError, match="fewer than one batch of 16"):
+        fed.FedBatches(create_workload("mnist-mlp"), data, None, 16, torch.device("cpu"))
