@@ -78,3 +78,10 @@ def test_a_dataset_smaller_than_a_batch_is_a_clear_error(tmp_path):
     data = write_mnist(tmp_path / "mnist", n_train=8, n_test=2)
     with pytest.raises(ConfigError, match="fewer than one batch of 16"):
         fed.FedBatches(create_workload("mnist-mlp"), data, None, 16, torch.device("cpu"))
+
+
+def test_a_multi_step_rung_is_refused(tmp_path):
+    data = write_mnist(tmp_path / "mnist", n_train=64, n_test=8)
+    with pytest.raises(ConfigError, match="one batch per step; steps_per_call=4"):
+        bench(["mnist-mlp", "--device", "cpu", "--config", "fp32,steps_per_call=4", "--data",
+               str(data), "--out", str(tmp_path / "out"), *FAST])

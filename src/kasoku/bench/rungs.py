@@ -151,11 +151,12 @@ def _parse_value(key: str, raw: str | None, field: dataclasses.Field, spec: str)
         raise ConfigError(f"{key} needs a value ({key}=...) in {spec!r}")
     if key == "optimizer_impl" and raw.lower() in ("none", "auto", "default"):
         return {key: None}
-    if kind == "float":
+    if kind in ("float", "int"):
         try:
-            return {key: float(raw)}
+            return {key: float(raw) if kind == "float" else int(raw)}
         except ValueError:
-            raise ConfigError(f"{key} takes a number, got {raw!r} in {spec!r}") from None
+            raise ConfigError(f"{key} takes a{'' if kind == 'float' else ' whole'} number, "
+                              f"got {raw!r} in {spec!r}") from None
     return {key: raw}
 
 

@@ -27,6 +27,7 @@ from kasoku.bench.pool import batch_spec
 from kasoku.bench.report import data_label, plot_ladder, print_ladder
 from kasoku.bench.results import SCHEMA, append_result, median_rate
 from kasoku.bench.rungs import REFERENCE_LABEL, Rung, compute_dtype, reference_rung, resolve
+from kasoku.errors import ConfigError
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
 from kasoku.workloads import create_workload
@@ -126,6 +127,11 @@ def _prepare(cfg: SweepConfig, say):
     wl = create_workload(cfg.workload)
     model = wl.build_model()
     rungs, notes = resolve(list(cfg.rungs), torch.device(cfg.device).type, has_conv2d(model))
+    for rung in rungs:
+        if rung.config is not None and rung.config.steps_per_call != 1:
+            raise ConfigError(f"rung {rung.label}: kasoku bench times one batch per step; "
+                              f"steps_per_call={rung.config.steps_per_call} is for `kasoku "
+                              f"train --steps-per-call`")
     if cfg.data is not None:
         base = next((r for r in reversed(rungs) if not r.is_plain), rungs[-1])
         rungs.append(Rung(fed.LABEL, base.config, loader=cfg.loader or fed.FASTEST))
