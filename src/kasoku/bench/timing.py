@@ -74,12 +74,12 @@ def measure_windows(runner: Runner, pool: list[Batch] | None, device: torch.devi
     return m, loss
 
 
-def graph_replay_ms(fn: Callable[[], object], replays: int = 20, windows: int = 5
-                    ) -> tuple[float, float]:
-    """``fn`` captured as one CUDA graph (after 3 eager calls on a side stream, as capture
-    needs), then timed replaying: (median over ``windows`` of the milliseconds per replay,
-    each window ``replays`` replays between two CUDA events; seconds spent warming up and
-    capturing). No host time is in the figure: for kernels alone."""
+def graph_replay_ms(fn: Callable[[], object], replays: int = 20, windows: int = 5,
+                    calls: int = 1) -> tuple[float, float]:
+    """``calls`` calls of ``fn`` captured as one CUDA graph (after 3 eager calls on a side
+    stream, as capture needs), then timed replaying: (median over ``windows`` of the
+    milliseconds per call, each window ``replays`` replays between two CUDA events; seconds
+    spent warming up and capturing). No host time is in the figure: for kernels alone."""
     t0 = time.perf_counter()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -89,7 +89,8 @@ def graph_replay_ms(fn: Callable[[], object], replays: int = 20, windows: int = 
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     torch.cuda.synchronize()
     once = time.perf_counter() - t0
     times = []
@@ -100,5 +101,5 @@ def graph_replay_ms(fn: Callable[[], object], replays: int = 20, windows: int = 
             graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / replays)
+        times.append(start.elapsed_time(end) / (replays * calls))
     return statistics.median(times), once
