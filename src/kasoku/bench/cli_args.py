@@ -31,7 +31,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="the acceleration ladder: images/s per rung and batch size",
         description="Measure a workload's training throughput rung by rung (seed 004's "
         "ladder), each (rung, batch size) in a fresh process on synthetic batches already on "
-        "the device. Writes OUT/results.jsonl (one line per run) and OUT/ladder.png; exits "
+        "the device (with --data, a last rung fed by a loader). Writes OUT/results.jsonl (one line per run) and OUT/ladder.png; exits "
         "non-zero when a rung breaks training (numerics guard) or a run crashes.")
     p.add_argument("workload", help="a name from `kasoku list`")
     p.add_argument("--batch-size", type=_int_list, metavar="N[,N...]",

@@ -3,7 +3,9 @@
     python -m kasoku.bench.worker --json --workload mnist-mlp --rung fp32 \
         --config '{"kind": "kasoku", "precision": "fp32", ...}' --batch-size 100 --device cpu
 
-Phases: build the model (seeded) and a pool of synthetic batches on the device; apply the rung;
+Phases: build the model (seeded) and a pool of synthetic batches on the device (a rung fed
+by a loader, ``--loader SPEC --data DIR``, takes its batches from that loader instead, pulled
+inside the timed spans: ``kasoku.bench.fed``); apply the rung;
 numerics (the first K steps on the fixed batches, whose losses the sweep compares with the fp32
 rung's, see ``kasoku.bench.numerics``); warm-up (absorbing compilation, cuDNN autotuning and
 graph capture: the first step is timed on its own, ``warmup_s`` covers both phases); then
