@@ -4,7 +4,7 @@ one flat buffer, one Triton kernel on one flat buffer, and kasoku's ``--optimize
 (one Triton kernel over the six tensors where they lie) at several block sizes and warps. Prints the update's time per step
 (CUDA events over 1,000 replays, median of 5) and its one-time cost (first call + capture).
 
-    python benchmarks/adam_update_probe.py
+    python research/probes/adam_update_probe.py
 """
 from __future__ import annotations
 

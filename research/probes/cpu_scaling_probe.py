@@ -1,6 +1,6 @@
 """How much of one core's speed N busy processes each keep on this machine, without kasoku.
 
-    python benchmarks/cpu_scaling_probe.py [--procs 1,2,4,8,12,16] [--seconds 3]
+    python research/probes/cpu_scaling_probe.py [--procs 1,2,4,8,12,16] [--seconds 3]
 
 `kasoku data bench --loader multiprocess:N` measures a loader's scaling against N times its
 one-worker rate. This probe says what the machine itself allows: N processes start together

@@ -11,7 +11,7 @@ would replace a convolution and its batch-norm passes:
   (what the backward pass needs if the forward never writes the normalized activation).
 
     pip install nvidia-cudnn-frontend     # the graph API's Python binding (not a kasoku need)
-    python benchmarks/cudnn_fusion_probe.py [--batch-size 32] [--dtype fp16|bf16]
+    python research/probes/cudnn_fusion_probe.py [--batch-size 32] [--dtype fp16|bf16]
 
 Times: median of 7 replays of a CUDA graph of 20 calls, per call; each fused graph runs the
 fastest of its execution plans. A graph cuDNN cannot run on this device is reported as

@@ -1,6 +1,6 @@
 """Does GPU JPEG decoding slow a training step down, or wait for it? (issue: input pipelines)
 
-    python benchmarks/decode_interference.py DIR [--decoders torchvision,nv-default,nv-hw,...]
+    python research/probes/decode_interference.py DIR [--decoders torchvision,nv-default,nv-hw,...]
         [--train-stream 0|1] [--green-decode N] [--ahead K,...] [--single-thread] [--probe]
 
 The process asks for CUDA's 32 hardware queues as kasoku does; run it with
@@ -34,7 +34,7 @@ DIR: a folder of JPEGs (>= 256; ``kasoku data make-jpeg DIR --count 512 --resolu
    waits on that stream itself, not for SMs (certainly so beside the spin, which leaves all
    other SMs idle): an implicit synchronization, or the two streams sharing a hardware queue.
    On an H200 the decoding ended with the matmuls and the training steps under
-   ``CUDA_DEVICE_MAX_CONNECTIONS=8`` and ran beside them with 32 (docs/benchmarks.md).
+   ``CUDA_DEVICE_MAX_CONNECTIONS=8`` and ran beside them with 32 (research/notebook.md).
 """
 import argparse
 import sys

@@ -3,7 +3,7 @@ inductor compiles ``BatchNormAct2d``'s PyTorch ops and through the fused kernels
 (``kasoku.accel.fused_bn``), each captured in a CUDA graph (no host time), times the number
 of such layers in the network.
 
-    python benchmarks/fused_bn_probe.py [--batch-size 256] [--variant KEY=VALUE,...]...
+    python research/probes/fused_bn_probe.py [--batch-size 256] [--variant KEY=VALUE,...]...
 
 ``--variant``: overrides of ``kasoku.accel.bn_kernels``' tile constants (``BLOCK_M``,
 ``PROGRAMS_PER_SM``, ``APPLY_ROWS``,

@@ -2,7 +2,7 @@
 of a JPEG folder (host phases with perf_counter, GPU phases with a synchronize), median of
 several repeats.
 
-    python benchmarks/gpu_jpeg_phases.py /tmp/kasoku-jpeg/500x375 --batch-size 256
+    python research/probes/gpu_jpeg_phases.py /tmp/kasoku-jpeg/500x375 --batch-size 256
 """
 from __future__ import annotations
 

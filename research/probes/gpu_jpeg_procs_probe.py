@@ -3,7 +3,7 @@ decodes the same batch of JPEGs (already read into memory) on the GPU in a loop;
 images/s is P x batch x iterations over the slowest process's time. Also checks whether a
 decode call lets another Python thread run (the GIL question).
 
-    python benchmarks/gpu_jpeg_procs_probe.py /tmp/kasoku-jpeg/500x375 --batch-size 256
+    python research/probes/gpu_jpeg_procs_probe.py /tmp/kasoku-jpeg/500x375 --batch-size 256
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Where one rung's training step spends its time, by kind of kernel (kasoku.perf.kernels),
 with the rate beside it; and the experiments tried on ResNet-50's top rung.
 
-    python benchmarks/kernel_breakdown.py imagenet-resnet50 --device cuda --batch-size 256 \
+    python research/probes/kernel_breakdown.py imagenet-resnet50 --device cuda --batch-size 256 \
         --config +cuda-graph --profile [--cudnn-limit0] [--coordinate-descent] \
         [--autotune-pointwise] [--combo-kernels] [--stem-pad 4]
 

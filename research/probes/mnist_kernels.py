@@ -1,7 +1,7 @@
 """Where the GPU time of one MNIST MLP training step goes: the kernels of kasoku's step, per
 configuration, from torch.profiler (CUPTI) over eagerly run steps after warm-up.
 
-    python benchmarks/mnist_kernels.py --config precision=tf32,optimizer_impl=fused \
+    python research/probes/mnist_kernels.py --config precision=tf32,optimizer_impl=fused \
         --config precision=tf32,optimizer_impl=fused,compile
 
 Prints, per configuration, every kernel's count and GPU microseconds per step, and their sum:

@@ -1,10 +1,10 @@
 """ResNet-50 stem micro-benchmarks at batch 256, bf16 channels_last, cuDNN autotune
-(docs/benchmarks.md): the 7x7/2 stem convolution forward and forward + weight gradient with
+(research/notebook.md): the 7x7/2 stem convolution forward and forward + weight gradient with
 its 3 input channels zero-padded to 3, 4 and 8, and folded space-to-depth
 (kasoku.accel.stem), eager and compiled; and max-pool(ReLU(affine(x))) forward + backward,
 eager and compiled, with PyTorch's pooling and with kasoku's kernels (kasoku.accel.max_pool).
 
-    python benchmarks/resnet50_stem.py [BATCH]
+    python research/probes/resnet50_stem.py [BATCH]
 """
 import sys
 

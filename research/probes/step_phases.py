@@ -1,7 +1,7 @@
 """ResNet-50's graph-replayed training step split along its critical path: the forward pass,
 the backward pass stream by stream, and the optimizer update.
 
-    python benchmarks/step_phases.py BATCH_SIZE [RUNG] [--capture-priority P] [--side-priority P]
+    python research/probes/step_phases.py BATCH_SIZE [RUNG] [--capture-priority P] [--side-priority P]
 
 RUNG defaults to ``+wgrad-stream``. The rung is built, warmed up and timed as in
 ``step_profile.py``; then 10 more steps run under ``torch.profiler`` and each step is cut at

@@ -3,7 +3,7 @@ busy and idle time, launches, and the time per kind of kernel (kasoku's batch-no
 kernels by name, the rest as ``kasoku.perf.kernels.classify`` sorts them) and the longest
 kernels.
 
-    python benchmarks/step_profile.py BATCH_SIZE [RUNG]     # RUNG: default +fast-stem
+    python research/probes/step_profile.py BATCH_SIZE [RUNG]     # RUNG: default +fast-stem
 
 Built, accelerated and warmed up as ``kasoku bench`` does; rate: median of 5 CUDA-event-timed
 windows of 20 steps; profile: 10 more steps under torch.profiler (device times of kernels).

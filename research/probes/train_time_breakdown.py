@@ -4,7 +4,7 @@ timed (a device synchronize before and after each, so the figures are the phases
 total is a little slower than an untimed run). Prints the first updates one by one, then a
 summary.
 
-    python benchmarks/train_time_breakdown.py -- mnist-mlp --device cuda --data .data/mnist \
+    python research/probes/train_time_breakdown.py -- mnist-mlp --device cuda --data .data/mnist \
         --loader device --cuda-graph --precision tf32 --optimizer-impl compiled \
         --steps-per-call 50 --epochs 20 --no-progress
 """
