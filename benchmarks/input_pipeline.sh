@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 jpeg_folder() {  # jpeg_folder WxH COUNT -> prints the folder, made once
   local dir="$JPEG/$1"
   if [ ! -f "$dir/.kasoku-make-jpeg.json" ] || ! grep -q '"complete": true' "$dir/.kasoku-make-jpeg.json"; then
-    "${K[@]}" data make-jpeg "$dir" --count "$2" --resolution "$1" --classes 100 >&2
+    "${K[@]}" data make-jpeg --out "$dir" --count "$2" --resolution "$1" --classes 100 >&2
   fi
   echo "$dir"
 }

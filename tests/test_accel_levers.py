@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.accel.cli_args import accel_config_from_args, add_accel_arguments
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compile import apply_compile, has_cxx_compiler
 from kasoku.accel.compose import Accelerated, accelerate
 from kasoku.accel.config import AccelConfig
@@ -57,55 +57,52 @@ def momentum_sgd(lr=0.05):
 
 
 def test_channels_last_converts_a_conv_net_and_its_inputs():
-    model = apply_channels_last(ConvNet(), AccelConfig(channels_last=True))
+    model = apply_channels_last(ConvNet())
     assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)
     opt = make_optimizer("momentum", model.parameters(), 0.05)
     step = ChannelsLastInputs(StandardStep(F.cross_entropy, accuracy))
     step(model, images(), opt)
     assert model.seen_channels_last
-    assert apply_channels_last(ConvNet(), AccelConfig()).conv.weight.is_contiguous()
 
 
 def test_channels_last_warns_once_for_a_model_without_convolutions():
     notes = []
     with pytest.warns(LeverWarning, match="MLP has no 2-d convolution"):
-        model = apply_channels_last(MLP(8, 16, 3), AccelConfig(channels_last=True), notes)
+        model = apply_channels_last(MLP(8, 16, 3), notes)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        apply_channels_last(MLP(8, 16, 3), AccelConfig(channels_last=True), notes)
+        apply_channels_last(MLP(8, 16, 3), notes)
     assert len(notes) == 2 and isinstance(model, MLP)
 
 
 def test_cudnn_benchmark_says_once_it_has_no_effect_on_cpu():
     notes = []
     with pytest.warns(LeverWarning, match="no effect on cpu"):
-        assert apply_cudnn_benchmark(AccelConfig(cudnn_benchmark=True), "cpu", notes) is False
+        assert apply_cudnn_benchmark(True, "cpu", notes) is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        apply_cudnn_benchmark(AccelConfig(cudnn_benchmark=True), "cpu", notes)
-        apply_cudnn_benchmark(AccelConfig(), "cpu", notes)  # not asked for: no note
+        apply_cudnn_benchmark(True, "cpu", notes)
+        apply_cudnn_benchmark(False, "cpu", notes)  # not asked for: no note
     assert len(notes) == 2
 
 
 def test_compile_is_in_place_and_keeps_state_dict_keys():
     model = MLP(8, 16, 3, depth=1)
     keys = list(model.state_dict())
-    compiled = apply_compile(model, AccelConfig(compile=True), "cpu", backend="aot_eager")
+    compiled = apply_compile(model, "cpu", backend="aot_eager")
     assert compiled is model and list(model.state_dict()) == keys
-    assert apply_compile(MLP(8, 16, 3), AccelConfig(), "cpu") is not None
     with pytest.raises(ConfigError, match="compile mode"):
-        apply_compile(model, AccelConfig(compile=True, compile_mode="fast"), "cpu")
+        apply_compile(model, "cpu", mode="fast")
 
 
 def test_combo_kernels_reach_inductor_and_are_refused_elsewhere(monkeypatch):
     seen = {}
     monkeypatch.setattr(torch.nn.Module, "compile",
                         lambda self, **kw: seen.update(kw))
-    apply_compile(MLP(8, 16, 3), AccelConfig(compile=True, combo_kernels=True), "cpu")
+    apply_compile(MLP(8, 16, 3), "cpu", combo_kernels=True)
     assert seen["options"] == {"combo_kernels": True} and seen["mode"] is None
     with pytest.raises(ConfigError, match="compile mode default"):
-        apply_compile(MLP(8, 16, 3), AccelConfig(compile=True, combo_kernels=True,
-                                                 compile_mode="max-autotune"), "cpu")
+        apply_compile(MLP(8, 16, 3), "cpu", combo_kernels=True, mode="max-autotune")
     from kasoku.accel.compose import check_config
     with pytest.raises(ConfigError, match="add --compile"):
         check_config(AccelConfig(combo_kernels=True))
@@ -116,7 +113,7 @@ def test_combo_kernels_compile_the_same_function():
     torch.manual_seed(0)
     model, ref = MLP(8, 16, 3, depth=2), MLP(8, 16, 3, depth=2)
     ref.load_state_dict(model.state_dict())
-    apply_compile(model, AccelConfig(compile=True, combo_kernels=True), "cpu")
+    apply_compile(model, "cpu", combo_kernels=True)
     x = torch.randn(5, 8)
     y, want = model(x), ref(x)
     y.sum().backward()
@@ -183,8 +180,8 @@ def test_cuda_graph_is_skipped_on_cpu():
     step = StandardStep(F.cross_entropy)
     notes = []
     with pytest.warns(LeverWarning, match="CUDA graphs need a CUDA device"):
-        assert apply_cuda_graph(step, AccelConfig(cuda_graph=True), "cpu", None, notes) is step
-    assert apply_cuda_graph(step, AccelConfig(), "cpu") is step and len(notes) == 1
+        assert apply_cuda_graph(step, "cpu", None, notes) is step
+    assert len(notes) == 1
 
 
 def test_graph_preparation_makes_lrs_device_tensors_and_refuses_host_bound_sgd():
@@ -240,6 +237,10 @@ def test_cli_arguments_build_an_accel_config():
     cfg = accel_config_from_args(parser.parse_args(["--compile", "max-autotune-no-cudagraphs"]))
     assert cfg.compile and cfg.compile_mode == "max-autotune-no-cudagraphs"
     assert "NHWC memory format" in parser.format_help()
+    for wrong in (["--precision", "fp8"], ["--loss-scale-init", "inf"],
+                  ["--steps-per-call", "0"], ["--compile", "fastest"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(wrong)
 
 
 def test_linear_scaling_rule_and_goyal_warmup():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from kasoku.accel.cli_args import accel_config_from_args, add_accel_arguments
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compose import accelerate
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.multistep import MultiStep, short_chunk_advice
@@ -185,12 +185,14 @@ def test_trainer_counts_steps_and_matches_one_step_per_call(tmp_path):
         trainer.run()
         runs[k] = trainer
     one, four = runs[1], runs[4]
-    # The bar counts steps, and its samples/s are steps/s times the batch size of 8.
+    # The bar counts steps, and its samples/s count the samples the steps took: the last
+    # call is the epoch's short batch of 78 - 9 * 8 = 6 samples, alone.
     last = bars[4].getvalue().splitlines()[-1]
     assert last.startswith("iteration 30/30  epoch 3.00")
     steps_per_s = float(last.split("  ")[2].split()[0])
-    samples_per_s = float(last.split("  ")[3].split()[0])
-    assert samples_per_s == pytest.approx(8 * steps_per_s, rel=0.01, abs=1)
+    samples_per_s = float(last.split("  ")[3].split()[0].replace(",", ""))
+    assert samples_per_s == pytest.approx(6 * steps_per_s, rel=0.01, abs=1)
+    assert four.updater.samples == one.updater.samples == 3 * 78
     assert four.updater.iteration == one.updater.iteration == 30  # 3 epochs of 10 batches
     for a, b in zip(one.model.parameters(), four.model.parameters()):
         assert torch.equal(a, b)
@@ -237,19 +239,19 @@ def test_accelerate_wraps_the_step_and_checks_the_setting():
 def test_flag_and_loader_wiring():
     import argparse
 
-    from kasoku.run import _make_loader
+    from kasoku.data.registry import create_loader
     parser = argparse.ArgumentParser()
     add_accel_arguments(parser)
     assert accel_config_from_args(parser.parse_args(["--steps-per-call", "8"])) == \
         AccelConfig(steps_per_call=8)
     ds = _images(40)
-    assert type(_make_loader("serial", ds, 8, torch.device("cpu"))) is SerialLoader
-    assert _make_loader("serial", ds, 8, torch.device("cpu"), batches_per_call=4) \
+    assert type(create_loader("serial", ds, 8, torch.device("cpu"))) is SerialLoader
+    assert create_loader("serial", ds, 8, torch.device("cpu"), batches_per_call=4) \
         .batches_per_call == 4
-    assert _make_loader("device", ds, 8, torch.device("cpu"), batches_per_call=4) \
+    assert create_loader("device", ds, 8, torch.device("cpu"), batches_per_call=4) \
         .batches_per_call == 4
     with pytest.raises(ConfigError, match="--loader serial or --loader device"):
-        _make_loader("threads", ds, 8, torch.device("cpu"), batches_per_call=4)
+        create_loader("threads", ds, 8, torch.device("cpu"), batches_per_call=4)
 
 
 def test_short_chunk_advice():
@@ -315,7 +317,6 @@ def test_cuda_graph_holds_all_steps_of_a_call():
 @pytest.mark.parametrize("steps_per_call, warmup_calls", [(1, 3), (2, 2), (50, 1)])
 def test_graph_warm_up_counts_the_steps_of_a_chunk(steps_per_call, warmup_calls):
     from kasoku.accel.graph import apply_cuda_graph
-    cfg = AccelConfig(cuda_graph=True, steps_per_call=steps_per_call)
-    graphed = apply_cuda_graph(MultiStep(StandardStep(nn.functional.cross_entropy)), cfg,
-                               torch.device("cuda"))
+    graphed = apply_cuda_graph(MultiStep(StandardStep(nn.functional.cross_entropy)),
+                               torch.device("cuda"), steps_per_call=steps_per_call)
     assert graphed.warmup_steps == warmup_calls

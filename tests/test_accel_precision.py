@@ -61,7 +61,7 @@ def test_bf16_autocast_trains_on_cpu_close_to_fp32():
 
 def test_fp32_plan_is_the_standard_step_and_turns_tf32_off():
     torch.backends.cuda.matmul.allow_tf32 = True
-    plan = apply_precision(Net(), AccelConfig(precision="fp32"), "cpu")
+    plan = apply_precision(Net(), "fp32", "cpu")
     assert isinstance(plan.make_step(F.cross_entropy), StandardStep)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert plan.scaler is None and plan.extensions == []
@@ -71,12 +71,12 @@ def test_fp32_plan_is_the_standard_step_and_turns_tf32_off():
 def test_cuda_only_modes_fall_back_to_fp32_on_cpu_with_one_warning(mode):
     notes = []
     with pytest.warns(LeverWarning, match=mode):
-        plan = apply_precision(Net(), AccelConfig(precision=mode), "cpu", notes)
+        plan = apply_precision(Net(), mode, "cpu", notes)
     assert plan.mode == "fp32" and plan.scaler is None and len(notes) == 1
     assert next(plan.model.parameters()).dtype == torch.float32
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        apply_precision(Net(), AccelConfig(precision=mode), "cpu", notes)  # no second warning
+        apply_precision(Net(), mode, "cpu", notes)  # no second warning
     assert len(notes) == 2
 
 
@@ -215,7 +215,7 @@ def test_cuda_fp16_step_is_sync_free_and_close_to_fp32(mode, optimizer):
     data = batch(device, n=64)
     results = {}
     for m in ("fp32", mode):
-        plan = apply_precision(Net().to(device), AccelConfig(precision=m), device)
+        plan = apply_precision(Net().to(device), m, device)
         impl = None if optimizer == "lars" else "fused"
         opt = make_optimizer(optimizer, plan.params, 0.05 if optimizer != "adam" else 1e-3,
                              impl=impl)
@@ -239,7 +239,7 @@ def test_cuda_fp16_step_is_sync_free_and_close_to_fp32(mode, optimizer):
 def test_cuda_fp16_overflow_is_skipped_without_a_sync():
     device = torch.device("cuda")
     model = Net().to(device)
-    plan = apply_precision(model, AccelConfig(precision="fp16"), device)
+    plan = apply_precision(model, "fp16", device)
     opt = make_optimizer("momentum", plan.params, 0.05, impl="fused")
     step = plan.make_step(F.cross_entropy, accuracy)
     step(model, batch(device), opt)

@@ -2,7 +2,6 @@
 run in its own worker process, results.jsonl, the table, ladder.png, a simulated OOM, and the
 numerics guard failing a deliberately broken rung. Compile rungs are left out: compiling
 takes longer here than this whole file may."""
-import argparse
 import contextlib
 import io
 import json
@@ -10,7 +9,7 @@ import json
 import pytest
 from PIL import Image
 
-from kasoku.bench.cli_args import add_bench_parser, cmd_bench
+from kasoku.cli import main
 from kasoku.bench.sweep import SweepResult
 from kasoku.bench.worker import DIVERGE_ENV, OOM_ENV
 
@@ -26,11 +25,9 @@ FAST = ["--device", "cpu", "--steps", "2", "--windows", "2", "--warmup", "1",
 
 
 def bench(argv):
-    parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="command"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cmd_bench(parser.parse_args(["bench", *argv]))
+        code = main(["bench", *argv])
     return code, out.getvalue()
 
 

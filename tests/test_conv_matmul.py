@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.accel.cli_args import accel_config_from_args, add_accel_arguments
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compose import accelerate, check_config
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.conv_matmul import Conv1x1Matmul, apply_matmul_1x1, matmul_able
@@ -68,8 +68,7 @@ def test_apply_converts_every_1x1_convolution_of_a_resnet_and_trains_the_same():
     ref, fast = small_resnet(), small_resnet()
     ones = [m for m in ref.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1)]
     notes = []
-    assert apply_matmul_1x1(fast, AccelConfig(channels_last=True, matmul_1x1=True),
-                            notes) is fast
+    assert apply_matmul_1x1(fast, notes) is fast
     assert notes == []
     # 2 per bottleneck and the 4 downsample projections (one of stride 1, three of stride 2).
     assert sum(type(m) is Conv1x1Matmul for m in fast.modules()) == len(ones) == 12
@@ -90,9 +89,8 @@ def test_a_model_without_1x1_convolutions_is_noted_and_nchw_is_refused():
     notes = []
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
     with pytest.warns(UserWarning, match="no 1x1 convolution"):
-        apply_matmul_1x1(model, AccelConfig(channels_last=True, matmul_1x1=True), notes)
+        apply_matmul_1x1(model, notes)
     assert len(notes) == 1 and type(model[0]) is nn.Conv2d
-    assert apply_matmul_1x1(model, AccelConfig(), notes) is model and len(notes) == 1
     with pytest.raises(ConfigError, match="--channels-last"):
         check_config(AccelConfig(matmul_1x1=True))
 

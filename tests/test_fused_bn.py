@@ -8,7 +8,9 @@ import torch.nn.functional as F
 
 from kasoku.accel.config import AccelConfig
 from kasoku.accel import fused_bn
-from kasoku.accel.fused_bn import apply_fused_bn, fusable, fused_forward
+from kasoku.accel.compose import check_config
+from kasoku.accel.fused_bn import FusedBatchNormAct2d, apply_fused_bn, fusable
+from kasoku.errors import ConfigError
 from kasoku.accel.notes import reset_warnings
 from kasoku.models.norm import BatchNormAct2d
 from kasoku.models.resnet import Bottleneck, ResNet, resnet50
@@ -56,11 +58,10 @@ def _interpreter_cannot_loop() -> str | None:
 
 def layer(channels, relu, fused, seed=1, device="cpu"):
     torch.manual_seed(seed)
-    m = BatchNormAct2d(channels, relu=relu)
+    m = (FusedBatchNormAct2d if fused else BatchNormAct2d)(channels, relu=relu)
     m.weight.data.uniform_(0.5, 1.5)
     m.bias.data.uniform_(-0.5, 0.5)
     m.running_var.uniform_(0.5, 2.0)
-    m.fused_forward = fused_forward if fused else None
     return m.to(device)
 
 
@@ -155,25 +156,25 @@ def test_without_the_interpreter_cpu_tensors_take_pytorch_ops(monkeypatch):
 
 def test_apply_fused_bn_routes_the_resnet_layers_or_says_why_not(interpreter, monkeypatch):
     reset_warnings()
-    on = AccelConfig(fused_bn=True, channels_last=True)
     model = resnet50(10)
+    keys = list(model.state_dict())
     notes = []
-    assert apply_fused_bn(model, on, "cpu", notes) is model and notes == []
+    assert apply_fused_bn(model, "cpu", notes) is model and notes == []
     layers = [m for m in model.modules() if isinstance(m, BatchNormAct2d)]
-    assert len(layers) == 53 and all(m.fused_forward is fused_forward for m in layers)
+    assert len(layers) == 53 and all(type(m) is FusedBatchNormAct2d for m in layers)
+    assert list(model.state_dict()) == keys
 
+    with pytest.raises(ConfigError, match="--channels-last"):
+        check_config(AccelConfig(fused_bn=True))
     notes = []
-    apply_fused_bn(resnet50(10), AccelConfig(fused_bn=True), "cpu", notes)
-    assert len(notes) == 1 and "--channels-last" in notes[0]
-    notes = []
-    apply_fused_bn(torch.nn.Linear(2, 2), on, "cpu", notes)
+    apply_fused_bn(torch.nn.Linear(2, 2), "cpu", notes)
     assert len(notes) == 1 and "no BatchNormAct2d" in notes[0]
     monkeypatch.delenv("TRITON_INTERPRET")
     notes = []
     plain = resnet50(10)
-    apply_fused_bn(plain, on, "cpu", notes)
+    apply_fused_bn(plain, "cpu", notes)
     assert len(notes) == 1 and "CUDA" in notes[0]
-    assert all(m.fused_forward is None for m in plain.modules()
+    assert all(type(m) is BatchNormAct2d for m in plain.modules()
                if isinstance(m, BatchNormAct2d))
 
 
@@ -206,7 +207,7 @@ def train_steps(model, steps, device="cpu"):
 def test_resnet_trains_alike_with_the_kernels(interpreter, compiled):
     def fused():
         model = tiny_resnet()
-        apply_fused_bn(model, AccelConfig(fused_bn=True, channels_last=True), "cpu")
+        apply_fused_bn(model, "cpu")
         if compiled:
             # The ops stay whole in one graph (fullgraph: no break around them).
             model.compile(backend="aot_eager", fullgraph=True)

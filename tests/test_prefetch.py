@@ -217,7 +217,8 @@ def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
                                                              loader=loader), resume=resume)
 
     straight = run(tmp_path / "straight", 2)
-    monkeypatch.setattr(prefetch, "wrap_for_device", always_wrap)
+    import kasoku.run
+    monkeypatch.setattr(kasoku.run, "wrap_for_device", always_wrap)
     run(tmp_path / "split", 1, loader="threads:2")
     split = run(tmp_path / "split", 2, resume=tmp_path / "split" / "snapshot_latest.pt",
                 loader="threads:2")

@@ -91,7 +91,6 @@ def test_cuda_space_to_depth_stem_in_bfloat16():
 
 
 def test_apply_fast_stem_folds_the_stem_and_pools_with_the_kernels(interpreter):
-    from kasoku.accel.config import AccelConfig
     from kasoku.accel.max_pool import MaxPool2dKernel
     from kasoku.accel.notes import reset_warnings
     from kasoku.accel.stem import apply_fast_stem
@@ -103,7 +102,7 @@ def test_apply_fast_stem_folds_the_stem_and_pools_with_the_kernels(interpreter):
 
     ref, fast = model(), model()
     notes = []
-    assert apply_fast_stem(fast, AccelConfig(fast_stem=True), "cpu", notes) is fast
+    assert apply_fast_stem(fast, "cpu", notes) is fast
     assert notes == []
     assert isinstance(fast.stem[0], SpaceToDepthConv2d) and isinstance(fast.stem[2],
                                                                       MaxPool2dKernel)
@@ -123,12 +122,11 @@ def test_apply_fast_stem_folds_the_stem_and_pools_with_the_kernels(interpreter):
 
     reset_warnings()
     notes = []
-    apply_fast_stem(nn.Linear(2, 2), AccelConfig(fast_stem=True), "cpu", notes)
+    apply_fast_stem(nn.Linear(2, 2), "cpu", notes)
     assert len(notes) == 1 and "nothing changed" in notes[0]
 
 
 def test_apply_fast_stem_says_why_not_off_cuda(monkeypatch):
-    from kasoku.accel.config import AccelConfig
     from kasoku.accel.notes import reset_warnings
     from kasoku.accel.stem import apply_fast_stem
     from kasoku.models.resnet import resnet50
@@ -137,7 +135,6 @@ def test_apply_fast_stem_says_why_not_off_cuda(monkeypatch):
     reset_warnings()
     notes = []
     model = resnet50(10)
-    apply_fast_stem(model, AccelConfig(fast_stem=True), "cpu", notes)
+    apply_fast_stem(model, "cpu", notes)
     assert len(notes) == 1 and "CUDA" in notes[0]
     assert type(model.stem[0]) is nn.Conv2d
-    assert apply_fast_stem(model, AccelConfig(), "cpu", notes) is model and len(notes) == 1

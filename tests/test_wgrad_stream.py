@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kasoku.accel import wgrad_stream
-from kasoku.accel.cli_args import accel_config_from_args, add_accel_arguments
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compile import apply_compile
 from kasoku.accel.compose import accelerate, check_config
 from kasoku.accel.config import AccelConfig
@@ -86,7 +86,7 @@ def test_gradients_are_handed_over_uncopied_and_joined_once_per_backward(monkeyp
     monkeypatch.setattr(wgrad_stream, "_deferred", deferred)
     monkeypatch.setattr(wgrad_stream, "join_all", lambda: joins.append(1))
     model = small_resnet()
-    apply_matmul_1x1(model, AccelConfig(channels_last=True, matmul_1x1=True))
+    apply_matmul_1x1(model)
     assert convert(model) == 17  # 12 as matrix products, four 3x3 and the 7x7 stem
     x = torch.randn(2, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     for step in range(2):
@@ -124,9 +124,8 @@ def test_bf16_autocast_and_compiled_it_trains_like_the_plain_model():
 def test_skipped_off_cuda_and_refused_with_inductors_graphs(monkeypatch):
     notes = []
     model = small_resnet()
-    cfg = AccelConfig(channels_last=True, wgrad_stream=True)
     with pytest.warns(UserWarning, match="second CUDA stream"):
-        assert apply_wgrad_stream(model, cfg, "cpu", notes) is model
+        assert apply_wgrad_stream(model, "cpu", notes) is model
     assert len(notes) == 1 and not any(type(m) is WgradStreamConv2d for m in model.modules())
     with pytest.raises(ConfigError, match="max-autotune-no-cudagraphs"):
         check_config(AccelConfig(wgrad_stream=True, compile=True, compile_mode="reduce-overhead"))
@@ -137,11 +136,10 @@ def test_skipped_off_cuda_and_refused_with_inductors_graphs(monkeypatch):
     # inductor's buffer reuse goes off, beside a mode's own options.
     seen = {}
     monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.update(kw))
-    apply_compile(nn.Linear(2, 2), AccelConfig(compile=True, wgrad_stream=True,
-                                               compile_mode="max-autotune-no-cudagraphs"))
+    apply_compile(nn.Linear(2, 2), mode="max-autotune-no-cudagraphs", buffer_reuse=False)
     assert seen["mode"] is None and seen["options"]["allow_buffer_reuse"] is False
     assert seen["options"]["max_autotune"] is True
-    apply_compile(nn.Linear(2, 2), AccelConfig(compile=True))
+    apply_compile(nn.Linear(2, 2))
     assert seen["mode"] is None and seen["options"] is None
 
 

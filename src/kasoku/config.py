@@ -1,58 +1,83 @@
 """Small per-component configs. Each component takes its own config plus runtime objects;
-nothing receives a whole run config or an argparse namespace."""
+nothing receives a whole run config or an argparse namespace. The field docstrings are the
+command line's help texts (``kasoku.cli``)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from kasoku.errors import ConfigError
 
 
 @dataclass
 class DataConfig:
     root: Path | None = None
-    """Folder holding the real dataset (None: the workload's usual place, see its error message)."""
+    """Folder holding the real dataset (the workload's error message says what it must hold)."""
     synthetic: bool = False
-    """Use generated data of the real shapes instead of files."""
+    """Train on generated data of the real shapes (no files needed)."""
     synthetic_train_size: int | None = None
-    """Number of synthetic training samples (None: the workload's default)."""
+    """Number of synthetic training samples (default: the workload's)."""
     synthetic_val_size: int | None = None
-    """Number of synthetic validation samples (None: the workload's default)."""
+    """Number of synthetic validation samples (default: the workload's)."""
     download: bool = False
-    """Fetch the real dataset from its official URL (md5-verified) when it is missing."""
+    """Fetch the real dataset into the data folder from its official URL (md5-checked) when it
+    is missing."""
     strict: bool = False
-    """Make the first bad sample an error instead of a skipped, counted warning."""
+    """Make the first bad sample (a corrupt image) an error instead of a skipped, counted
+    warning."""
 
 
 @dataclass
 class TrainConfig:
     epochs: float | None = None
-    """Training length in epochs, fractions allowed (None: the workload's recipe)."""
+    """Epochs to train, fractions allowed (default: the workload's recipe)."""
     batch_size: int | None = None
-    """Samples per step (None: the workload's recipe)."""
+    """Samples per step (default: the workload's recipe)."""
     lr: float | None = None
-    """Learning rate (None: the workload's recipe)."""
+    """Learning rate (default: the workload's recipe)."""
     seed: int = 0
-    """Seed for weights, data order and augmentation."""
-    device: str = "cpu"
-    """Where to train: cpu or cuda (cuda:N for one GPU)."""
-    out: Path = Path("result")
-    """Folder for the log, snapshots and plots."""
+    """Seed for the weights, the data order and augmentation."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
+    out: Path | None = None
+    """Folder for log.jsonl, snapshots and plots (default: a new folder
+    runs/train-WORKLOAD-DATE-TIME). A folder that holds another run is refused unless
+    overwrite is set."""
+    overwrite: bool = False
+    """Replace the run files (log, snapshots, plots) a previous run left in the output folder."""
     log_interval: int | None = None
-    """Iterations between log lines (None: once per epoch)."""
+    """Iterations between log lines (default: once per epoch)."""
     snapshot_interval: int | None = None
-    """Iterations between snapshots (None: once per epoch, plus on interrupt)."""
+    """Iterations between snapshots (default: once per epoch, and on an interrupt)."""
     loader: str = "serial"
-    """serial (batches made in the training process) | device (the whole dataset resident on
-    the training device; in-memory datasets such as MNIST and CIFAR-10) | threads[:N] (samples
-    decoded by N threads) | multiprocess[:N] (batches made by N worker processes) |
-    gpu-jpeg[:N] (JPEG folders: N threads read the files, the GPU decodes and crops batches) |
-    gpu-jpeg-procs[:N] (gpu-jpeg's work in N worker processes, batches handed over on the GPU)."""
+    """Which loader makes the batches, KIND or KIND:N (see `kasoku.data.registry`)."""
     prefetch: int | None = None
     """Batches the loader keeps in flight ahead of the training step: per worker for
     multiprocess and gpu-jpeg-procs (default 2), in all for threads (2) and gpu-jpeg (3).
-    None: those defaults. The serial and device loaders make a batch when asked for one."""
+    The serial and device loaders make a batch when asked for one."""
     threads: int | None = None
-    """CPU threads for PyTorch's operators (None: PyTorch's default, one per core). Small
-    models such as sine-lstm run faster on one thread, and far faster when other jobs share
-    the cores: spinning OpenMP barriers stall on a descheduled thread."""
+    """CPU threads for PyTorch's operators (default: one per core, or the workload's choice;
+    1 suits tiny models such as sine-lstm, above all when other jobs share the cores)."""
     progress: bool = True
     """Show a progress bar with rate and ETA."""
+
+    def check(self) -> None:
+        """Refuse values no run can use (``ConfigError`` naming the setting)."""
+        if self.epochs is not None:
+            _positive_number("--epochs", self.epochs)
+        if self.lr is not None:
+            _positive_number("--lr", self.lr)
+        for flag, value in (("--batch-size", self.batch_size), ("--threads", self.threads),
+                            ("--log-interval", self.log_interval),
+                            ("--snapshot-interval", self.snapshot_interval),
+                            ("--prefetch", self.prefetch)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+
+
+def _positive_number(flag: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{flag} must be a positive, finite number, got {value!r}")

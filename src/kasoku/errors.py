@@ -1,5 +1,9 @@
 """One error policy for kasoku: user mistakes raise ``ValueError`` subclasses whose message says
-what to do; internal invariants use ``assert``."""
+what to do; internal invariants use ``assert``. Warnings are ``KasokuWarning``s, given once per
+cause (``warn_once``); the command line prints each as one line, ``kasoku: warning: ...``."""
+from __future__ import annotations
+
+import warnings
 
 
 class DataError(ValueError):
@@ -8,3 +12,26 @@ class DataError(ValueError):
 
 class ConfigError(ValueError):
     """An invalid setting or combination of settings. The message says which and what to use."""
+
+
+class KasokuWarning(UserWarning):
+    """Something the user should know that does not stop the run: a setting without effect on
+    this machine, a bad file skipped, a resume that cannot be exact."""
+
+
+_warned: set[tuple[type, str]] = set()
+
+
+def warn_once(message: str, category: type[Warning] = KasokuWarning) -> None:
+    """Warn with ``message`` the first time this process meets it (a bench run, a test
+    session, a training run that skips a hundred bad files of one kind all warn once)."""
+    key = (category, message)
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, category, stacklevel=3)
+
+
+def reset_warnings() -> None:
+    """Forget which warnings were given (for tests)."""
+    _warned.clear()

@@ -35,18 +35,18 @@ def import_compiler(backend: str = "inductor") -> None:
         import torch._inductor.compile_fx  # noqa: F401
 
 
-def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = None,
-                  backend: str = "inductor") -> nn.Module:
-    """Compile ``model`` in place with ``cfg.compile_mode`` when ``cfg.compile``; returns it.
-    Apply after everything that changes the weights' dtype or memory format (the compiled
-    code specializes on them). On a CPU inductor needs a C++ compiler: without one the lever
-    is warned about once, noted and skipped. ``cfg.combo_kernels``: inductor's combo kernels
-    (compile mode default only). ``cfg.wgrad_stream``: inductor's buffer reuse off (see
-    ``kasoku.accel.wgrad_stream``). ``backend``: torch.compile's (tests use ``aot_eager``)."""
-    if not cfg.compile:
-        return model
-    if cfg.compile_mode not in COMPILE_MODES:
-        raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
+def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
+                  mode: str = "default", combo_kernels: bool = False,
+                  buffer_reuse: bool = True, backend: str = "inductor") -> nn.Module:
+    """Compile ``model`` in place in ``mode``; returns it. Apply after everything that changes
+    the weights' dtype or memory format (the compiled code specializes on them). On a CPU
+    inductor needs a C++ compiler: without one the lever is warned about once, noted and
+    skipped. ``combo_kernels``: inductor's combo kernels (mode default only).
+    ``buffer_reuse=False``: inductor's generated code never hands a buffer to a later kernel
+    (``kasoku.accel.wgrad_stream`` needs it). ``backend``: torch.compile's (tests use
+    ``aot_eager``)."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile mode {mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
     device = torch.device(device) if device is not None else None
     if backend == "inductor" and device is not None and device.type == "cpu" \
@@ -54,15 +54,15 @@ def apply_compile(model: nn.Module, cfg, device=None, notes: list[str] | None = 
         skip(notes, "compile: inductor needs a C++ compiler on cpu (g++ or clang++) and none "
                     "is on PATH; running eagerly")
         return model
-    mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    mode = None if mode == "default" else mode
     options = {}
-    if getattr(cfg, "combo_kernels", False):
+    if combo_kernels:
         if mode is not None:  # torch.compile takes a mode or inductor options, not both
             raise ConfigError(f"--combo-kernels sets inductor options, which torch.compile "
                               f"does not take beside compile mode {mode!r}; use compile mode "
                               f"default")
         options["combo_kernels"] = True
-    if getattr(cfg, "wgrad_stream", False):
+    if not buffer_reuse:
         # kasoku.accel.wgrad_stream: a second stream still reads gradient buffers after the
         # backward code moved on; inductor's generated code must not hand them to later kernels.
         options["allow_buffer_reuse"] = False

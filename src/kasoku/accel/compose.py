@@ -14,7 +14,7 @@ from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import apply_cuda_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, has_conv2d
-from kasoku.accel.multistep import apply_multistep
+from kasoku.accel.multistep import ShortChunkCheck, apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
@@ -34,7 +34,11 @@ class Accelerated:
     """One line per lever skipped or adjusted on this device, and why."""
     extensions: list = field(default_factory=list)
     """Trainer extensions to register (``trainer.extend``): the loss scaler's state and
-    fp16-pure's fp32 master weights in snapshots, for an exact resume."""
+    fp16-pure's fp32 master weights in snapshots, for an exact resume; the check that
+    ``steps_per_call`` divides an epoch's batches under a CUDA graph."""
+    batches_per_call: int = 1
+    """Batches the step takes per call: build the loader with ``batches_per_call`` (a chunk
+    of K batches for K > 1, see ``kasoku.data.device_loader.ChunkedLoader``)."""
 
 
 def check_config(cfg: AccelConfig) -> None:
@@ -52,6 +56,9 @@ def check_config(cfg: AccelConfig) -> None:
     if cfg.combo_kernels and not (cfg.compile and cfg.compile_mode == "default"):
         raise ConfigError("--combo-kernels is an option of torch.compile's default mode; add "
                           "--compile (mode default)")
+    if cfg.fused_bn and not cfg.channels_last:
+        raise ConfigError("--fused-bn's kernels read channels_last activations; add "
+                          "--channels-last")
     if cfg.matmul_1x1 and not cfg.channels_last:
         raise ConfigError("--matmul-1x1 computes 1x1 convolutions on channels_last activations "
                           "(in NCHW the product would need a transpose copy each way); add "
@@ -75,6 +82,16 @@ def check_config(cfg: AccelConfig) -> None:
                           f"got {cfg.steps_per_call!r}")
 
 
+def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> None:
+    """Start now what a lever can prepare before the model and data exist, so it overlaps with
+    loading the data: with ``optimizer_impl`` triton and Adam on CUDA, Triton's start-up and
+    the update kernel's compilation (on a background thread)."""
+    device = torch.device(device)
+    if cfg.optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
+        from kasoku.accel.triton_adam import compile_early
+        compile_early(device, weight_decay=weight_decay != 0)
+
+
 def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
                cfg: AccelConfig, device,
                make_optimizer: Callable[[list, str | None], torch.optim.Optimizer]
@@ -83,37 +100,54 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
     it must update (fp32 masters for fp16-pure), the step function, the notes, and the
     extensions to register. Invalid combinations raise ``ConfigError``; a lever that cannot
-    apply on this device or model is skipped with one warning and a note."""
+    apply on this device or model is skipped with one warning and a note.
+
+    This is the one place that reads ``cfg``: each lever gets only its own settings."""
     check_config(cfg)
     device = torch.device(device)
     notes: list[str] = []
     model = model.to(device)
-    apply_cudnn_benchmark(cfg, device, notes)
+    apply_cudnn_benchmark(cfg.cudnn_benchmark, device, notes)  # a global flag: set either way
     # Weight layout and dtype first: the compiled code specializes on both, and fp16-pure
     # decides which tensors the optimizer holds (fp32 masters copied from the final weights).
-    model = apply_channels_last(model, cfg, notes)
-    precision = apply_precision(model, cfg, device, notes)
-    # The fused batch-norm layers before compilation, which then calls their kernels whole.
-    model = apply_fused_bn(model, cfg, device, notes)
-    model = apply_fast_stem(model, cfg, device, notes)
-    model = apply_matmul_1x1(model, cfg, notes)
-    model = apply_wgrad_stream(model, cfg, device, notes)
+    if cfg.channels_last:
+        model = apply_channels_last(model, notes)
+    precision = apply_precision(model, cfg.precision, device, notes,
+                                loss_scale_init=cfg.loss_scale_init)
+    # kasoku's layers before compilation, which then calls their kernels whole.
+    if cfg.fused_bn:
+        model = apply_fused_bn(model, device, notes)
+    if cfg.fast_stem:
+        model = apply_fast_stem(model, device, notes)
+    if cfg.matmul_1x1:
+        model = apply_matmul_1x1(model, notes)
+    if cfg.wgrad_stream:  # after matmul_1x1, whose layers it routes to the second stream too
+        model = apply_wgrad_stream(model, device, notes)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
-    model = apply_compile(model, cfg, device, notes)
+    if cfg.compile:
+        model = apply_compile(model, device, notes, mode=cfg.compile_mode,
+                              combo_kernels=cfg.combo_kernels,
+                              buffer_reuse=not cfg.wgrad_stream)
     optimizer = make_optimizer(precision.params, cfg.optimizer_impl)
     step_fn = precision.make_step(loss_fn, metric_fn)
     if cfg.channels_last and has_conv2d(model):
         step_fn = ChannelsLastInputs(step_fn)
-    if cfg.cuda_graph and device.type == "cuda" and precision.scaler is not None \
+    graphed = cfg.cuda_graph and device.type == "cuda"
+    if graphed and precision.scaler is not None \
             and not getattr(optimizer, "_step_supports_amp_scaling", False):
         raise ConfigError(
             f"--cuda-graph with precision {precision.mode}: {type(optimizer).__name__} in this "
             f"implementation decides on the host whether to skip an overflowing step, which a "
             f"graph cannot; use --optimizer-impl fused (or optimizer lars/lamb)")
+    extensions = list(precision.extensions)
     # Several steps per call: outside the per-batch input conversion, inside the graph, so
     # that one replay runs all of them.
-    step_fn = apply_multistep(step_fn, cfg)
+    step_fn = apply_multistep(step_fn, cfg.steps_per_call)
     # The graph last: it must hold the whole step, input conversion and loss scaling included.
-    step_fn = apply_cuda_graph(step_fn, cfg, device, optimizer, notes)
-    return Accelerated(model, optimizer, step_fn, notes, list(precision.extensions))
+    if cfg.cuda_graph:
+        step_fn = apply_cuda_graph(step_fn, device, optimizer, notes,
+                                   steps_per_call=cfg.steps_per_call)
+    if graphed and cfg.steps_per_call > 1:
+        extensions.append(ShortChunkCheck(cfg.steps_per_call))
+    return Accelerated(model, optimizer, step_fn, notes, extensions, cfg.steps_per_call)

@@ -1,6 +1,7 @@
-"""Configs of the acceleration levers (seed 004). Each lever is an ``apply_*`` transform in its
-own module of ``kasoku.accel``; ``kasoku.accel.compose.accelerate`` applies a whole
-``AccelConfig`` in the order the levers need."""
+"""Configs of the acceleration levers. Each lever is an ``apply_*`` transform in its own module
+of ``kasoku.accel`` that takes only its own settings; ``kasoku.accel.compose.accelerate`` reads
+an ``AccelConfig`` and applies the levers in the order they need. The field docstrings are the
+command line's help texts (``kasoku train --help``) and the bench's ``--config`` keys."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,37 +13,37 @@ OPTIMIZER_IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 @dataclass(frozen=True)
 class AccelConfig:
     precision: str = "fp32"
-    """fp32 (TF32 off) | tf32 | fp16 (autocast + dynamic loss scaling, fp32 weights) | bf16
-    (autocast) | fp16-pure (fp16 weights and activations, fp32 master weights in the optimizer,
-    dynamic loss scaling)."""
+    """fp32 (true fp32: TF32 off) | tf32 (TF32 tensor cores) | fp16 (autocast with dynamic
+    loss scaling, fp32 weights) | bf16 (autocast) | fp16-pure (fp16 weights and activations,
+    fp32 master weights in the optimizer, dynamic loss scaling). fp16 and tf32 need CUDA."""
     channels_last: bool = False
-    """NHWC memory format for conv nets (warns once when the model has no 4-d convolutions)."""
+    """NHWC memory format for conv nets, what tensor-core convolutions read (warns once when
+    the model has no 2-d convolutions)."""
     cudnn_benchmark: bool = False
-    """cuDNN autotuning; its time is spent in warm-up, outside the measured rate."""
+    """cuDNN autotuning: the fastest convolution algorithm for each shape, timed in the first
+    steps."""
     optimizer_impl: str | None = None
-    """loop (one kernel per tensor per op) | foreach (multi-tensor) | fused (one kernel for all
-    weights: seed 004's batched weight update) | compiled (the foreach update compiled by
-    torch.compile into kernels that fill the GPU; SGD, momentum and Adam) | triton (Adam as one
-    Triton kernel over all weights with a full grid: the compiled update's speed without its
-    per-process compile time; CUDA, float32) | None: fused where PyTorch has it, else
-    foreach."""
+    """How the optimizer updates the weights: loop (one kernel per tensor per op) | foreach
+    (multi-tensor kernels) | fused (one kernel for all weights, the batched weight update) |
+    compiled (the foreach update compiled by torch.compile; SGD, momentum and Adam) | triton
+    (Adam as one Triton kernel over all weights; CUDA, float32). Default: fused where PyTorch
+    has it, else foreach."""
     fused_bn: bool = False
     """Batch norm, residual add and ReLU of each layer as one Triton kernel pair forward and
-    one backward (seed 004's fused BN+ReLU; kasoku.accel.fused_bn): the models' BatchNormAct2d
-    layers in training, channels_last, on CUDA."""
+    one backward (kasoku's ResNets, in training; CUDA; needs channels_last)."""
     fast_stem: bool = False
     """The stem of a conv net: its stride-2 convolution on 3 channels computed space-to-depth
     (a 4x4 stride-1 convolution on 16 channels: the same result, faster cuDNN kernels) and its
-    max-pool as Triton kernels (kasoku.accel.stem); CUDA."""
+    max-pool as Triton kernels; CUDA."""
     matmul_1x1: bool = False
     """1x1 convolutions as matrix products on channels_last activations (cuBLAS instead of
-    cuDNN: faster for ResNet-50's shapes at small batches on an H200; kasoku.accel.conv_matmul);
-    needs channels_last."""
+    cuDNN: faster for ResNet-50's shapes at small batches on an H200); needs channels_last."""
     wgrad_stream: bool = False
     """The weight gradients of convolutions on a second CUDA stream, joined at the end of the
-    backward pass, so they run beside the rest of backward (kasoku.accel.wgrad_stream); CUDA."""
+    backward pass, so they run beside the rest of backward; CUDA."""
     compile: bool = False
-    """torch.compile the model (fuses BN+ReLU(+add) and elementwise chains)."""
+    """torch.compile the model (fuses batch norm, ReLU, residual adds and other elementwise
+    chains into fewer kernels); compilation happens in the first steps."""
     compile_mode: str = "default"
     """torch.compile mode: default | reduce-overhead | max-autotune(-no-cudagraphs)."""
     combo_kernels: bool = False
@@ -51,7 +52,7 @@ class AccelConfig:
     cuda_graph: bool = False
     """Capture the whole step (forward, backward, update) as one CUDA graph and replay it."""
     loss_scale_init: float = 2.0 ** 16
-    """Initial dynamic loss scale for fp16 / fp16-pure."""
+    """The first dynamic loss scale of precision fp16 and fp16-pure."""
     steps_per_call: int = 1
     """Optimizer steps per trainer iteration (Keras' steps_per_execution): the loader hands out
     K batches at once and one call (one CUDA graph replay under --cuda-graph) runs K steps, so

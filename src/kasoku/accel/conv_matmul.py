@@ -51,10 +51,12 @@ class _Subsample(torch.autograd.Function):
 
 class Conv1x1Matmul(nn.Conv2d):
     """``nn.Conv2d`` (1x1) computed as a matrix product on channels_last inputs (see the
-    module's doc). With ``wgrad_stream`` set (``kasoku.accel.wgrad_stream``) its weight
-    gradient goes to a second CUDA stream."""
+    module's doc). With ``wgrad_stream`` set (by ``kasoku.accel.wgrad_stream.convert``, which
+    sets it on any layer that declares the attribute) its weight gradient goes to a second
+    CUDA stream."""
 
     wgrad_stream = False
+    """Whether the weight gradient goes to ``kasoku.accel.wgrad_stream``'s second stream."""
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "Conv1x1Matmul":
@@ -78,12 +80,10 @@ class Conv1x1Matmul(nn.Conv2d):
         return y.view(n, h, w, self.out_channels).permute(0, 3, 1, 2)  # channels_last
 
 
-def apply_matmul_1x1(model: nn.Module, cfg, notes: list[str] | None = None) -> nn.Module:
-    """With ``cfg.matmul_1x1``: compute ``model``'s 1x1 convolutions as matrix products
-    (``Conv1x1Matmul``), in place. Needs channels_last (``check_config`` refuses it without);
-    a model with no such convolution is left as it is, with a note."""
-    if not getattr(cfg, "matmul_1x1", False):
-        return model
+def apply_matmul_1x1(model: nn.Module, notes: list[str] | None = None) -> nn.Module:
+    """Compute ``model``'s 1x1 convolutions as matrix products (``Conv1x1Matmul``), in place.
+    Needs channels_last (``accelerate`` refuses it without); a model with no such convolution
+    is left as it is, with a note."""
     changed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

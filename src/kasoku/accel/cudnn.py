@@ -8,13 +8,14 @@ import torch
 from kasoku.accel.notes import skip
 
 
-def apply_cudnn_benchmark(cfg, device, notes: list[str] | None = None) -> bool:
-    """Set ``cudnn.benchmark`` to ``cfg.cudnn_benchmark`` on CUDA; returns whether autotuning is
-    on. On another device the request is warned about once, noted, and has no effect."""
+def apply_cudnn_benchmark(enabled: bool, device, notes: list[str] | None = None) -> bool:
+    """Set ``cudnn.benchmark`` to ``enabled`` on CUDA (off too: the flag is global); returns
+    whether autotuning is on. On another device a request is warned about once, noted, and has
+    no effect."""
     device = torch.device(device)
     if device.type != "cuda":
-        if cfg.cudnn_benchmark:
+        if enabled:
             skip(notes, f"cudnn_benchmark: no effect on {device.type} (cuDNN is CUDA's library)")
         return False
-    torch.backends.cudnn.benchmark = bool(cfg.cudnn_benchmark)
+    torch.backends.cudnn.benchmark = bool(enabled)
     return torch.backends.cudnn.benchmark

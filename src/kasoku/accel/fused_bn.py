@@ -29,7 +29,7 @@ The kernels, their tiles and grids are in ``kasoku.accel.bn_kernels``. Both ops 
 ``torch.library`` custom ops with an autograd formula, so ``torch.compile`` and a
 captured CUDA graph keep them whole (inductor calls them as it calls cuDNN). Which layers: the
 models' ``kasoku.models.norm.BatchNormAct2d`` (batch norm, optional residual, optional ReLU in
-one module); ``apply_fused_bn`` switches them to this path. It runs when the layer is training
+one module); ``apply_fused_bn`` recasts them as ``FusedBatchNormAct2d``, which takes this path. It runs when the layer is training
 with running statistics and a momentum, on a CUDA (or, with ``TRITON_INTERPRET=1``, CPU)
 tensor in channels_last of float16, bfloat16 or float32 of at least ``MIN_ELEMENTS``
 elements; anywhere else the module computes the same thing with PyTorch ops.
@@ -42,8 +42,10 @@ import torch
 from torch import Tensor, nn
 
 from kasoku._triton import interpreting
+from kasoku.accel._recast import recast
 from kasoku.accel.bn_kernels import as_matrix, grids, kernels, launch_options, tiles
 from kasoku.accel.notes import skip
+from kasoku.models.norm import BatchNormAct2d
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_ELEMENTS = 1 << 21
@@ -165,7 +167,7 @@ bn_act_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fusable(module: nn.BatchNorm2d, x: Tensor, residual: Tensor | None) -> bool:
-    """Whether ``fused_forward`` can run this call (else the module's PyTorch ops do)."""
+    """Whether the kernels can run this call (else the module's PyTorch ops do)."""
     return (module.training and module.track_running_stats and module.affine
             and module.momentum is not None and x.dim() == 4
             and (x.is_cuda or interpreting()) and x.dtype in DTYPES
@@ -174,36 +176,36 @@ def fusable(module: nn.BatchNorm2d, x: Tensor, residual: Tensor | None) -> bool:
             and (residual is None or residual.shape == x.shape))
 
 
-def fused_forward(module, x: Tensor, residual: Tensor | None = None) -> Tensor | None:
-    """``BatchNormAct2d``'s forward through the kernels, or None for a call they cannot take
-    (``fusable``: the module then runs its PyTorch ops)."""
-    if not fusable(module, x, residual):
-        return None
-    y, mean, _, var = bn_act_forward(x, module.weight, module.bias, residual,
-                                     float(module.eps), module.relu)
-    with torch.no_grad():
-        bn_running_stats_(module.running_mean, module.running_var, mean, var,
-                          x.shape[0] * x.shape[2] * x.shape[3], float(module.momentum))
-        if module.num_batches_tracked is not None:
-            module.num_batches_tracked.add_(1)
-    return y
+class FusedBatchNormAct2d(BatchNormAct2d):
+    """``BatchNormAct2d`` whose forward runs the kernels where they can take the call
+    (``fusable``) and the module's PyTorch ops elsewhere. Made from a ``BatchNormAct2d`` by
+    ``recast``: the same parameters, buffers and ``state_dict``."""
+
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if not fusable(self, x, residual):
+            return super().forward(x, residual)
+        y, mean, _, var = bn_act_forward(x, self.weight, self.bias, residual,
+                                         float(self.eps), self.relu)
+        with torch.no_grad():
+            bn_running_stats_(self.running_mean, self.running_var, mean, var,
+                              x.shape[0] * x.shape[2] * x.shape[3], float(self.momentum))
+            if self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+        return y
 
 
-def apply_fused_bn(model: nn.Module, cfg, device=None, notes: list[str] | None = None
+def apply_fused_bn(model: nn.Module, device=None, notes: list[str] | None = None
                    ) -> nn.Module:
-    """Route every ``BatchNormAct2d`` of ``model`` through the fused kernels when
-    ``cfg.fused_bn``; skipped with a note where they cannot run (no CUDA device, no Triton,
-    no such layers, or channels_last off: the kernels read NHWC)."""
-    if not getattr(cfg, "fused_bn", False):
-        return model
-    from kasoku.models.norm import BatchNormAct2d
-    layers = [m for m in model.modules() if isinstance(m, BatchNormAct2d)]
+    """Route every ``BatchNormAct2d`` of ``model`` through the fused kernels, in place
+    (``FusedBatchNormAct2d``: the same parameters and ``state_dict``); skipped with a note where
+    they cannot run (no CUDA device, no Triton, no such layers). The kernels read channels_last
+    activations: ``accelerate`` refuses the lever without channels_last."""
+    layers = [(parent, name, child) for parent in list(model.modules())
+              for name, child in parent.named_children() if type(child) is BatchNormAct2d]
     device = torch.device(device) if device is not None else None
     reason = None
     if not layers:
         reason = f"{type(model).__name__} has no BatchNormAct2d layer"
-    elif not cfg.channels_last:
-        reason = "the kernels read channels_last activations; add --channels-last"
     elif device is not None and device.type != "cuda" and not interpreting():
         reason = f"the kernels run on CUDA devices, not {device.type}"
     else:
@@ -214,6 +216,6 @@ def apply_fused_bn(model: nn.Module, cfg, device=None, notes: list[str] | None =
     if reason is not None:
         skip(notes, f"fused_bn: {reason}; batch norm runs as PyTorch ops")
         return model
-    for m in layers:
-        m.fused_forward = fused_forward
+    for parent, name, child in layers:
+        setattr(parent, name, recast(child, FusedBatchNormAct2d))
     return model

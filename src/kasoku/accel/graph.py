@@ -41,16 +41,15 @@ from kasoku.errors import ConfigError
 WARMUP_STEPS = 3
 
 
-def apply_cuda_graph(step_fn: Callable, cfg, device, optimizer=None,
-                     notes: list[str] | None = None, warmup_steps: int = WARMUP_STEPS
-                     ) -> Callable:
-    """Wrap ``step_fn`` in a ``CudaGraphStep`` when ``cfg.cuda_graph`` (apply last: the graph
-    holds everything the step does). With ``optimizer``, prepare it now (tensor learning
-    rates, ``capturable``) so schedules registered afterwards see tensor rates from their
-    first call; a non-capturable optimizer raises ``ConfigError``. On a device other than
-    CUDA the lever is warned about once, noted, and the step returned unchanged."""
-    if not cfg.cuda_graph:
-        return step_fn
+def apply_cuda_graph(step_fn: Callable, device, optimizer=None,
+                     notes: list[str] | None = None, warmup_steps: int = WARMUP_STEPS,
+                     steps_per_call: int = 1) -> Callable:
+    """Wrap ``step_fn`` in a ``CudaGraphStep`` (apply last: the graph holds everything the
+    step does). With ``optimizer``, prepare it now (tensor learning rates, ``capturable``) so
+    schedules registered afterwards see tensor rates from their first call; a non-capturable
+    optimizer raises ``ConfigError``. ``steps_per_call``: optimizer steps per call of
+    ``step_fn`` (``MultiStep``), so that warm-up counts steps. On a device other than CUDA the
+    lever is warned about once, noted, and the step returned unchanged."""
     device = torch.device(device)
     if device.type != "cuda":
         skip(notes, f"cuda_graph: CUDA graphs need a CUDA device; the step runs eagerly on "
@@ -60,7 +59,7 @@ def apply_cuda_graph(step_fn: Callable, cfg, device, optimizer=None,
         prepare_optimizer_for_graph(optimizer, device)
     # A call of a multi-step chunk is already that many eager steps: warm up in steps, not
     # calls (3 chunks of 50 would be 150 eager steps before the first replay).
-    per_call = max(1, int(getattr(cfg, "steps_per_call", 1) or 1))
+    per_call = max(1, int(steps_per_call))
     return CudaGraphStep(step_fn, device, -(-warmup_steps // per_call))
 
 

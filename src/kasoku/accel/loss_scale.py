@@ -24,8 +24,9 @@ import torch
 
 
 class LossScaler:
-    """Dynamic loss scale: ``scale(loss)`` before backward, ``step(optimizer)`` instead of
-    ``optimizer.step()``. ``step`` unscales the gradients in place (they are true gradients
+    """Dynamic loss scale, attached to the step as its update (``StandardStep(update=...)``,
+    the protocol of ``kasoku.train.step.PlainUpdate``): ``backward(loss)`` runs the backward
+    pass of the scaled loss, ``step(optimizer)`` replaces ``optimizer.step()``. ``step`` unscales the gradients in place (they are true gradients
     afterwards), skips the update if any is inf/nan, then multiplies the scale by
     ``backoff_factor`` after an overflow or by ``growth_factor`` after ``growth_interval``
     consecutive good steps.
@@ -59,6 +60,14 @@ class LossScaler:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss.float() * self._scale
 
+    def zero_grad(self, model, optimizer) -> None:
+        # The model's gradients, not the optimizer's: for fp16-pure it holds fp32 masters,
+        # whose gradient buffers ``step`` overwrites.
+        model.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scale(loss).backward()
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.master is not None:
             self.master.grads_to_master()
@@ -75,6 +84,9 @@ class LossScaler:
         if self.master is not None:
             self.master.master_to_model()
         self._update()
+
+    def __repr__(self) -> str:
+        return f"LossScaler(master={self.master is not None})"
 
     def observation(self) -> dict[str, torch.Tensor]:
         # Clones: the reporter keeps these across iterations while the scaler's own tensors

@@ -16,12 +16,10 @@ def has_conv2d(model: nn.Module) -> bool:
                for m in model.modules())
 
 
-def apply_channels_last(model: nn.Module, cfg, notes: list[str] | None = None) -> nn.Module:
-    """Convert ``model``'s 4-d weights to channels_last in place when ``cfg.channels_last``.
-    A model without 2-d convolutions (MLP, LSTM) is left as it is, with one warning and a
-    note. Inputs are converted in the step: wrap it with ``ChannelsLastInputs``."""
-    if not cfg.channels_last:
-        return model
+def apply_channels_last(model: nn.Module, notes: list[str] | None = None) -> nn.Module:
+    """Convert ``model``'s 4-d weights to channels_last in place. A model without 2-d
+    convolutions (MLP, LSTM) is left as it is, with one warning and a note. Inputs are
+    converted in the step: wrap it with ``ChannelsLastInputs``."""
     if not has_conv2d(model):
         skip(notes, f"channels_last: {type(model).__name__} has no 2-d convolution; "
                     f"memory format unchanged")

@@ -37,17 +37,40 @@ from typing import Callable
 
 import torch
 
+from kasoku.accel.notes import warn_once
+
 LAST_VALUE_KEYS = frozenset({"main/skipped_steps"})
 """Observation keys that are running totals: the chunk reports the last step's value."""
 
 
-def apply_multistep(step_fn: Callable, cfg) -> Callable:
-    """Wrap ``step_fn`` in ``MultiStep`` when ``cfg.steps_per_call > 1``. Apply it after the
+def apply_multistep(step_fn: Callable, steps_per_call: int) -> Callable:
+    """Wrap ``step_fn`` in ``MultiStep`` when ``steps_per_call > 1``. Apply it after the
     per-batch wrappers (input conversion) and before the CUDA graph, which must hold all the
     steps of a call."""
-    if cfg.steps_per_call == 1:
+    if steps_per_call == 1:
         return step_fn
     return MultiStep(step_fn)
+
+
+class ShortChunkCheck:
+    """Trainer extension that warns once, before training, when the CUDA-graphed step's
+    ``steps_per_call`` does not divide the full batches of an epoch (``short_chunk_advice``):
+    each epoch's shorter last chunk would run eagerly."""
+    trigger = (1, "epoch")
+    priority = 0
+    name = "ShortChunkCheck"
+
+    def __init__(self, steps_per_call: int):
+        self.steps_per_call = steps_per_call
+
+    def initialize(self, trainer) -> None:
+        full = getattr(trainer.train_loader, "full_batches_per_epoch", None)
+        advice = None if full is None else short_chunk_advice(self.steps_per_call, full)
+        if advice is not None:
+            warn_once(advice)
+
+    def __call__(self, trainer) -> None:
+        pass
 
 
 def short_chunk_advice(steps_per_call: int, full_batches: int) -> str | None:

@@ -7,21 +7,19 @@ accelerated (a bench subprocess, a test session).
 """
 from __future__ import annotations
 
-import warnings
+from kasoku import errors
+from kasoku.errors import KasokuWarning, reset_warnings
+
+__all__ = ["LeverWarning", "reset_warnings", "skip", "warn_once"]
 
 
-class LeverWarning(UserWarning):
+class LeverWarning(KasokuWarning):
     """A lever has no effect on this device or model and was skipped or adjusted."""
 
 
-_warned: set[str] = set()
-
-
 def warn_once(message: str) -> None:
-    if message in _warned:
-        return
-    _warned.add(message)
-    warnings.warn(message, LeverWarning, stacklevel=3)
+    """A ``LeverWarning`` with ``message``, once per process."""
+    errors.warn_once(message, LeverWarning)
 
 
 def skip(notes: list[str] | None, message: str) -> None:
@@ -29,8 +27,3 @@ def skip(notes: list[str] | None, message: str) -> None:
     if notes is not None:
         notes.append(message)
     warn_once(message)
-
-
-def reset_warnings() -> None:
-    """Forget which warnings were given (for tests)."""
-    _warned.clear()

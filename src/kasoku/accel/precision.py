@@ -2,7 +2,7 @@
 
 Two phases, because fp16-pure changes the weights and what the optimizer must hold::
 
-    plan = apply_precision(model, cfg, device, notes)     # TF32 flags, fp16 weights, scaler
+    plan = apply_precision(model, mode, device, notes)    # TF32 flags, fp16 weights, scaler
     optimizer = make_optimizer(plan.params, impl)         # fp32 masters for fp16-pure
     step = plan.make_step(loss_fn, metric_fn)             # step(model, batch, optimizer)
 
@@ -40,28 +40,6 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def _no_metric(output, targets):
-    return None
-
-
-def scaled_train_step(model, batch, optimizer, *, loss_fn, metric_fn, autocast,
-                      scaler: LossScaler) -> dict:
-    """One loss-scaled step (fp16, fp16-pure); no host sync when the optimizer can skip an
-    overflowing update on the device (see ``kasoku.accel.loss_scale``). The model's gradients
-    are cleared (not the optimizer's: for fp16-pure it holds fp32 masters whose gradient
-    buffers are overwritten by the scaler)."""
-    inputs, targets = batch
-    model.zero_grad(set_to_none=True)
-    with autocast():
-        output = model(inputs)
-        loss = loss_fn(output, targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    with torch.no_grad():
-        metric = metric_fn(output.detach(), targets)
-    return {"main/loss": loss.detach(), "main/accuracy": metric, **scaler.observation()}
-
-
 @dataclass
 class PrecisionPlan:
     """What ``apply_precision`` decided. ``mode``: the precision that runs on this device
@@ -76,24 +54,20 @@ class PrecisionPlan:
     scaler: LossScaler | None = None
     extensions: list = field(default_factory=list)
 
-    def make_step(self, loss_fn: Callable, metric_fn: Callable | None = None) -> Callable:
-        """The step function of this precision: ``step(model, batch, optimizer) -> dict``."""
-        if self.scaler is None and self.autocast_dtype is None:
-            return StandardStep(loss_fn, metric_fn)
+    def make_step(self, loss_fn: Callable, metric_fn: Callable | None = None) -> StandardStep:
+        """The step of this precision: ``StandardStep`` with its autocast and, for the fp16
+        modes, the loss scaler attached as its update."""
         autocast = contextlib.nullcontext if self.autocast_dtype is None else \
             functools.partial(torch.autocast, self.device.type, dtype=self.autocast_dtype)
-        if self.scaler is None:
-            return StandardStep(loss_fn, metric_fn, autocast=autocast)
-        return functools.partial(scaled_train_step, scaler=self.scaler, loss_fn=loss_fn,
-                                 metric_fn=metric_fn or _no_metric, autocast=autocast)
+        return StandardStep(loss_fn, metric_fn, autocast=autocast, update=self.scaler)
 
 
-def apply_precision(model: nn.Module, cfg, device, notes: list[str] | None = None
-                    ) -> PrecisionPlan:
-    """Apply ``cfg.precision`` (an ``AccelConfig``) to ``model`` (already on ``device``).
-    A mode this device cannot run is warned about once, noted, and replaced by fp32."""
+def apply_precision(model: nn.Module, mode: str, device, notes: list[str] | None = None,
+                    loss_scale_init: float = 2.0 ** 16) -> PrecisionPlan:
+    """Apply precision ``mode`` to ``model`` (already on ``device``); ``loss_scale_init``: the
+    first dynamic loss scale of the fp16 modes. A mode this device cannot run is warned about
+    once, noted, and replaced by fp32."""
     device = torch.device(device)
-    mode = cfg.precision
     if mode not in PRECISIONS:
         raise ConfigError(f"unknown precision {mode!r}; choose one of {', '.join(PRECISIONS)}")
     if device.type != "cuda" and mode == "tf32":
@@ -104,7 +78,7 @@ def apply_precision(model: nn.Module, cfg, device, notes: list[str] | None = Non
         skip(notes, f"precision {mode}: float16 training needs a CUDA device; running fp32 on "
                     f"{device.type} (bf16 is the reduced precision CPUs train in)")
         mode = "fp32"
-    return build_precision(model, mode, device, loss_scale_init=cfg.loss_scale_init)
+    return build_precision(model, mode, device, loss_scale_init=loss_scale_init)
 
 
 def build_precision(model: nn.Module, mode: str, device, loss_scale_init: float = 2.0 ** 16

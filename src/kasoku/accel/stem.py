@@ -68,15 +68,13 @@ class SpaceToDepthConv2d(nn.Conv2d):
         return F.conv2d(folded, wt, self.bias, 1, 0)
 
 
-def apply_fast_stem(model: nn.Module, cfg, device=None, notes: list[str] | None = None
+def apply_fast_stem(model: nn.Module, device=None, notes: list[str] | None = None
                     ) -> nn.Module:
-    """With ``cfg.fast_stem``: fold ``model``'s stride-2 convolutions on at most 4 input
-    channels (a stem's) space-to-depth and pool its ``nn.MaxPool2d`` layers with
-    ``kasoku.accel.max_pool``'s kernels, in place. Skipped with a note on devices other than
-    CUDA (the folding was measured faster there only, the kernels run there only) and on
-    models with neither kind of layer."""
-    if not getattr(cfg, "fast_stem", False):
-        return model
+    """Fold ``model``'s stride-2 convolutions on at most 4 input channels (a stem's)
+    space-to-depth and pool its ``nn.MaxPool2d`` layers with ``kasoku.accel.max_pool``'s
+    kernels, in place. Skipped with a note on devices other than CUDA (the folding was
+    measured faster there only, the kernels run there only) and on models with neither kind
+    of layer."""
     from kasoku._triton import interpreting
     from kasoku.accel.max_pool import MaxPool2dKernel
     device = torch.device(device) if device is not None else None

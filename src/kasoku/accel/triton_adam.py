@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 
 import torch
 
 from kasoku._triton import LazyKernel, interpreting
-from kasoku.errors import ConfigError
+from kasoku.errors import ConfigError, warn_once
 
 BLOCK = 512  # with 8 warps the fastest of 512..4096 x 4/8 on an H200 (adam_update_probe.py)
 NUM_WARPS = 8
@@ -135,9 +134,8 @@ def compile_ahead(launches: list[tuple[tuple, dict]], device) -> None:
                     compiled._init_handles()
         except Exception as exc:  # noqa: BLE001 - the first step compiles instead
             AHEAD_FAILURES.append(f"{type(exc).__name__}: {exc}")
-            warnings.warn(f"optimizer_impl triton: compiling ahead of the first step failed "
-                          f"({AHEAD_FAILURES[-1]}); the first step compiles instead",
-                          stacklevel=1)
+            warn_once(f"optimizer_impl triton: compiling ahead of the first step failed "
+                      f"({AHEAD_FAILURES[-1]}); the first step compiles instead")
 
     thread = threading.Thread(target=work, args=(list(_AHEAD),), daemon=True,
                               name="kasoku-triton-adam-compile")

@@ -229,12 +229,14 @@ class WgradStreamConv2d(nn.Conv2d):
 
 
 def convert(model: nn.Module) -> int:
-    """Give ``model``'s convolutions side-stream weight gradients in place; returns how many."""
-    from kasoku.accel.conv_matmul import Conv1x1Matmul
+    """Give ``model``'s convolutions side-stream weight gradients in place; returns how many.
+    A layer that computes its own forward and declares a ``wgrad_stream`` attribute (such as
+    ``kasoku.accel.conv_matmul.Conv1x1Matmul``) has it set, and routes its products here
+    itself; plain ``nn.Conv2d`` layers become ``WgradStreamConv2d``."""
     changed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, Conv1x1Matmul):
+            if isinstance(getattr(type(child), "wgrad_stream", None), bool):
                 child.wgrad_stream = True
                 changed += 1
             elif deferrable(child):
@@ -243,13 +245,12 @@ def convert(model: nn.Module) -> int:
     return changed
 
 
-def apply_wgrad_stream(model: nn.Module, cfg, device=None, notes: list[str] | None = None
+def apply_wgrad_stream(model: nn.Module, device=None, notes: list[str] | None = None
                        ) -> nn.Module:
-    """With ``cfg.wgrad_stream`` on a CUDA device: the weight gradients of ``model``'s
-    convolutions on a second stream (see the module's doc), in place. Skipped with a note off
-    CUDA and for a model without convolutions."""
-    if not getattr(cfg, "wgrad_stream", False):
-        return model
+    """On a CUDA device: the weight gradients of ``model``'s convolutions on a second stream
+    (see the module's doc), in place. Skipped with a note off CUDA and for a model without
+    convolutions. Compile the model with inductor's buffer reuse off (``apply_compile``'s
+    ``buffer_reuse=False``)."""
     device = torch.device(device) if device is not None else None
     if device is None or device.type != "cuda":
         where = device.type if device is not None else "an unknown device"

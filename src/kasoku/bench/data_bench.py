@@ -1,8 +1,8 @@
 """``kasoku data bench``: can this loader keep up with this model on this machine (seed 000)?
 
-Each loader of the list runs alone (no model) on each source: a fresh loader per measurement
-(``kasoku.run._make_loader``, so every loader kind ``--loader`` knows is measured the same
-way), its time to the first batch (construction and worker start-up) and ``warmup`` further
+Each loader of the list runs alone (no model) on each source and batch size: a fresh loader
+per measurement (``kasoku.data.registry.create_loader``, so every loader kind ``--loader``
+knows is measured the same way), its time to the first batch (construction and worker start-up) and ``warmup`` further
 batches timed apart, then ``windows`` windows of ``batches`` batches. With a model, its
 training rate on synthetic batches already on the device is measured once, and after each
 loader's own windows the same loader feeds the same model (batches copied to the device), in
@@ -15,18 +15,22 @@ One JSON line per measurement in ``OUT/data_bench.jsonl`` (appended; schema
 
     schema, run_id, time (UTC ISO-8601), source (the folder or workload given), source_label,
     source_kind ("folder" | "generated" | "workload"), resolution ("WxH" of a make-jpeg folder,
-    else null), loader (e.g. "multiprocess:4"), batch_size, device, status ("ok" | "error"),
+    else null), loader (e.g. "multiprocess:4"), batch_size, unit (what a sample is: "images",
+    or "samples" for a workload whose samples are not images), device, status ("ok" | "error"),
     error (the error's last line, or null)
     settings: warmup_batches, batches_per_window, windows, seed, image_size, num_samples
     model:    null, or workload, config (the rung's config), notes (levers skipped here)
-    figures:  images_per_s {median, min, max, n}: the loader alone, one value per window
+    figures:  images_per_s {median, min, max, n}: the loader alone, one value per window (the
+                name is kept for every unit: samples per second)
               mb_per_s: images_per_s median x bytes_per_image / 1e6
               bytes_per_image: mean bytes of the samples delivered in the windows
               bytes_basis: "file" (the JPEG files' sizes: file bytes delivered, which the page
                 cache may serve, what seed 000 called read bandwidth) | "stored sample" (the
                 uint8 bytes of an in-memory sample) | "delivered sample" (the tensor's bytes)
               cpu_cores: CPU seconds of this process and the loader's worker processes per
-                second of the windows ("cores busy"); cpu_percent: the same as % of all cores
+                second of the windows ("cores busy"), at most the cores this process may use
+                (the processes' times are read in clock ticks, so a reading can overshoot);
+                cpu_percent: the same as % of those cores
               first_batch_s, warmup_s: construction + first batch, then the warm-up batches
               model_synthetic_images_per_s {median, min, max, n}: the model on synthetic
                 on-device batches (the same in every line of a run)
@@ -56,6 +60,7 @@ from kasoku.bench.data_report import (CHART_FILE, RESULTS_FILE, plot_data_bench,
 from kasoku.bench.results import append_result
 from kasoku.bench.data_sources import Source, in_memory, resolve_sources
 from kasoku.config import DataConfig
+from kasoku.data.registry import create_loader, parse_loader_spec
 from kasoku.errors import ConfigError
 
 SCHEMA = "kasoku.data_bench/1"
@@ -75,8 +80,9 @@ class DataBenchRequest:
     images: int = 2048
     """Images per generated folder."""
     out: Path = Path("runs/data-bench")
-    batch_size: int | None = None
-    """None: the model's recipe batch size, else ``DEFAULT_BATCH_SIZE``."""
+    batch_sizes: tuple[int, ...] = ()
+    """Batch sizes to measure each loader at (empty: the model's recipe batch size, else
+    ``DEFAULT_BATCH_SIZE``)."""
     device: str = "cpu"
     warmup: int = 3
     """Batches after the first one, excluded from the windows."""
@@ -112,7 +118,6 @@ def expand_loaders(text: str) -> list[str]:
     """``"serial,multiprocess:1,2,4"`` -> ``["serial", "multiprocess:1", "multiprocess:2",
     "multiprocess:4"]``: a bare number continues the kind before it. Each spec is checked as
     ``--loader`` checks it (``ConfigError``)."""
-    from kasoku.run import _parse_loader
     specs: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
@@ -122,7 +127,7 @@ def expand_loaders(text: str) -> list[str]:
                 raise ConfigError(f"--loader {text}: {item} continues no loader kind; write "
                                   f"the kind first, e.g. multiprocess:1,2,4")
             item = f"{specs[-1].partition(':')[0]}:{item}"
-        _parse_loader(item)
+        parse_loader_spec(item)
         specs.append(item)
     if not specs:
         raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
@@ -136,7 +141,7 @@ class _Model:
     def __init__(self, name: str, accel: AccelConfig | None, device: torch.device, seed: int):
         from kasoku.bench.pool import batch_spec
         from kasoku.bench.rungs import Rung
-        from kasoku.bench.worker import _make_runner
+        from kasoku.bench.worker import make_runner
         from kasoku.workloads import create_workload
         self.name, self.device, self.notes = name, device, []
         self.workload = create_workload(name)
@@ -144,7 +149,7 @@ class _Model:
         model = self.workload.build_model()
         self.spec = batch_spec(self.workload, model)
         self.rung = Rung("model", accel or AccelConfig())
-        self.runner = _make_runner(self.rung, self.workload, model.to(device), device,
+        self.runner = make_runner(self.rung, self.workload, model.to(device), device,
                                    self.workload.recipe.lr, self.notes)
 
     def check(self, source: Source) -> None:
@@ -187,49 +192,51 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
     """Measure every (source, loader), print a progress line per measurement to ``progress``
     (stderr) and the table to ``stream`` (stdout), append the records to
     ``out/data_bench.jsonl`` and draw ``out/data_bench.png``."""
+    from kasoku.device import resolve_device
     from kasoku.perf.sysinfo import environment
-    from kasoku.run import resolve_device
     stream, progress = stream or sys.stdout, progress or sys.stderr
     say = lambda *a: print(*a, file=progress, flush=True)  # noqa: E731
     _check(req)
     device = resolve_device(req.device)
     model = _Model(req.model, req.accel, device, req.seed) if req.model else None
-    batch_size = req.batch_size or (model.workload.recipe.batch_size if model
-                                    else DEFAULT_BATCH_SIZE)
+    batch_sizes = req.batch_sizes or (model.workload.recipe.batch_size if model
+                                      else DEFAULT_BATCH_SIZE,)
     image_size = req.image_size or _model_image_size(model) or DEFAULT_IMAGE_SIZE
     sources = resolve_sources(req, image_size, say)
     for source in sources:
-        if len(source.dataset) < batch_size:
+        if len(source.dataset) < max(batch_sizes):
             raise ConfigError(f"{source.label} has {len(source.dataset)} samples, less than "
-                              f"one batch of {batch_size}: lower --batch-size (or raise "
+                              f"one batch of {max(batch_sizes)}: lower --batch-size (or raise "
                               f"--images / --synthetic-size)")
-    model_rates = None
+    model_rates = {}
     if model is not None:
         for source in sources:
             model.check(source)
-        say(f"model {model.name} bs {batch_size} on synthetic on-device batches ...")
-        model_rates = model.synthetic_rates(batch_size, req, req.seed)
-        say(f"  {model_rates['median']:,.0f} images/s (min {model_rates['min']:,.0f}, "
-            f"max {model_rates['max']:,.0f})")
+        for bs in batch_sizes:
+            say(f"model {model.name} bs {bs} on synthetic on-device batches ...")
+            model_rates[bs] = rates = model.synthetic_rates(bs, req, req.seed)
+            say(f"  {rates['median']:,.0f} {model.workload.sample_unit}/s (min "
+                f"{rates['min']:,.0f}, max {rates['max']:,.0f})")
     env = environment(device)
     run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
-    records, total = [], len(sources) * len(req.loaders)
-    for source in sources:
-        for spec in req.loaders:
-            record = _record(req, source, spec, batch_size, device, model, run_id, env)
-            try:
-                spec_req = _scaled_to_workers(req, spec)
-                record["settings"].update(warmup_batches=spec_req.warmup,
-                                          batches_per_window=spec_req.batches)
-                _measure(record["figures"], source, spec, batch_size, device, spec_req, model)
-                if model_rates is not None:
-                    _compare(record["figures"], model_rates)
-                record["status"] = "ok"
-            except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-                record["error"] = _last_line(exc)
-            append_result(req.out, record, RESULTS_FILE)
-            records.append(record)
-            say(f"[{len(records)}/{total}] {source.label} {spec}: {progress_line(record)}")
+    records, total = [], len(sources) * len(req.loaders) * len(batch_sizes)
+    for batch_size, source, spec in ((b, s, spec) for b in batch_sizes for s in sources
+                                     for spec in req.loaders):
+        record = _record(req, source, spec, batch_size, device, model, run_id, env)
+        try:
+            spec_req = _scaled_to_workers(req, spec)
+            record["settings"].update(warmup_batches=spec_req.warmup,
+                                      batches_per_window=spec_req.batches)
+            _measure(record["figures"], source, spec, batch_size, device, spec_req, model)
+            if model is not None:
+                _compare(record["figures"], model_rates[batch_size])
+            record["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+            record["error"] = _last_line(exc)
+        append_result(req.out, record, RESULTS_FILE)
+        records.append(record)
+        say(f"[{len(records)}/{total}] {source.label} {spec} bs {batch_size}: "
+            f"{progress_line(record)}")
     print_data_bench(records, file=stream)
     chart = plot_data_bench(records, Path(req.out) / CHART_FILE)
     print(f"results: {Path(req.out) / RESULTS_FILE}  chart: {chart}", file=stream)
@@ -239,10 +246,11 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
 def _check(req: DataBenchRequest) -> None:
     for name, value, least in (("--warmup", req.warmup, 0), ("--batches", req.batches, 1),
                                ("--windows", req.windows, 1), ("--images", req.images, 1),
-                               ("--batch-size", req.batch_size, 1),
                                ("--image-size", req.image_size, 8)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in req.batch_sizes):
+        raise ConfigError(f"--batch-size must be whole numbers >= 1, got {req.batch_sizes}")
     if not req.loaders:
         raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
     if req.accel is not None and req.accel.steps_per_call != 1:
@@ -261,6 +269,7 @@ def _record(req, source, spec, batch_size, device, model, run_id, env) -> dict:
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "source": source.name, "source_label": source.label, "source_kind": source.kind,
         "resolution": source.resolution, "loader": spec, "batch_size": batch_size,
+        "unit": source.unit,
         "device": device.type, "status": "error", "error": None,
         "settings": {"warmup_batches": req.warmup, "batches_per_window": req.batches,
                      "windows": req.windows, "seed": req.seed,
@@ -278,8 +287,8 @@ def _scaled_to_workers(req: DataBenchRequest, spec: str) -> DataBenchRequest:
     processes finish their batches nearly together, so a window of fewer than ~4N batches
     reads a burst or a gap, not the steady rate (16 workers and 8-batch windows measured
     1,281 to 12,576 images/s for one loader); the warm-up (2N) lets the first burst pass."""
-    from kasoku.run import _parse_loader
-    name, count = _parse_loader(spec)
+    kind, count = parse_loader_spec(spec)
+    name = kind.name
     if name not in ("multiprocess", "gpu-jpeg-procs"):
         return req
     from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
@@ -292,18 +301,17 @@ def _scaled_to_workers(req: DataBenchRequest, spec: str) -> DataBenchRequest:
 
 def _measure(figures: dict, source: Source, spec: str, batch_size: int,
              device: torch.device, req: DataBenchRequest, model: _Model | None) -> None:
-    from kasoku.perf.cpu import busy_cores, cpu_seconds
-    from kasoku.run import PREFETCHING, _make_loader, _parse_loader
-    kind = _parse_loader(spec)[0]
-    dataset = in_memory(source.dataset) if kind == "device" else source.dataset
-    prefetch = req.prefetch if kind in PREFETCHING else None
+    from kasoku.perf.cpu import busy_cores, cpu_seconds, usable_cores
+    kind = parse_loader_spec(spec)[0]
+    dataset = in_memory(source.dataset) if kind.name == "device" else source.dataset
+    prefetch = req.prefetch if kind.prefetching else None
     t0 = time.perf_counter()
     loader = None
     try:
         # Full batches only: every window counts the same work, and a compiled or graphed
         # model never meets a second shape.
-        loader = _make_loader(spec, dataset, batch_size, device, seed=req.seed, drop_last=True,
-                              prefetch=prefetch)
+        loader = create_loader(spec, dataset, batch_size, device, seed=req.seed,
+                               drop_last=True, prefetch=prefetch)
         figures["prefetch_batches"] = getattr(loader, "prefetch_batches", None)
         _take(loader, 1)
         _sync(device)
@@ -314,14 +322,14 @@ def _measure(figures: dict, source: Source, spec: str, batch_size: int,
         cpu_before, t0 = cpu_seconds(pids), time.perf_counter()
         spans = [_wall(device, lambda: _take(loader, req.batches)) for _ in range(req.windows)]
         wall_s = time.perf_counter() - t0
-        cores = busy_cores(cpu_before, cpu_seconds(pids), wall_s)
+        cores = min(busy_cores(cpu_before, cpu_seconds(pids), wall_s), usable_cores())
         images = [n for n, _ in spans]
         figures["images_per_s"] = _rates(images, [s for _, s in spans])
         per_image = _delivered_bytes(loader, start, req.windows * req.batches,
                                      source.sample_bytes) / sum(images)
         figures.update(mb_per_s=figures["images_per_s"]["median"] * per_image / 1e6,
                        bytes_per_image=per_image, cpu_cores=cores,
-                       cpu_percent=100 * cores / (os.cpu_count() or 1))
+                       cpu_percent=100 * cores / usable_cores())
         if model is not None:
             # Fed as `kasoku train` feeds it: host batches copied ahead on a side stream.
             from kasoku.data.prefetch import wrap_for_device

@@ -11,17 +11,24 @@ RESULTS_FILE = "data_bench.jsonl"
 CHART_FILE = "data_bench.png"
 
 
+def unit(records: list[dict]) -> str:
+    """What the records' samples are: ``images``, unless one of them says otherwise."""
+    units = {r.get("unit", "images") for r in records}
+    return units.pop() if len(units) == 1 else "samples"
+
+
 def progress_line(record: dict) -> str:
     """One measurement as the line printed when it finishes."""
     if record["status"] != "ok":
         return f"ERROR: {record['error']}"
     f = record["figures"]
     r = f["images_per_s"]
-    text = (f"{r['median']:,.0f} images/s (min {r['min']:,.0f}, max {r['max']:,.0f}), "
+    per = f"{unit([record])}/s"
+    text = (f"{r['median']:,.0f} {per} (min {r['min']:,.0f}, max {r['max']:,.0f}), "
             f"{f['mb_per_s']:,.1f} MB/s, {f['cpu_cores']:.2f} cores busy, first batch "
             f"{f['first_batch_s']:.2f} s")
     if "margin" in f:
-        text += (f"; fed {f['fed_images_per_s']['median']:,.0f} images/s, "
+        text += (f"; fed {f['fed_images_per_s']['median']:,.0f} {per}, "
                  f"{verdict(f['margin'], record['device'])}")
     return text
 
@@ -37,18 +44,20 @@ def print_data_bench(records: list[dict], file=None) -> None:
     """One row per measurement: the loader alone, and against the model where there is one."""
     from kasoku.report import print_table
     with_model = any("margin" in r["figures"] for r in records)
-    headers = ["source", "loader", "images/s", "min-max", "MB/s", "cores busy", "first batch"]
+    per = f"{unit(records)}/s"
+    headers = ["source", "loader", "batch", per, "min-max", "MB/s", "cores busy",
+               "first batch"]
     if with_model:
-        headers += ["vs model", "fed images/s", "fed/synthetic"]
+        headers += ["vs model", f"fed {per}", "fed/synthetic"]
     rows = []
     for r in records:
         f = r["figures"]
         if r["status"] != "ok":
-            rows.append([r["source_label"], r["loader"], "error", r["error"][:60],
-                         *["-"] * (len(headers) - 4)])
+            rows.append([r["source_label"], r["loader"], str(r["batch_size"]), "error",
+                         r["error"][:60], *["-"] * (len(headers) - 5)])
             continue
         rate = f["images_per_s"]
-        row = [r["source_label"], r["loader"], f"{rate['median']:,.0f}",
+        row = [r["source_label"], r["loader"], str(r["batch_size"]), f"{rate['median']:,.0f}",
                f"{rate['min']:,.0f}-{rate['max']:,.0f}", f"{f['mb_per_s']:,.1f}",
                f"{f['cpu_cores']:.2f} ({f['cpu_percent']:.0f}%)", f"{f['first_batch_s']:.2f} s"]
         if with_model:
@@ -56,13 +65,13 @@ def print_data_bench(records: list[dict], file=None) -> None:
                      f"{f['fed_images_per_s']['median']:,.0f}",
                      f"{100 * f['fed_fraction']:.0f}%"] if "margin" in f else ["-"] * 3)
         rows.append(row)
-    title = f"data bench on {records[0]['device']}, batch {records[0]['batch_size']}" \
-        if records else "data bench"
-    model = next((r for r in records if "model_synthetic_images_per_s" in r["figures"]), None)
-    if model is not None:
-        title += (f"; {model['model']['workload']} on synthetic on-device batches: "
-                  f"{model['figures']['model_synthetic_images_per_s']['median']:,.0f} images/s")
-    print_table(headers, rows, title=title + "  [images/s: median of the windows]", file=file)
+    title = f"data bench on {records[0]['device']}" if records else "data bench"
+    models = {r["batch_size"]: r for r in records
+              if "model_synthetic_images_per_s" in r["figures"]}
+    for bs, model in sorted(models.items()):
+        title += (f"; {model['model']['workload']} on synthetic on-device batches of {bs}: "
+                  f"{model['figures']['model_synthetic_images_per_s']['median']:,.0f} {per}")
+    print_table(headers, rows, title=title + f"  [{per}: median of the windows]", file=file)
 
 
 def _processes(loader: str) -> tuple[str, int]:
@@ -85,9 +94,13 @@ def plot_data_bench(records: list[dict], path: Path) -> Path | None:
     fig = Figure(figsize=(7.0, 4.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    labels = list(dict.fromkeys(r["source_label"] for r in ok))
-    for i, label in enumerate(labels):
-        color, mine = f"C{i % 10}", [r for r in ok if r["source_label"] == label]
+    sizes = sorted({r["batch_size"] for r in ok})
+    # One series per source, and per batch size when several were measured.
+    series = list(dict.fromkeys((r["source_label"], r["batch_size"]) for r in ok))
+    for i, (source, bs) in enumerate(series):
+        label = source if len(sizes) == 1 else f"{source}, batch {bs}"
+        color = f"C{i % 10}"
+        mine = [r for r in ok if (r["source_label"], r["batch_size"]) == (source, bs)]
         line = sorted((_processes(r["loader"])[1], r) for r in mine
                       if _processes(r["loader"])[0] == "multiprocess")
         if line:
@@ -98,19 +111,21 @@ def plot_data_bench(records: list[dict], path: Path) -> Path | None:
                 _points(ax, [(x, r)], color, "s" if name == "serial" else "^", None)
                 ax.annotate(r["loader"], (x, r["figures"]["images_per_s"]["median"]),
                             textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
-    model = next((r for r in ok if "model_synthetic_images_per_s" in r["figures"]), None)
-    if model is not None:
+    models = {r["batch_size"]: r for r in ok if "model_synthetic_images_per_s" in r["figures"]}
+    for j, (bs, model) in enumerate(sorted(models.items())):
         rate = model["figures"]["model_synthetic_images_per_s"]["median"]
-        ax.axhline(rate, color="k", linestyle="--", linewidth=1,
-                   label=f"{model['model']['workload']} on synthetic data: {rate:,.0f}/s")
+        which = "" if len(sizes) == 1 else f", batch {bs}"
+        ax.axhline(rate, color="k", linestyle=("--", ":", "-.")[j % 3], linewidth=1,
+                   label=f"{model['model']['workload']} on synthetic data{which}: "
+                   f"{rate:,.0f}/s")
     env = ok[0].get("env", {})
     gpu = f" + {env.get('device_name')}" if env.get("device_type") == "cuda" else ""
     ax.set_xlabel("loader processes (multiprocess:N, threads:N, gpu-jpeg-procs:N at N; "
                   "in-process loaders at 0)")
-    ax.set_ylabel("images/s (median of windows)")
+    ax.set_ylabel(f"{unit(ok)}/s (median of windows)")
+    batches = ", ".join(map(str, sizes))
     ax.set_title(f"Data loading on {env.get('cpu_name', '?')} ({env.get('cpu_count')} cores){gpu}, "
-                 f"batch {ok[0]['batch_size']}\nwhiskers: min-max of the timed windows",
-                 fontsize=9)
+                 f"batch {batches}\nwhiskers: min-max of the timed windows", fontsize=9)
     ax.set_xticks(sorted({_processes(r["loader"])[1] for r in ok}))
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

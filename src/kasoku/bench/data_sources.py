@@ -26,6 +26,8 @@ class Source:
     sample_bytes: np.ndarray | int
     """Bytes per sample index (file sizes), or one size for every sample."""
     bytes_basis: str
+    unit: str = "images"
+    """What a sample is called in rates (a workload's ``sample_unit``)."""
 
 
 
@@ -103,9 +105,11 @@ def _folder_source(root: Path, image_size: int, req, kind: str) -> Source:
 
 def _workload_source(name: str, req) -> Source:
     from kasoku.workloads import create_workload
-    train, _ = create_workload(name).build_datasets(req.data, seed=req.seed)
+    workload = create_workload(name)
+    train, _ = workload.build_datasets(req.data, seed=req.seed)
     label = f"{name} ({'synthetic' if req.data.synthetic else 'data'})"
-    return Source(name, label, "workload", None, train, *_sample_bytes(train))
+    return Source(name, label, "workload", None, train, *_sample_bytes(train),
+                  unit=workload.sample_unit)
 
 
 def _sample_bytes(dataset) -> tuple[np.ndarray | int, str]:

@@ -2,7 +2,7 @@
 fed by a loader from the workload's real dataset instead of synthetic batches already on the
 device.
 
-``kasoku bench WORKLOAD --data DIR [--loader SPEC]`` appends the rung ``+loader``. Every
+``kasoku bench WORKLOAD --data DIR [--loader KIND[:N]]`` appends the rung ``+loader``. Every
 window then times the loader's batches too: reading and decoding them, and copying them to the
 device (``kasoku.data.prefetch.wrap_for_device``, as ``kasoku train`` does). Read against the
 rung before it, it shows what the input pipeline costs. The loader is kasoku's pick
@@ -54,8 +54,8 @@ def check_data(data: Path | None, loader: str | None) -> None:
         raise ConfigError(f"--data {data}: no such folder (give the folder `kasoku train "
                           f"--data` reads for this workload)")
     if loader is not None and loader != FASTEST:
-        from kasoku.run import _parse_loader
-        _parse_loader(loader)  # an unknown kind is a ConfigError listing the kinds
+        from kasoku.data.registry import parse_loader_spec
+        parse_loader_spec(loader)  # an unknown kind is a ConfigError listing the kinds
 
 
 class FedBatches:
@@ -66,7 +66,7 @@ class FedBatches:
     def __init__(self, workload, root: Path, spec: str | None, batch_size: int,
                  device: torch.device, seed: int = 0):
         from kasoku.data.prefetch import wrap_for_device
-        from kasoku.run import _make_loader
+        from kasoku.data.registry import create_loader
         train, _ = workload.build_datasets(DataConfig(root=Path(root)), seed=seed)
         if len(train) < batch_size:
             raise ConfigError(f"--data {root}: {len(train)} training samples, fewer than one "
@@ -74,7 +74,7 @@ class FedBatches:
         self.spec = spec if spec and spec != FASTEST else fastest_loader(train, device.type)
         self.samples = len(train)
         self.loader = wrap_for_device(
-            _make_loader(self.spec, train, batch_size, device, seed=seed, drop_last=True),
+            create_loader(self.spec, train, batch_size, device, seed=seed, drop_last=True),
             device)
 
     def take(self, n: int):

@@ -1,4 +1,4 @@
-"""The ladder as a terminal table and as seed 004's chart, made from result records only."""
+"""The ladder as a terminal table and as a chart, made from result records only."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,12 @@ from kasoku.report import print_table
 
 
 def unit(records: list[dict]) -> str:
-    """"images/s" for image workloads (inputs of shape C x H x W), else "samples/s"."""
+    """The records' rate unit: their workload's ("images/s" for image models, else
+    "samples/s"); for records older than the ``unit`` field, "images/s" for inputs of shape
+    C x H x W."""
+    for r in records:
+        if r.get("unit"):
+            return f"{r['unit']}/s"
     for r in records:
         shape = (r.get("data") or {}).get("input_shape")
         if shape is not None:

@@ -4,7 +4,8 @@ rewritten), from which the table and the chart are made.
 A line (schema ``kasoku.bench/1``)::
 
     schema, sweep_id, time (UTC ISO-8601), wall_s (the run's subprocess, start to exit)
-    workload, rung, batch_size, device, status ("ok" | "oom" | "error" | "timeout"),
+    workload, rung, batch_size, unit ("images" or "samples": what samples_per_s counts),
+    device, status ("ok" | "oom" | "error" | "timeout"),
     error (the error's last line, or null)
     config:   {"kind": "plain", ...} or {"kind": "kasoku", <every AccelConfig field>}
     settings: steps_per_window, windows, warmup_steps, numerics_steps, seed, pool_batches,

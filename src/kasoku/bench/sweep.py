@@ -27,6 +27,7 @@ from kasoku.bench.pool import batch_spec
 from kasoku.bench.report import data_label, plot_ladder, print_ladder
 from kasoku.bench.results import SCHEMA, append_result, median_rate
 from kasoku.bench.rungs import REFERENCE_LABEL, Rung, compute_dtype, reference_rung, resolve
+from kasoku.bench.worker import WorkerRequest, request_to_json
 from kasoku.errors import ConfigError
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
@@ -159,20 +160,13 @@ def _reference_losses(cfg: SweepConfig, say) -> dict[int, list[float] | None]:
 
 
 def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=False) -> dict:
-    config = json.dumps(rung.config_dict())
-    cmd = [sys.executable, "-m", "kasoku.bench.worker", "--json", "--workload", cfg.workload,
-           "--rung", rung.label, "--config", config, "--batch-size", str(batch_size),
-           "--device", cfg.device, "--steps", str(cfg.steps), "--windows", str(cfg.windows),
-           "--warmup", str(cfg.warmup), "--numerics-steps", str(cfg.numerics_steps),
-           "--seed", str(cfg.seed), "--pool-batches", str(cfg.pool_batches)]
-    if cfg.threads:
-        cmd += ["--threads", str(cfg.threads)]
-    if cfg.kernels and not numerics_only:
-        cmd += ["--kernels", str(cfg.kernels)]
-    if rung.loader:
-        cmd += ["--loader", rung.loader, "--data", str(cfg.data)]
-    if numerics_only:
-        cmd.append("--numerics-only")
+    req = WorkerRequest(cfg.workload, rung, batch_size, cfg.device, steps=cfg.steps,
+                        windows=cfg.windows, warmup=cfg.warmup,
+                        numerics_steps=cfg.numerics_steps, seed=cfg.seed, threads=cfg.threads,
+                        pool_batches=cfg.pool_batches, numerics_only=numerics_only,
+                        kernels=0 if numerics_only else cfg.kernels,
+                        data=str(cfg.data) if rung.loader else None)
+    cmd = [sys.executable, "-m", "kasoku.bench.worker", request_to_json(req)]
     t0 = time.perf_counter()
     status, stdout, stderr = _run_process(cmd, cfg.timeout_s)
     wall_s = time.perf_counter() - t0
@@ -238,13 +232,10 @@ def _stub_record(cfg: SweepConfig, rung: Rung, batch_size: int) -> dict:
 
 
 def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
-    cmd = [sys.executable, "-m", "kasoku.bench.worker", "--probe-peak", ",".join(dtypes),
-           "--device", cfg.device]
-    if cfg.peak_size:
-        cmd += ["--peak-size", str(cfg.peak_size)]
     threads = cfg.threads or create_workload(cfg.workload).cpu_threads
-    if threads and torch.device(cfg.device).type == "cpu":
-        cmd += ["--threads", str(threads)]
+    probe = {"probe_peak": dtypes, "device": cfg.device, "size": cfg.peak_size,
+             "threads": threads if torch.device(cfg.device).type == "cpu" else None}
+    cmd = [sys.executable, "-m", "kasoku.bench.worker", json.dumps(probe)]
     say(f"measuring matmul peaks ({', '.join(dtypes)}) on {cfg.device} ...")
     status, stdout, stderr = _run_process(cmd, cfg.timeout_s)
     peaks = {}

@@ -1,7 +1,7 @@
 """Run ONE (workload, rung, batch size) in this process and report it as one JSON line.
 
-    python -m kasoku.bench.worker --json --workload mnist-mlp --rung fp32 \
-        --config '{"kind": "kasoku", "precision": "fp32", ...}' --batch-size 100 --device cpu
+    python -m kasoku.bench.worker '{"workload": "mnist-mlp", "batch_size": 100,
+        "rung": {"label": "fp32", "config": {"kind": "kasoku", ...}}, ...}'
 
 Phases: build the model (seeded) and a pool of synthetic batches on the device (a rung fed
 by a loader, ``--loader SPEC --data DIR``, takes its batches from that loader instead, pulled
@@ -18,7 +18,6 @@ learning rate of those rungs by 1e4, so the numerics guard has something to catc
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -79,7 +78,7 @@ def run(req: WorkerRequest) -> dict:
         torch.set_num_threads(threads)
     record = {
         "workload": req.workload, "rung": req.rung.label, "batch_size": req.batch_size,
-        "device": device.type, "config": req.rung.config_dict(),
+        "unit": wl.sample_unit, "device": device.type, "config": req.rung.config_dict(),
         "settings": {"steps_per_window": req.steps, "windows": req.windows,
                      "warmup_steps": req.warmup, "numerics_steps": req.numerics_steps,
                      "seed": req.seed, "pool_batches": req.pool_batches,
@@ -139,7 +138,7 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
     """The phases of the module doc on ``batches(n, start)``: the batches of steps start ..
     start + n - 1 (made lazily by a loader, inside the timed spans)."""
     figures, notes = record["figures"], record["notes"]
-    runner = _make_runner(req.rung, wl, model, device, lr, notes)
+    runner = make_runner(req.rung, wl, model, device, lr, notes)
 
     # Numerics: the first K steps one at a time, every loss kept on the device (one sync at
     # the end; cloned, as a graphed step returns the same output tensor at every replay).
@@ -177,7 +176,11 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
         figures["kernels"] = split.to_dict(top=10)
 
 
-def _make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
+def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
+    """The rung's training steps as a ``Runner`` (``kasoku.bench.timing``): one step per
+    batch it is given, returning the last loss. The plain rung is the hand-written loop of
+    ``kasoku.bench.plain``; every other rung is ``accelerate``'s step for its config. Notes
+    of levers skipped on this device are appended to ``notes``."""
     from kasoku.optim import make_optimizer
     r = wl.recipe
     if rung.is_plain:
@@ -237,58 +240,51 @@ def probe_peaks(device: str, dtypes: list[str], size: int | None, threads: int |
     return out
 
 
-def config_from_json(text: str) -> AccelConfig | None:
-    data = json.loads(text)
+def config_from_dict(data: dict) -> AccelConfig | None:
+    """The rung config a result records (``Rung.config_dict``): None for the plain loop."""
+    data = dict(data)
     if data.pop("kind", "kasoku") == "plain":
         return None
     names = {f.name for f in dataclasses.fields(AccelConfig)}
     return AccelConfig(**{k: v for k, v in data.items() if k in names})
 
 
+def request_to_json(req: WorkerRequest) -> str:
+    """``req`` as the one argument of ``python -m kasoku.bench.worker``."""
+    data = dataclasses.asdict(req)
+    data["rung"] = {"label": req.rung.label, "config": req.rung.config_dict(),
+                    "loader": req.rung.loader}
+    return json.dumps(data)
+
+
+def request_from_json(text: str) -> WorkerRequest:
+    data = json.loads(text)
+    rung = data.pop("rung")
+    return WorkerRequest(rung=Rung(rung["label"], config_from_dict(rung["config"]),
+                                   loader=rung.get("loader")), **data)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m kasoku.bench.worker JSON``: JSON is a ``WorkerRequest``
+    (``request_to_json``), or ``{"probe_peak": [DTYPES], "device": ..., "size": ...,
+    "threads": ...}`` for the matmul peaks; prints the record as one JSON line. The sweep
+    starts it; it is not a command for users, so it takes no flags."""
     from kasoku.perf.queues import request_queues
     request_queues()  # as kasoku's main command line does (normally inherited from it)
-    p = argparse.ArgumentParser(prog="python -m kasoku.bench.worker",
-                                description="one benchmark run, reported as one JSON line")
-    p.add_argument("--json", action="store_true", help="print the record as one JSON line")
-    p.add_argument("--workload")
-    p.add_argument("--rung", default="custom", help="label of the rung")
-    p.add_argument("--config", default='{"kind": "plain"}', help="rung config as JSON")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--windows", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--numerics-steps", type=int, default=DEFAULT_STEPS)
-    p.add_argument("--numerics-only", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--pool-batches", type=int, default=4)
-    p.add_argument("--kernels", type=int, default=0, metavar="STEPS",
-                   help="profile this many steps after the windows: kernel time by kind")
-    p.add_argument("--loader", help="feed the steps by this loader spec (or 'fastest') from "
-                   "--data instead of synthetic batches")
-    p.add_argument("--data", help="the workload's dataset folder, for --loader")
-    p.add_argument("--probe-peak", metavar="DTYPES", help="measure matmul peaks instead")
-    p.add_argument("--peak-size", type=int)
-    args = p.parse_args(argv)
-    if args.probe_peak:
-        result = probe_peaks(args.device, args.probe_peak.split(","), args.peak_size,
-                             args.threads)
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m kasoku.bench.worker JSON (started by `kasoku bench`)",
+              file=sys.stderr)
+        return 2
+    data = json.loads(argv[0])
+    if "probe_peak" in data:
+        result = probe_peaks(data.get("device", "cpu"), list(data["probe_peak"]),
+                             data.get("size"), data.get("threads"))
         print(json.dumps(result))
         return 0
-    if not args.workload or not args.batch_size:
-        p.error("--workload and --batch-size are required")
-    rung = Rung(args.rung, config_from_json(args.config), loader=args.loader)
-    req = WorkerRequest(args.workload, rung, args.batch_size, args.device, args.steps,
-                        args.windows, args.warmup, args.numerics_steps, args.seed, args.threads,
-                        args.pool_batches, args.numerics_only, args.kernels, args.data)
-    record = run(req)
-    if args.json:
-        sys.stdout.flush()
-        print(json.dumps(record))
-    else:
-        print(record)
+    record = run(request_from_json(argv[0]))
+    sys.stdout.flush()
+    print(json.dumps(record))
     return 1 if record["status"] == "error" else 0
 
 

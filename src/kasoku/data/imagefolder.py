@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from PIL import Image
 
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
                                     crop_flip_params, resize_shorter_to)
-from kasoku.errors import DataError
+from kasoku.errors import DataError, warn_once
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
@@ -89,9 +88,12 @@ class ImageFolder:
         with self._bad_lock:
             if path in self.bad_files:
                 return
+            first = not self.bad_files
             self.bad_files.add(path)
-        warnings.warn(f"skipping {exc} Its samples are replaced by the next good image "
-                      f"(--strict-data makes this an error).", stacklevel=3)
+        if first:  # later ones are counted (SkippedReport), not warned one by one
+            warn_once(f"skipping {exc} Its samples are replaced by the next good image, and "
+                      f"later bad files are counted at each epoch's end (--strict-data makes "
+                      f"this an error).")
 
     def _decode(self, index: int):
         path, label = self.samples[index]

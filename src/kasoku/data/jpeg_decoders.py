@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from kasoku.errors import DataError
+from kasoku.errors import DataError, warn_once
 
 DECODERS = ("auto", "nvimgcodec", "torchvision", "pillow")
 DECODER_ENV = "KASOKU_GPU_JPEG_DECODER"
@@ -139,7 +138,6 @@ class _TorchvisionDecoder:
         return out, None
 
 
-_announced: set[str] = set()
 
 
 def make_decoder(choice: str, device: torch.device, own_process: bool = False):
@@ -181,6 +179,4 @@ def make_decoder(choice: str, device: torch.device, own_process: bool = False):
 
 
 def _say_once(message: str) -> None:
-    if message not in _announced:
-        _announced.add(message)
-        warnings.warn(message, stacklevel=3)
+    warn_once(message)

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from kasoku.errors import ConfigError
+
 MARKER = ".kasoku-make-jpeg.json"
 # (grid cells across the image's longer side, amplitude in 8-bit levels): coarse lighting down
 # to pixel grain; the fine octaves set the file size, as sensor noise and texture do in photos.
@@ -33,7 +35,7 @@ def make_jpeg_folder(out: str | Path, num_images: int, width: int, height: int,
     ``i % num_classes``) and return stats: ``num_images``, ``num_classes``, ``width``,
     ``height``, ``quality``, ``seed``, ``total_bytes``, ``mean_bytes``, ``elapsed_s``, ``out``.
 
-    Refuses (``ValueError``) a non-empty ``out`` that is not a previous make-jpeg output; a
+    Refuses (``ConfigError``) a non-empty ``out`` that is not a previous make-jpeg output; a
     previous output is replaced. ``workers`` processes write the images (default: one per
     core; 1 writes them here); the files are the same whatever the count.
     """
@@ -79,23 +81,27 @@ def _write_image(out: Path, width: int, height: int, num_classes: int, quality: 
 
 def _check_args(num_images, width, height, num_classes, quality) -> None:
     if num_images < 1 or num_classes < 1:
-        raise ValueError(f"need num_images >= 1 and num_classes >= 1, got {num_images} and "
+        raise ConfigError(f"need num_images >= 1 and num_classes >= 1, got {num_images} and "
                          f"{num_classes}")
     if width < 8 or height < 8:
-        raise ValueError(f"images must be at least 8x8 pixels, got {width}x{height}")
+        raise ConfigError(f"images must be at least 8x8 pixels, got {width}x{height}")
     if not 1 <= quality <= 100:
-        raise ValueError(f"JPEG quality must be in 1..100 (90 is ImageNet-like), got {quality}")
+        raise ConfigError(f"JPEG quality must be in 1..100 (90 is ImageNet-like), got {quality}")
 
 
 def _prepare(out: Path) -> None:
     """Make ``out`` ready: create it, or clear a previous make-jpeg output; refuse anything else."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file; give a folder path for the JPEG folder")
+        raise ConfigError(f"{out} is a file; give a folder path for the JPEG folder")
     if not out.exists() or not any(out.iterdir()):
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{out}: cannot create the folder ({exc.strerror or exc}); "
+                              f"choose a folder you can write to") from None
         return
     if not (out / MARKER).is_file():
-        raise ValueError(f"{out} is not empty and was not made by `kasoku data make-jpeg`; "
+        raise ConfigError(f"{out} is not empty and was not made by `kasoku data make-jpeg`; "
                          "refusing to write into it. Give a new or empty folder, or delete "
                          "this one first.")
     # Delete only what make-jpeg writes, so a file a user put there by hand survives.

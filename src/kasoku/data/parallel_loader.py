@@ -29,6 +29,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor pickling through shared memory
 
 from kasoku.data.loader import SerialLoader, _stack
+from kasoku.errors import warn_once
 
 _POLL_S = 0.1
 """How often a wait for a worker's batch checks that the worker is still alive."""
@@ -210,7 +211,7 @@ class ProcessLoader(_PrefetchLoader):
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
-            warnings.warn("pin_memory has no effect without CUDA; batches stay pageable")
+            warn_once("pin_memory has no effect without CUDA; batches stay pageable")
         if start_method is None:
             start_method = _default_start_method()
         self.start_method = start_method
@@ -278,9 +279,12 @@ class ProcessLoader(_PrefetchLoader):
     def _note_bad(self, paths) -> None:
         for path in paths:
             if path not in self._reported:
+                if not self._reported:  # the first one only: later ones are counted
+                    warn_once(f"skipping bad file {path} (decoded in a loader worker); its "
+                              f"samples are replaced by the next good image, and later bad "
+                              f"files are counted at each epoch's end (--strict-data makes "
+                              f"this an error)")
                 self._reported.add(path)
-                warnings.warn(f"skipped bad file {path} (decoded in a loader worker); its "
-                              f"samples are replaced by the next good image")
 
     def _bad_files(self):
         return self._reported

@@ -49,3 +49,11 @@ def busy_cores(before: dict[int, float], after: dict[int, float], wall_s: float)
         raise ValueError(f"wall_s must be positive, got {wall_s}")
     used = sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
     return used / wall_s
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), the most it can keep busy."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity API on this platform
+        return os.cpu_count() or 1

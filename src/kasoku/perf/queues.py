@@ -21,6 +21,8 @@ import warnings
 
 import torch
 
+from kasoku.errors import KasokuWarning
+
 ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 WANTED = 32
 DEFAULT = 8
@@ -61,5 +63,6 @@ def check_queues(who: str) -> int:
             f"{os.environ.get(ENV, 'unset')}); a side stream that shares a queue with the "
             f"training stream waits for the queued training steps, and loading no longer "
             f"overlaps training. Start the process with {ENV}={WANTED} (kasoku's command "
-            f"line does this itself), or build the loader before CUDA starts.", stacklevel=3)
+            f"line does this itself), or build the loader before CUDA starts.", KasokuWarning,
+            stacklevel=3)
     return n

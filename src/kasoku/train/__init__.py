@@ -6,13 +6,13 @@ from kasoku.train.extensions import (CosineLR, Evaluator, FailOnNonNumber, Linea
 from kasoku.train.reporter import (PRIORITY_EDITOR, PRIORITY_LOG, PRIORITY_READER,
                                    PRIORITY_SNAPSHOT, PRIORITY_WRITER, DictSummary, Reporter)
 from kasoku.train.snapshot import SnapshotError, load_snapshot, save_snapshot
-from kasoku.train.step import StandardStep, Updater, train_step
+from kasoku.train.step import PlainUpdate, StandardStep, Updater
 from kasoku.train.trainer import Trainer, TrainingInterrupted
 from kasoku.train.triggers import IntervalTrigger, ManualScheduleTrigger, get_trigger
 
 __all__ = ["CosineLR", "DictSummary", "Evaluator", "FailOnNonNumber", "IntervalTrigger",
            "LinearWarmup", "LogReport", "ManualScheduleTrigger", "PRIORITY_EDITOR",
-           "PRIORITY_LOG", "PRIORITY_READER", "PRIORITY_SNAPSHOT", "PRIORITY_WRITER",
+           "PRIORITY_LOG", "PlainUpdate", "PRIORITY_READER", "PRIORITY_SNAPSHOT", "PRIORITY_WRITER",
            "PlotReport", "PrintReport", "ProgressBar", "Reporter", "Snapshot", "SnapshotError",
            "StandardStep", "StepLR", "Trainer", "TrainingInterrupted", "Updater", "extensions",
-           "get_trigger", "load_snapshot", "save_snapshot", "train_step"]
+           "get_trigger", "load_snapshot", "save_snapshot"]

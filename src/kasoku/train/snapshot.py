@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kasoku.errors import KasokuWarning
+
 
 class SnapshotError(ValueError):
     """A snapshot file is missing, truncated or not a kasoku snapshot."""
@@ -50,9 +52,11 @@ def load_snapshot(path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        raise SnapshotError(f"snapshot {path} is unreadable ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}); it is truncated "
-                            f"or not a kasoku snapshot: resume from another one") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first = first.split(". ")[0]  # torch's explanations run on for paragraphs
+        raise SnapshotError(f"snapshot {path} is unreadable ({type(exc).__name__}: {first}); "
+                            f"it is truncated or not a kasoku snapshot: resume from another "
+                            f"one") from exc
     if not isinstance(state, dict):
         raise SnapshotError(f"snapshot {path} holds a {type(state).__name__}, not a state dict")
     return state
@@ -101,7 +105,8 @@ def restore_rng_state(state: dict) -> None:
         if len(cuda) != count:
             warnings.warn(f"snapshot has RNG states of {len(cuda)} CUDA devices, this machine "
                           f"{count}: restoring the first {min(count, len(cuda))}; "
-                          f"the resumed run may not be bit-identical", stacklevel=2)
+                          f"the resumed run may not be bit-identical", KasokuWarning,
+                          stacklevel=2)
         for i, s in enumerate(cuda[:count]):
             torch.cuda.set_rng_state(s.cpu(), i)
     n = state["numpy"]

@@ -19,60 +19,68 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 StepFn = Callable[[torch.nn.Module, tuple, torch.optim.Optimizer], dict]
 
 
-def train_step(model, batch, loss_fn: LossFn, metric_fn: LossFn, optimizer,
-               autocast: Callable = contextlib.nullcontext) -> dict:
-    """One optimization step on ``batch = (inputs, targets)``, already on the model's device;
-    the forward and the loss run inside ``autocast()`` (a mixed-precision context, or none).
+class PlainUpdate:
+    """How ``StandardStep`` turns a loss into a weight update when nothing is attached:
+    ``loss.backward()`` then ``optimizer.step()``.
 
-    Returns ``{"main/loss": loss, "main/accuracy": metric}`` as detached 0-dim tensors
-    (``metric_fn`` may return None for "not defined"; the reporter drops it).
+    The protocol a replacement implements (``kasoku.accel.loss_scale.LossScaler`` does, for
+    fp16; a gradient all-reduce or clipping would wrap an inner one):
+    ``zero_grad(model, optimizer)``, ``backward(loss)``, ``step(optimizer)`` and
+    ``observation() -> dict`` (0-dim tensors merged into the step's observations).
     """
-    inputs, targets = batch
-    optimizer.zero_grad(set_to_none=True)
-    with autocast():
-        output = model(inputs)
-        loss = loss_fn(output, targets)
-    loss.backward()
-    optimizer.step()
-    with torch.no_grad():
-        metric = metric_fn(output.detach(), targets)
-    return {"main/loss": loss.detach(), "main/accuracy": metric}
+
+    def zero_grad(self, model, optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, optimizer) -> None:
+        optimizer.step()
+
+    def observation(self) -> dict:
+        return {}
+
+    def __repr__(self) -> str:
+        return "PlainUpdate()"
 
 
-def loss_only_step(model, batch, loss_fn: LossFn, optimizer,
-                   autocast: Callable = contextlib.nullcontext) -> dict:
-    """``train_step`` for models without a metric: returns ``{"main/loss": loss}``."""
-    inputs, targets = batch
-    optimizer.zero_grad(set_to_none=True)
-    with autocast():
-        loss = loss_fn(model(inputs), targets)
-    loss.backward()
-    optimizer.step()
-    return {"main/loss": loss.detach()}
+def _no_metric(output, targets) -> None:
+    return None
 
 
 class StandardStep:
-    """The default step function of the Trainer: ``step(model, batch, optimizer) -> dict``.
+    """The hot step, the only one: ``step(model, batch, optimizer) -> observations`` on
+    ``batch = (inputs, targets)``, already on the model's device.
 
-    Whether there is a metric is decided here, once, by picking ``train_step`` or
-    ``loss_only_step``; the step itself has no branch.
+    Forward and loss run inside ``autocast()`` (a mixed-precision context, or none); the
+    backward pass and the update go through ``update`` (``PlainUpdate``, or a loss scaler).
+    Returns ``{"main/loss": loss, "main/accuracy": metric, **update.observation()}`` as
+    detached 0-dim tensors (``metric_fn`` None, or returning None, means "not defined": the
+    reporter drops it). What a lever changes is attached here from outside; the step itself
+    has no branch.
     """
 
     def __init__(self, loss_fn: LossFn, metric_fn: LossFn | None = None,
-                 autocast: Callable = contextlib.nullcontext):
-        self.loss_fn, self.metric_fn = loss_fn, metric_fn
-        if metric_fn is None:
-            self._step = lambda model, batch, opt: loss_only_step(model, batch, loss_fn, opt,
-                                                                  autocast)
-        else:
-            self._step = lambda model, batch, opt: train_step(model, batch, loss_fn,
-                                                              metric_fn, opt, autocast)
+                 autocast: Callable = contextlib.nullcontext, update=None):
+        self.loss_fn, self.metric_fn = loss_fn, metric_fn or _no_metric
+        self.autocast, self.update = autocast, update or PlainUpdate()
 
     def __call__(self, model, batch, optimizer) -> dict:
-        return self._step(model, batch, optimizer)
+        inputs, targets = batch
+        self.update.zero_grad(model, optimizer)
+        with self.autocast():
+            output = model(inputs)
+            loss = self.loss_fn(output, targets)
+        self.update.backward(loss)
+        self.update.step(optimizer)
+        with torch.no_grad():
+            metric = self.metric_fn(output.detach(), targets)
+        return {"main/loss": loss.detach(), "main/accuracy": metric, **self.update.observation()}
 
     def __repr__(self) -> str:
-        return f"StandardStep(loss_fn={self.loss_fn!r}, metric_fn={self.metric_fn!r})"
+        return (f"StandardStep(loss_fn={self.loss_fn!r}, metric_fn={self.metric_fn!r}, "
+                f"update={self.update!r})")
 
 
 class Updater:
@@ -81,16 +89,20 @@ class Updater:
     ``iteration`` counts optimizer steps done (k per call when the loader hands out chunks of
     k batches: ``kasoku.data.device_loader.ChunkedLoader``); ``epoch``, ``epoch_detail`` and
     ``is_new_epoch`` are the loader's; ``previous_iteration`` / ``previous_epoch_detail`` are the
-    values before the latest call (what stateless triggers compare against); ``elapsed_time``
-    counts seconds inside ``run()`` across resumes; ``observation`` is the current call's dict.
+    values before the latest call (what stateless triggers compare against); ``samples``
+    counts the samples the steps took (a batch's length, not the batch size asked for: the
+    last batch of an epoch may be short); ``elapsed_time`` counts seconds inside ``run()``
+    across resumes; ``observation`` is the current call's dict.
     """
 
     def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,
                  reporter: Reporter):
         self.loader, self.model, self.optimizer = loader, model, optimizer
         self.step_fn, self.device, self.reporter = step_fn, device, reporter
-        self.iteration = self.previous_iteration = 0
+        self.iteration = self.previous_iteration = self.samples = 0
         self.previous_epoch_detail = 0.0
+        # A chunk of K batches is [K, B, ...]: its samples are the first two dimensions.
+        self._sample_dims = 2 if getattr(loader, "batches_per_call", 1) > 1 else 1
         self._elapsed_before, self._started_at = 0.0, None
 
     def update(self) -> None:
@@ -102,6 +114,7 @@ class Updater:
         batch = (inputs.to(self.device, non_blocking=True),
                  targets.to(self.device, non_blocking=True))
         self.reporter.start(self.step_fn(self.model, batch, self.optimizer))
+        self.samples += targets.shape[:self._sample_dims].numel()  # a shape: no device sync
         # A loader that hands out several batches per call (``batches_per_call``, for a step
         # that runs one optimizer step per batch) says how many the chunk held.
         self.iteration += getattr(self.loader, "last_chunk_batches", 1)
@@ -124,9 +137,11 @@ class Updater:
         self._elapsed_before, self._started_at = self.elapsed_time, None
 
     def state_dict(self) -> dict:
-        return {"iteration": self.iteration, "elapsed_time": self.elapsed_time}
+        return {"iteration": self.iteration, "elapsed_time": self.elapsed_time,
+                "samples": self.samples}
 
     def load_state_dict(self, state: dict) -> None:
         self.iteration = self.previous_iteration = int(state["iteration"])
+        self.samples = int(state.get("samples", 0))
         self.previous_epoch_detail = self.loader.epoch_detail
         self._elapsed_before = float(state["elapsed_time"])

@@ -18,9 +18,11 @@ from typing import Callable
 
 import torch
 
+from kasoku.errors import KasokuWarning
+
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
-from kasoku.train.snapshot import capture_rng_state, load_snapshot, restore_rng_state, \
-    save_snapshot
+from kasoku.train.snapshot import SnapshotError, capture_rng_state, load_snapshot, \
+    restore_rng_state, save_snapshot
 from kasoku.train.step import StandardStep, Updater
 from kasoku.train.triggers import get_trigger
 
@@ -67,17 +69,22 @@ class Trainer:
     ``scheduler``: an optional torch LR scheduler, stepped every iteration. ``step_fn``:
     ``step(model, batch, optimizer) -> observations`` (default ``StandardStep``); it can be
     replaced later through ``trainer.step_fn`` by transforms (precision, graphs).
+    ``run_info``: what identifies the run (``{"workload": ..., "batch_size": ...}``), kept in
+    snapshots; a resume from a snapshot whose values differ is refused, naming both.
     """
 
     def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
                  device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
-                 step_fn=None):
+                 step_fn=None, run_info: dict | None = None):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer, self.train_loader = optimizer, train_loader
         self.loss_fn, self.metric_fn, self.scheduler = loss_fn, metric_fn, scheduler
         self.stop_trigger = get_trigger(stop_trigger)
         self.out = Path(out)
+        self.run_info = dict(run_info or {})
+        self.last_snapshot_iteration: int | None = None
+        """The iteration of the latest snapshot written (or resumed from), None before one."""
         self.reporter = Reporter()
         self.updater = Updater(train_loader, self.model, optimizer,
                                step_fn or StandardStep(loss_fn, metric_fn), self.device,
@@ -123,7 +130,8 @@ class Trainer:
         ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged.
         """
         if resume is not None:
-            self.load_state_dict(load_snapshot(resume, map_location="cpu"))
+            self.load_state_dict(load_snapshot(resume, map_location="cpu"), source=resume)
+            self.resumed_from(resume)
         self.out.mkdir(parents=True, exist_ok=True)
         entries = self.extensions
         try:
@@ -132,6 +140,14 @@ class Trainer:
         except TrainingInterrupted as exc:
             print(str(exc), file=sys.stderr, flush=True)
             raise
+
+    def resumed_from(self, snapshot) -> None:
+        """Record and say that the state just loaded (``load_state_dict``) came from
+        ``snapshot``: ``resumed from PATH at epoch E, iteration I`` on stderr."""
+        u = self.updater
+        self.last_snapshot_iteration = u.iteration
+        print(f"resumed from {snapshot} at epoch {u.epoch_detail:.4g}, iteration "
+              f"{u.iteration}", file=sys.stderr, flush=True)
 
     def _run_guarded(self, entries: list[_Entry], signals: "_SignalFlag") -> None:
         initialized, failed = [], True
@@ -174,11 +190,13 @@ class Trainer:
                        if hasattr(e.extension, "write_snapshot")), None)
         path = writer.write_snapshot(self) if writer is not None else \
             save_snapshot(self.state_dict(), self.out / "snapshot_latest.pt")
+        self.last_snapshot_iteration = self.updater.iteration
         raise TrainingInterrupted(signum, self.updater.iteration, path)
 
     def state_dict(self) -> dict:
         """Everything exact resume needs; weights_only-safe (see ``kasoku.train.snapshot``)."""
         return {"format": SNAPSHOT_FORMAT,
+                "run": dict(self.run_info),
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
@@ -188,15 +206,31 @@ class Trainer:
                 "extensions": {name: e.extension.state_dict() for name, e in self._entries.items()
                                if hasattr(e.extension, "state_dict")}}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, source="the snapshot") -> None:
+        """Continue from ``state``. A state of another run -- another workload or batch size
+        (``run_info``), another model shape, another data layout -- raises ``SnapshotError``
+        naming what differs; the run is then not started."""
         if state.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"snapshot format {state.get('format')!r} is not {SNAPSHOT_FORMAT}: "
-                             f"it was written by another kasoku version or another program")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            raise SnapshotError(f"{source}: snapshot format {state.get('format')!r} is not "
+                                f"{SNAPSHOT_FORMAT}: it was written by another kasoku version "
+                                f"or another program")
+        saved_run = state.get("run") or {}
+        differ = [f"{k} {saved_run[k]!r} there, {v!r} here" for k, v in self.run_info.items()
+                  if k in saved_run and saved_run[k] != v]
+        if differ:
+            raise SnapshotError(f"{source} belongs to another run ({'; '.join(differ)}); "
+                                f"resume with that run's settings, or start a new run "
+                                f"without --resume")
+        _check_shapes(self.model.state_dict(), state["model"], source)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.train_loader.load_state_dict(state["loader"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SnapshotError(f"{source} does not fit this run ({first})") from None
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
-        self.train_loader.load_state_dict(state["loader"])
         self.updater.load_state_dict(state["updater"])
         restore_rng_state(state["rng"])
         saved = state.get("extensions", {})
@@ -206,7 +240,23 @@ class Trainer:
         unknown = sorted(set(saved) - set(self._entries))
         if unknown:
             warnings.warn(f"snapshot holds state of extensions not registered now: {unknown}; "
-                          f"it is ignored", stacklevel=2)
+                          f"it is ignored", KasokuWarning, stacklevel=2)
+
+
+def _check_shapes(mine: dict, saved: dict, source) -> None:
+    """``SnapshotError`` naming the first weights whose names or shapes differ."""
+    missing = [k for k in mine if k not in saved]
+    extra = [k for k in saved if k not in mine]
+    if missing or extra:
+        what = f"its model lacks {missing[:3]}" if missing else f"its model has {extra[:3]} more"
+        raise SnapshotError(f"{source} holds another model ({what}); resume with the workload "
+                            f"and model that wrote it, or start a new run without --resume")
+    for key, value in mine.items():
+        other = saved[key]
+        if hasattr(value, "shape") and hasattr(other, "shape") and value.shape != other.shape:
+            raise SnapshotError(f"{source} holds another model shape ({key}: "
+                                f"{tuple(other.shape)} there, {tuple(value.shape)} here); "
+                                f"resume with the settings that wrote it, or start a new run")
 
 
 class _SignalFlag:

@@ -19,6 +19,7 @@ SYNTHETIC_SIZES = (2560, 256)
 @register_workload("imagenet-resnet50")
 class ImagenetResNet50(Workload):
     description = "ResNet-50 v1.5 on an ImageNet-style JPEG folder, 224x224, 1000 classes"
+    sample_unit = "images"
     # The standard recipe (Goyal et al. 2017): momentum SGD, lr 0.1 per 256 samples, weight
     # decay 1e-4, 90 epochs, 5 warmup epochs; cosine decay instead of steps at 30/60/80 (same
     # accuracy, one fewer knob).

@@ -6,6 +6,7 @@ a metric and a default recipe. Tests sweep the whole registry, so a new entry is
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -45,6 +46,8 @@ class Workload:
     """Preferred PyTorch CPU threads (None: one per core); tiny models run faster on one."""
     generated_data: bool = False
     """True when the workload generates its data (no files, ``--data`` is ignored)."""
+    sample_unit: str = "samples"
+    """What a sample is called in rates: ``images`` for image models (images/s)."""
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -86,15 +89,73 @@ def list_workloads() -> list[str]:
 
 
 def create_workload(name: str, **recipe_overrides) -> Workload:
-    """Instantiate a registered workload; keyword arguments override fields of its recipe."""
+    """Instantiate a workload: a registered name (``kasoku list``), or ``FILE.py:NAME``, a
+    user's own: ``NAME`` in the Python file ``FILE.py``, a ``Workload`` subclass or a function
+    returning a ``Workload`` (see ``examples/``). Keyword arguments override fields of its
+    recipe."""
     _load_builtin()
-    if name not in _REGISTRY:
+    if is_file_spec(name):
+        wl = _workload_from_file(name)
+    elif name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
-        raise ConfigError(f"unknown workload {name!r}; known workloads: {known} (see `kasoku list`)")
-    wl = _REGISTRY[name]()
+        raise ConfigError(f"unknown workload {name!r}; known workloads: {known} (see `kasoku "
+                          f"list`), or FILE.py:NAME for a workload of your own")
+    else:
+        wl = _REGISTRY[name]()
     overrides = {k: v for k, v in recipe_overrides.items() if v is not None}
     if overrides:
         wl.recipe = replace(wl.recipe, **overrides)
+    return wl
+
+
+def is_file_spec(name: str) -> bool:
+    """Whether ``name`` is ``FILE.py:NAME`` (a workload defined in a file) rather than a
+    registered name."""
+    path, sep, attr = str(name).rpartition(":")
+    return bool(sep) and path.endswith(".py") and bool(attr)
+
+
+_FILE_MODULES: dict[str, object] = {}
+
+
+def _workload_from_file(spec: str) -> Workload:
+    path, _, attr = spec.rpartition(":")
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ConfigError(f"workload {spec!r}: no such file {path}; give FILE.py:NAME with the "
+                          f"path of a Python file that defines NAME")
+    module = _FILE_MODULES.get(str(file))
+    if module is None:
+        import importlib.util
+        import sys
+        module_name = f"kasoku_user_{abs(hash(str(file)))}"
+        loader_spec = importlib.util.spec_from_file_location(module_name, file)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise ConfigError(f"workload {spec!r}: running {path} failed "
+                              f"({type(exc).__name__}: {exc}); fix the file") from exc
+        _FILE_MODULES[str(file)] = module
+    if not hasattr(module, attr):
+        found = sorted(n for n, v in vars(module).items() if isinstance(v, type)
+                       and issubclass(v, Workload) and v is not Workload)
+        raise ConfigError(f"workload {spec!r}: {path} defines no {attr!r}"
+                          + (f"; its Workload classes: {', '.join(found)}" if found else ""))
+    obj = getattr(module, attr)
+    try:
+        wl = obj() if callable(obj) else obj
+    except Exception as exc:
+        raise ConfigError(f"workload {spec!r}: calling {attr}() failed "
+                          f"({type(exc).__name__}: {exc}); fix the file") from exc
+    if not isinstance(wl, Workload):
+        raise ConfigError(f"workload {spec!r}: {attr} gave a {type(wl).__name__}, not a "
+                          f"kasoku Workload; make it a Workload subclass or a function "
+                          f"returning one")
+    if not wl.name:
+        wl.name = attr
     return wl
 
 

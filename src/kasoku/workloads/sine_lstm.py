@@ -2,13 +2,12 @@
 wave. The data is always generated (there are no files), so ``--synthetic`` changes nothing."""
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
 from kasoku.config import DataConfig
 from kasoku.data.sine import sine_datasets
+from kasoku.errors import warn_once
 from kasoku.models import SineLSTM
 from kasoku.workloads.common import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload
@@ -38,8 +37,7 @@ class SineLSTMWorkload(Workload):
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
         if data.root is not None:
-            warnings.warn(f"{self.name} generates its data; --data {data.root} is ignored",
-                          stacklevel=2)
+            warn_once(f"{self.name} generates its data; --data {data.root} is ignored")
         n_train, n_val = synthetic_sizes(data, SIZES)
         return sine_datasets(n_train, n_val, seq_len=SEQ_LEN, seed=seed)
 

@@ -20,7 +20,11 @@ class LogReport:
     interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).
     ``log`` and the running sums are in its state, so a resumed run continues the same log;
     ``initialize`` rewrites the file from ``log``, dropping lines written after the snapshot.
+    When the run fails, the file is cut back to the latest snapshot's moment too, so the log
+    and the snapshot left in the folder agree; the lines logged after it are moved to
+    ``log.failed.jsonl`` (``failed_filename``), not lost.
     """
+    failed_filename = "log.failed.jsonl"
     trigger = (1, "iteration")
     priority = PRIORITY_LOG
     name = "LogReport"
@@ -37,13 +41,7 @@ class LogReport:
         if self.filename is None:
             return
         path = trainer.out / self.filename
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(_line(entry) for entry in self.log)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        _rewrite(path, self.log)
         self._file = open(path, "a")
 
     def __call__(self, trainer) -> None:
@@ -66,6 +64,20 @@ class LogReport:
             self._file.write(_line(entry))
             self._file.flush()
 
+    def on_error(self, trainer, exc: BaseException) -> None:
+        at = trainer.last_snapshot_iteration
+        if self._file is None or at is None:
+            return  # no snapshot to agree with: the log stays whole
+        after = [e for e in self.log if e["iteration"] > at]
+        if not after:
+            return
+        self._file.close()
+        self._file = None
+        with open(trainer.out / self.failed_filename, "a") as f:
+            f.writelines(_line(entry) for entry in after)
+        self.log = [e for e in self.log if e["iteration"] <= at]
+        _rewrite(trainer.out / self.filename, self.log)
+
     def finalize(self, trainer) -> None:
         if self._file is not None:
             self._file.close()
@@ -81,3 +93,14 @@ class LogReport:
 
 def _line(entry: dict) -> str:
     return json.dumps(entry) + "\n"
+
+
+def _rewrite(path, entries: list[dict]) -> None:
+    """Replace ``path`` by ``entries``, atomically (a crash leaves the old file or the new)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.writelines(_line(entry) for entry in entries)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

@@ -1,6 +1,7 @@
 """PlotReport: a PNG of LogReport's values against epoch (or iteration)."""
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -25,11 +26,17 @@ class PlotReport:
 
     def __init__(self, y_keys, x_key: str = "epoch", filename: str = "loss.png",
                  log_report="LogReport", marker: str | None = ".",
-                 min_interval_s: float = 10.0):
+                 min_interval_s: float = 10.0, title: str | None = None,
+                 ylabel: str | None = None, log_y: bool = False,
+                 y_range: tuple[float, float] | None = None):
+        """``title``, ``ylabel``: the chart's (default: the keys); ``log_y``: a logarithmic
+        y axis (losses: the first epochs' fall would flatten the rest on a linear one; values
+        that are not positive are left out); ``y_range``: fixed y limits (accuracy: 0 to 1)."""
         self.y_keys = [y_keys] if isinstance(y_keys, str) else list(y_keys)
         self.x_key, self.filename, self.marker = x_key, filename, marker
         self.log_report = log_report
         self.min_interval_s = min_interval_s
+        self.title, self.ylabel, self.log_y, self.y_range = title, ylabel, log_y, y_range
         self._plotted, self._drawn_at = 0, None
 
     def initialize(self, trainer) -> None:
@@ -58,15 +65,55 @@ class PlotReport:
         fig = Figure(figsize=(6.4, 4.0))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
+        xs_all = []
         for key in self.y_keys:
-            points = [(e[self.x_key], e[key]) for e in log if key in e and self.x_key in e]
+            points = [(e[self.x_key], e[key]) for e in log
+                      if _plottable(e.get(key), self.log_y) and self.x_key in e]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker=self.marker, label=key)
+                xs_all += xs
+                # One point would be a lone dot at the centre of an arbitrary axis: draw it
+                # as a marker on the axes below, with its value written beside it.
+                line, = ax.plot(xs, ys, marker=self.marker or ".", label=_label(key),
+                                linestyle="-" if len(xs) > 1 else "none",
+                                markersize=6 if len(xs) > 3 else 9)
+                if len(xs) <= 3:
+                    for x, y in points:
+                        ax.annotate(f"{y:.4g}", (x, y), textcoords="offset points",
+                                    xytext=(-8, 6), ha="right", fontsize=8,
+                                    color=line.get_color())
+        if self.log_y:
+            from matplotlib.ticker import FuncFormatter
+            ax.set_yscale("log")
+            plain = FuncFormatter(lambda v, _: f"{v:.3g}")  # 0.3, not 3 x 10^-1
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+        ax.margins(y=0.15)
+        if self.y_range is not None:
+            ax.set_ylim(*self.y_range)
+        if xs_all:  # progress starts at 0: the x axis does too
+            ax.set_xlim(0, max(xs_all) * 1.05 if max(xs_all) > 0 else 1)
         ax.set_xlabel(self.x_key)
-        ax.grid(True, alpha=0.3)
+        ax.set_ylabel(self.ylabel or ", ".join(self.y_keys))
+        ax.set_title(self.title or ", ".join(self.y_keys))
+        ax.grid(True, alpha=0.3, which="both" if self.log_y else "major")
         if ax.lines:
             ax.legend()
         tmp = path.with_name(f".{path.name}.tmp")
         fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
         os.replace(tmp, path)
+
+
+def _plottable(value, log_y: bool) -> bool:
+    """A finite number (positive on a log axis): a diverged run's NaN or Inf is left out."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and (value > 0 or not log_y)
+
+
+def _label(key: str) -> str:
+    """``main/loss`` -> ``training``, ``validation/main/loss`` -> ``validation``: the chart's
+    title and y label name the quantity, the legend says whose it is."""
+    prefix, _, rest = key.rpartition("/main/")
+    if rest and prefix:
+        return prefix
+    return "training" if key.startswith("main/") else key

@@ -17,22 +17,25 @@ class ProgressBar:
     most every ``update_interval`` seconds and reads only host-side counters (no device sync),
     so on a GPU the rate is the rate at which steps are queued, which equals the device rate
     once the queue is full. ETA is known when the stop trigger is an ``IntervalTrigger``.
+    ``unit``: what a sample is called in the rate (``images`` for an image model).
     """
     trigger = (1, "iteration")
     priority = PRIORITY_READER - 10
     name = "ProgressBar"
 
-    def __init__(self, update_interval: float = 0.25, plain_interval: float = 5.0, out=None):
+    def __init__(self, update_interval: float = 0.25, plain_interval: float = 5.0, out=None,
+                 unit: str = "samples"):
         self.update_interval, self.plain_interval, self.out = update_interval, plain_interval, out
+        self.unit = unit
         self._progress = None
 
     def initialize(self, trainer) -> None:
         self._stream = self.out or sys.stderr
         u = trainer.updater
         self._total = _total_iterations(trainer.stop_trigger, u.batches_per_epoch)
-        self._batch_size = getattr(trainer.train_loader, "batch_size", None)
-        self._last_t, self._last_it = time.perf_counter(), u.iteration
-        self._rate = None
+        self._last_t, self._last_it, self._last_samples = time.perf_counter(), u.iteration, \
+            u.samples
+        self._rate = self._sample_rate = None
         self._tty = tty = getattr(self._stream, "isatty", lambda: False)()
         self._interval = self.update_interval if tty else self.plain_interval
         self._next_draw = self._last_t + self._interval
@@ -60,22 +63,25 @@ class ProgressBar:
         u = trainer.updater
         if now > self._last_t and u.iteration > self._last_it:
             self._rate = (u.iteration - self._last_it) / (now - self._last_t)
-        self._last_t, self._last_it = now, u.iteration
-        text = self.status(u.iteration, u.epoch_detail, self._rate)
+            self._sample_rate = (u.samples - self._last_samples) / (now - self._last_t)
+        self._last_t, self._last_it, self._last_samples = now, u.iteration, u.samples
+        text = self.status(u.iteration, u.epoch_detail, self._rate, self._sample_rate)
         if self._progress is not None:
             self._progress.update(self._task, completed=u.iteration, description=text)
             self._progress.refresh()
         else:
             print(text, file=self._stream, flush=True)
 
-    def status(self, iteration: int, epoch_detail: float, rate: float | None) -> str:
-        """One line: ``iteration 120/600  epoch 0.20  52.1 it/s  5210 samples/s  ETA 0:00:09``."""
+    def status(self, iteration: int, epoch_detail: float, rate: float | None,
+               sample_rate: float | None = None) -> str:
+        """One line: ``iteration 120/600  epoch 0.20  52.1 it/s  5210 samples/s  ETA 0:00:09``
+        (the samples the steps took per second: a short last batch counts what it holds)."""
         total = f"/{self._total}" if self._total else ""
         parts = [f"iteration {iteration}{total}", f"epoch {epoch_detail:.2f}"]
         if rate:
             parts.append(f"{rate:.1f} it/s")
-            if self._batch_size:
-                parts.append(f"{rate * self._batch_size:.0f} samples/s")
+            if sample_rate:
+                parts.append(f"{sample_rate:,.0f} {self.unit}/s")
             if self._total:
                 parts.append(f"ETA {_hms(max(0, self._total - iteration) / rate)}")
         return "  ".join(parts)

@@ -59,6 +59,7 @@ class Snapshot:
         # The list is updated before the state is taken so the snapshot knows about itself.
         copies = []
         state = _host_copy(trainer.state_dict(), copies)
+        trainer.last_snapshot_iteration = u.iteration
         copied = None
         if copies:  # device tensors: their copies are queued on these devices' streams
             copied = [torch.cuda.Event() for _ in copies]
@@ -86,7 +87,10 @@ class Snapshot:
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
-    on_error = finalize
+    def on_error(self, trainer, exc: BaseException) -> None:
+        """The write in flight is finished (its snapshot is the last good state); nothing new
+        is written, since the state that failed may be diverged."""
+        self.finalize(trainer)
 
     def state_dict(self) -> dict:
         return {"written": list(self._written)}

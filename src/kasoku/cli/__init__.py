@@ -1,0 +1,83 @@
+"""The ``kasoku`` command line: the only place argparse lives, a thin adapter from argv to
+configs and library calls.
+
+One set of conventions across sub-commands: ``--device auto`` (cuda when available), ``--out
+DIR`` for what a command writes (by default under ``runs/``), comma lists for what a sweep
+varies (``--batch-size 32,64``). A user's mistake ends in one line, ``kasoku: error: ...``,
+saying what to do, and exit code 2; a warning is one line, ``kasoku: warning: ...``.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+from kasoku import __version__
+from kasoku.cli import args as a
+from kasoku.errors import ConfigError, DataError, KasokuWarning
+
+EXIT_USAGE = 2
+"""A user's mistake: a bad value, a missing file, an incompatible snapshot."""
+EXIT_FAILED = 1
+"""The work ran and failed: training diverged, a benchmark run crashed."""
+
+
+def build_parser() -> a.Parser:
+    from kasoku.cli import bench, data, listing, train
+    parser = a.Parser(prog="kasoku",
+                      description="Measure, explain and accelerate deep-learning training.")
+    parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=a.Parser,
+                                metavar="{list,train,bench,data}")
+    listing.add_parser(sub)
+    train.add_parser(sub)
+    bench.add_parser(sub)
+    data.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kasoku ARGV``; returns the exit code (0 done, 1 the work failed, 2 a mistake in
+    the command or its inputs, 128 + N stopped by signal N)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from kasoku.perf.queues import request_queues
+    request_queues()  # before anything starts CUDA: side streams need queues of their own
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help, --version, or a bad value (its line is printed)
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        args.argv = argv
+        return _run(args)
+
+
+def _run(args) -> int:
+    from kasoku.train import SnapshotError
+    from kasoku.train.extensions import NonFiniteError
+    try:
+        return args.handler(args)
+    except (ConfigError, DataError, SnapshotError) as exc:
+        _error(exc)
+        return EXIT_USAGE
+    except NonFiniteError as exc:
+        _error(exc)
+        return EXIT_FAILED
+    except KeyboardInterrupt as exc:
+        return getattr(exc, "exit_code", 130)
+
+
+def _error(exc: BaseException) -> None:
+    print(f"kasoku: error: {_one_line(str(exc))}", file=sys.stderr, flush=True)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """One line, no source code: ``kasoku: warning: MESSAGE`` (others' warnings also name
+    their category)."""
+    text = _one_line(str(message)) or category.__name__
+    if not issubclass(category, KasokuWarning):
+        text += f" [{category.__name__}]"
+    print(f"kasoku: warning: {text}", file=file or sys.stderr, flush=True)

@@ -1,0 +1,5 @@
+import sys
+
+from kasoku.cli import main
+
+sys.exit(main())

@@ -1,0 +1,191 @@
+"""Argument types that validate a value where it is parsed (one line saying what is wrong and
+what to give), the parser that prints that line alone, and flags made from config dataclasses:
+their help is the field's docstring, so the library documents a setting once."""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import math
+import sys
+import typing
+
+from kasoku.errors import ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line, ``PROG: error: WHAT (see PROG
+    --help)``, and exit 2, instead of the usage block and the message. Options must be spelt
+    out: ``--epoch`` is not taken for ``--epochs``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        text = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+
+def _fail(message: str):
+    raise argparse.ArgumentTypeError(message)
+
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1."""
+    value = _int(text)
+    if value < 1:
+        _fail(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """A whole number >= 0."""
+    value = _int(text)
+    if value < 0:
+        _fail(f"must be a whole number >= 0, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A whole number in [0, 2**32)."""
+    value = _int(text)
+    if not 0 <= value < 2 ** 32:
+        _fail(f"must be a whole number from 0 to {2 ** 32 - 1}, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except (ValueError, AttributeError):
+        _fail(f"must be a whole number, got {text!r}")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``nan``, ``inf`` and ``1e999`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        _fail(f"must be a number, got {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        _fail(f"must be a positive, finite number, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """``32,64,128``: whole numbers >= 1, comma-separated."""
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        _fail(f"expected N or N,N,...: whole numbers >= 1, got {text!r}")
+    return [positive_int(item) for item in items]
+
+
+def resolution(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT``, each from 8 to 16384."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        _fail(f"must look like 500x375 (WIDTHxHEIGHT), got {text!r}")
+    if not (8 <= w <= 16384 and 8 <= h <= 16384):
+        _fail(f"width and height must be from 8 to 16384 pixels, got {text!r}")
+    return w, h
+
+
+def resolutions(text: str) -> list[tuple[int, int]]:
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        _fail(f"expected WxH[,WxH...], got {text!r}")
+    return [resolution(item) for item in items]
+
+
+def device(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether this machine has it is checked when
+    the command runs)."""
+    name, sep, index = text.partition(":")
+    if text == "auto" or (name in ("cpu", "cuda") and not sep) \
+            or (name == "cuda" and index.isdigit()):
+        return text
+    _fail(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+
+
+def loader_spec(text: str) -> str:
+    """A loader as ``--loader`` takes it: ``KIND`` or ``KIND:N`` of the loader registry."""
+    from kasoku.data.registry import parse_loader_spec
+    try:
+        parse_loader_spec(text)
+    except ConfigError as exc:
+        _fail(str(exc))
+    return text
+
+
+def choice(values):
+    """A type that accepts one of ``values`` and names them all when it refuses."""
+    def parse(text: str) -> str:
+        if text not in values:
+            _fail(f"must be one of {', '.join(values)}, got {text!r}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls) -> dict[str, str]:
+    """``{field: docstring}`` of a dataclass whose fields carry a string literal below them."""
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source shipped: flags without help texts
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for stmt, after in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
+                and isinstance(after.value.value, str):
+            docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
+    """Add one option per entry of ``flags`` (field name -> argparse overrides, or None for
+    the defaults) for fields of dataclass ``cls``: the flag is ``--field-name`` unless the
+    overrides give ``flag``; the help is the field's docstring; a bool field is a switch; the
+    type follows the annotation (int: a whole number >= 1, float: a positive finite number)
+    unless the overrides give one. The option's ``dest`` is the field name and its default
+    None (unset: the config's default applies), so ``config_from(args, cls)`` builds the
+    config."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    for name, overrides in flags.items():
+        kwargs = dict(overrides or {})
+        flag = kwargs.pop("flag", "--" + name.replace("_", "-"))
+        hint = hints[name]
+        kwargs.setdefault("help", docs.get(name, "").replace("%", "%%"))
+        if hint is bool:
+            kwargs.setdefault("action", "store_true")
+            kwargs.setdefault("default", None)
+        else:
+            base = _base_type(hint)
+            kwargs.setdefault("type", {int: positive_int, float: positive_float}.get(base, base))
+            kwargs.setdefault("default", None)
+            field = cls.__dataclass_fields__[name]
+            if field.default not in (None, dataclasses.MISSING) and "default" not in \
+                    kwargs["help"]:
+                kwargs["help"] += f" (default: {str(field.default).replace('%', '%%')})"
+        group.add_argument(flag, dest=name, **kwargs)
+
+
+def _base_type(hint):
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def config_from(args: argparse.Namespace, cls, **extra):
+    """``cls`` from the options ``add_fields`` added: the fields given on the command line
+    (not None) plus ``extra``; the others keep the config's defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values.update(extra)
+    return cls(**values)

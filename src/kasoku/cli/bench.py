@@ -1,0 +1,142 @@
+"""``kasoku bench``: argv -> ``kasoku.bench.sweep.SweepConfig`` -> ``run_sweep``.
+
+    kasoku bench imagenet-resnet50 --batch-size 32,64,128,256 --ladder
+    kasoku bench mnist-mlp --device cpu --config precision=bf16,compile=max-autotune
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kasoku.cli import args as a
+from kasoku.cli.train import WORKLOAD_HELP
+from kasoku.errors import ConfigError
+
+GPU_DEFAULTS = {"steps": 20, "warmup": 5}
+CPU_DEFAULTS = {"steps": 30, "warmup": 3}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="the acceleration ladder: training throughput rung by rung",
+        description="Measure a workload's training throughput rung by rung, each rung adding "
+        "one lever (the acceleration ladder), each (rung, batch size) in a fresh process on "
+        "synthetic batches already on the device (with --data, a last rung fed by a loader). "
+        "Appends OUT/results.jsonl (one line per run) and draws OUT/ladder.png; exits 1 when "
+        "a rung breaks training (numerics guard) or a run crashes.")
+    p.add_argument("workload", help=WORKLOAD_HELP)
+    p.add_argument("--device", type=a.device, default="auto",
+                   metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where to measure: auto (cuda when available, else cpu), cpu, cuda "
+                   "or cuda:N (default: auto)")
+    p.add_argument("--batch-size", type=a.int_list, metavar="N[,N...]",
+                   help="batch sizes (default: the recipe's /8, /4, /2, x1 on a GPU; /8, /4 "
+                   "on a CPU)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--ladder", action="store_true",
+                       help="the device's default ladder (the default): GPU plain, fp32, "
+                       "tf32, amp, +channels_last, +fused, +compile, +cuda-graph, +fused-bn, "
+                       "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream; CPU plain, "
+                       "fp32, +fused, +bf16, +channels_last, +compile")
+    which.add_argument("--config", action="append", metavar="SPEC",
+                       help="a rung of your own, repeatable: a ladder label (amp, +compile) or "
+                       "lever settings as `kasoku train` names them, e.g. "
+                       "precision=bf16,channels_last,compile=max-autotune (plain is always "
+                       "measured too, and the fp32 reference of the numerics guard runs for "
+                       "its losses)")
+    p.add_argument("--data", type=Path, metavar="DIR",
+                   help="the workload's dataset (the folder `kasoku train --data` reads): adds "
+                   "a last rung, +loader, the rung before it fed by a loader from DIR instead "
+                   "of synthetic batches on the device")
+    p.add_argument("--loader", type=a.loader_spec, metavar="KIND[:N]",
+                   help="the +loader rung's loader, as `kasoku train --loader` takes it "
+                   "(default: kasoku's pick: device for an in-memory dataset such as MNIST or "
+                   "CIFAR-10, gpu-jpeg for a JPEG folder on a GPU, else multiprocess with one "
+                   "worker per core)")
+    p.add_argument("--steps", type=a.positive_int,
+                   help="steps per timed window (default: 20 GPU, 30 CPU)")
+    p.add_argument("--windows", type=a.positive_int, default=3,
+                   help="timed windows per run; the median is reported (default 3)")
+    p.add_argument("--warmup", type=a.nonnegative_int,
+                   help="warm-up steps after the numerics phase (default: 5 GPU, 3 CPU)")
+    p.add_argument("--numerics-steps", type=a.nonnegative_int, default=10,
+                   help="steps of the numerics guard, compared with fp32 (0: off; default 10)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="folder for results.jsonl and ladder.png; results are appended, never "
+                   "replaced (default: runs/bench-WORKLOAD-DEVICE)")
+    p.add_argument("--timeout", type=a.positive_float, default=900.0, metavar="SECONDS",
+                   help="seconds per run before it is stopped and recorded (default 900)")
+    p.add_argument("--threads", type=a.positive_int,
+                   help="CPU threads (default: the workload's, or one per core)")
+    p.add_argument("--seed", type=a.seed, default=0, help="seed for weights and batches")
+    p.add_argument("--peak-size", type=a.positive_int, metavar="N",
+                   help="matrix size of the peak probe (default: 8192 GPU, 2048 CPU)")
+    p.add_argument("--kernels", type=a.nonnegative_int, default=0, metavar="STEPS",
+                   help="after the windows, profile STEPS more steps and record where the "
+                   "time goes by kind of kernel (GPU) or operator (CPU): convolutions and "
+                   "matrix products, Triton (compiled code), optimizer, copies (default 0: off)")
+    p.add_argument("--report", action="store_true",
+                   help="measure nothing: print the table and redraw ladder.png from "
+                   "OUT/results.jsonl (the latest run of each rung and batch size), e.g. after "
+                   "a ladder split over several commands")
+    p.set_defaults(handler=run)
+
+
+def default_out(workload_name: str, device_type: str) -> Path:
+    from kasoku.train.run_dir import OUTPUT_ROOT
+    return OUTPUT_ROOT / f"bench-{workload_name}-{device_type}"
+
+
+def run(args) -> int:
+    """Run the sweep the arguments describe (or, with ``--report``, only redraw its table and
+    chart). Returns the exit code: 0, or 1 when a rung breaks training or a run crashes or
+    times out. Bad settings raise ``ConfigError``."""
+    from kasoku.bench.sweep import run_sweep
+    from kasoku.device import resolve_device
+    from kasoku.dist import World, require_single_process
+    from kasoku.workloads import create_workload
+
+    require_single_process(World.from_env(), "kasoku bench")
+    # --report measures nothing, so it may redraw a GPU sweep's results on any machine.
+    device = resolve_device(args.device, need_it=not args.report)
+    wl = create_workload(args.workload)  # an unknown name is a ConfigError naming `kasoku list`
+    out = args.out or default_out(wl.name, device.type)
+    if args.report:
+        from kasoku.bench.report import report_results
+        try:
+            chart = report_results(out, args.workload, device.type)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"--report: {exc}; run the sweep first (without --report)")
+        print(f"chart: {chart}" if chart else "nothing was measured: no chart")
+        return 0
+    return run_sweep(sweep_config(args, wl, device, out)).exit_code
+
+
+def sweep_config(args, wl, device, out: Path):
+    """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
+    from kasoku.bench.fed import check_data
+    from kasoku.bench.rungs import PLAIN, default_ladder, rung_from_spec
+    from kasoku.bench.sweep import SweepConfig
+
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    rungs = default_ladder(device.type)
+    if args.config:  # plain always: the speed-ups are over it
+        rungs = [PLAIN]
+        for spec in args.config:
+            rung = rung_from_spec(spec, device.type)
+            if rung.label not in [r.label for r in rungs]:
+                rungs.append(rung)
+    b = wl.recipe.batch_size
+    default_sizes = [b // 8, b // 4, b // 2, b] if device.type == "cuda" else [b // 8, b // 4]
+    batch_sizes = args.batch_size or sorted({max(1, s) for s in default_sizes})
+    check_data(args.data, args.loader)
+    if args.windows < 3:
+        print(f"note: {args.windows} timed window(s): the median of fewer than 3 is not robust",
+              file=sys.stderr)
+    return SweepConfig(workload=args.workload, rungs=tuple(rungs),
+                       batch_sizes=tuple(batch_sizes), out=out, device=str(device),
+                       steps=args.steps or defaults["steps"], windows=args.windows,
+                       warmup=args.warmup if args.warmup is not None else defaults["warmup"],
+                       numerics_steps=args.numerics_steps, timeout_s=args.timeout,
+                       seed=args.seed, threads=args.threads, peak_size=args.peak_size,
+                       kernels=args.kernels, data=args.data, loader=args.loader)

@@ -1,0 +1,98 @@
+"""``kasoku train``: argv -> ``DataConfig``, ``TrainConfig``, ``AccelConfig`` ->
+``kasoku.run.train_workload``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kasoku.cli import args as a
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
+from kasoku.config import DataConfig, TrainConfig
+
+WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
+                 "or a function returning one; see examples/)")
+
+TRAIN_FLAGS = {
+    "device": {"type": a.device, "metavar": "{auto,cpu,cuda,cuda:N}", "default": "auto"},
+    "epochs": None, "batch_size": None, "lr": None,
+    "seed": {"type": a.seed},
+    "out": {"type": Path, "metavar": "DIR"},
+    "overwrite": None,
+    "log_interval": {"metavar": "ITERS"},
+    "snapshot_interval": {"metavar": "ITERS"},
+    "threads": None,
+    "progress": {"flag": "--no-progress", "action": "store_false", "help": "no progress bar"},
+}
+LOADER_FLAGS = {
+    "loader": {"type": a.loader_spec, "metavar": "KIND[:N]"},
+    "prefetch": {"metavar": "N"},
+}
+DATA_FLAGS = {
+    "root": {"flag": "--data", "type": Path, "metavar": "DIR"},
+    "download": None, "synthetic": None,
+    "synthetic_train_size": {"flag": "--synthetic-size", "metavar": "N"},
+    "strict": {"flag": "--strict-data"},
+}
+
+
+def add_data_arguments(group) -> None:
+    a.add_fields(group, DataConfig, DATA_FLAGS)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a workload, with a Chainer-style log, snapshots "
+                       "and plots", description="Train a workload. The run's log.jsonl, "
+                       "snapshots and plots go to a new folder under runs/ (or --out DIR); a "
+                       "folder holding another run is refused unless you --resume it or "
+                       "--overwrite it.")
+    p.add_argument("workload", help=WORKLOAD_HELP)
+    a.add_fields(p, TrainConfig, TRAIN_FLAGS)
+    p.add_argument("--resume", metavar="DIR|FILE|auto",
+                   help="continue a run: its folder (its snapshot_latest.pt), a snapshot "
+                   "file, or auto (the --out folder's snapshot when it has one, else a new "
+                   "run there); the run goes on in the snapshot's folder unless --out says "
+                   "otherwise")
+    data = p.add_argument_group("data")
+    add_data_arguments(data)
+    loaders = p.add_argument_group("loader")
+    from kasoku.data.registry import list_loaders, loader_kind
+    kinds = "; ".join(f"{k}{'[:N]' if loader_kind(k).count else ''}: {loader_kind(k).help}"
+                      + (f" (N: {loader_kind(k).count})" if loader_kind(k).count else "")
+                      for k in list_loaders())
+    a.add_fields(loaders, TrainConfig, {
+        "loader": {**LOADER_FLAGS["loader"],
+                   "help": f"which loader makes the batches (default: serial). {kinds}"
+                   .replace("%", "%%")},
+        "prefetch": LOADER_FLAGS["prefetch"]})
+    add_accel_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from kasoku.run import train_workload
+    from kasoku.train import TrainingInterrupted
+    data = a.config_from(args, DataConfig)
+    train = a.config_from(args, TrainConfig)
+    try:
+        train_workload(args.workload, data, train, resume=args.resume,
+                       accel=accel_config_from_args(args))
+    except TrainingInterrupted as exc:
+        command = " ".join(["kasoku", *_without(args.argv, "--resume"), "--resume",
+                            str(exc.snapshot.parent)])
+        print(f"to continue this run: {command}", file=sys.stderr)
+        raise
+    return 0
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` less ``flag`` and its value (``--flag V`` or ``--flag=V``)."""
+    kept, skip_value = [], False
+    for token in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        if token == flag:
+            skip_value = True
+        elif not token.startswith(flag + "="):
+            kept.append(token)
+    return kept

@@ -1,0 +1,193 @@
+"""Loader registry: ``@register_loader``, ``create_loader``, ``list_loaders``, the way workloads
+are registered.
+
+A loader is named by a spec, ``KIND`` or ``KIND:N`` (``threads:8``: N threads), as
+``--loader`` takes it. Every registered kind is ``SerialLoader`` with the fetching moved
+elsewhere, so all of them yield the same samples and resume from the same state; the tests
+sweep the registry. A kind's builder imports its module when it is first used, so listing the
+kinds or parsing a spec loads nothing heavy (the GPU decoders stay unimported on a CPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kasoku.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LoaderKind:
+    name: str
+    build: Callable
+    """``build(dataset, batch_size, device, count, **kwargs) -> loader``; ``count`` is the N of
+    ``KIND:N`` or None; ``kwargs`` are ``SerialLoader``'s (``seed``, ``shuffle``, ``drop_last``,
+    ``repeat``, ``rank``, ``world_size``) plus ``prefetch_batches`` and ``batches_per_call``
+    where the kind takes them."""
+    help: str
+    """One line for the command line's help."""
+    count: str | None = None
+    """What N counts (``threads``, ``processes``...), or None when the kind takes no N."""
+    prefetching: bool = False
+    """Whether it makes batches ahead (takes ``prefetch_batches``, ``--prefetch``)."""
+    chunks: bool = False
+    """Whether it hands out several batches per call (``batches_per_call``)."""
+    needs: str | None = None
+    """What datasets it takes: None (any), ``"in-memory"`` (``inputs``/``targets`` tensors)
+    or ``"image-folder"`` (``kasoku.data.imagefolder.ImageFolder``)."""
+
+
+_REGISTRY: dict[str, LoaderKind] = {}
+
+
+def register_loader(name: str, help: str, count: str | None = None, prefetching: bool = False,
+                    chunks: bool = False, needs: str | None = None):
+    """Decorator of a builder ``build(dataset, batch_size, device, count, **kwargs)``:
+    registers the loader kind ``name`` (see ``LoaderKind``)."""
+    def deco(build: Callable) -> Callable:
+        if name in _REGISTRY:
+            raise ValueError(f"loader {name!r} is registered twice")
+        _REGISTRY[name] = LoaderKind(name, build, help, count, prefetching, chunks, needs)
+        return build
+    return deco
+
+
+def list_loaders() -> list[str]:
+    """The registered kinds, in registration order (the built-in ones first)."""
+    return list(_REGISTRY)
+
+
+def loader_kind(name: str) -> LoaderKind:
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown loader {name!r}; use {spec_forms()}")
+    return _REGISTRY[name]
+
+
+def spec_forms() -> str:
+    """``serial, device, threads[:N], ...``: every kind as a spec is written."""
+    forms = [k.name + ("[:N]" if k.count else "") for k in _REGISTRY.values()]
+    return ", ".join(forms[:-1]) + " or " + forms[-1] if len(forms) > 1 else forms[0]
+
+
+def parse_loader_spec(spec: str) -> tuple[LoaderKind, int | None]:
+    """``"threads:8" -> (the threads kind, 8)``; ``ConfigError`` for an unknown kind, an N the
+    kind does not take, or an N that is not a whole number >= 1."""
+    name, _, count = str(spec).strip().partition(":")
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown loader {spec!r}; use {spec_forms()}")
+    kind = _REGISTRY[name]
+    if not count:
+        return kind, None
+    if kind.count is None:
+        raise ConfigError(f"loader {spec!r}: the {name} loader takes no :N; use {spec_forms()}")
+    if not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"loader {spec!r}: N ({kind.count}) must be a whole number >= 1, "
+                          f"got {count!r}")
+    return kind, int(count)
+
+
+def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
+                  batches_per_call: int = 1, prefetch: int | None = None, **kwargs):
+    """The loader ``spec`` names over ``dataset`` (``--loader``). ``batches_per_call`` > 1:
+    chunks of that many batches (for ``--steps-per-call``); ``prefetch``: batches kept in
+    flight by the kinds that make them ahead (None: the kind's default); ``kwargs``:
+    ``SerialLoader``'s. Settings the kind cannot take, and datasets it cannot read, are a
+    ``ConfigError`` that says what to use."""
+    kind, count = parse_loader_spec(spec)
+    if prefetch is not None:
+        if not kind.prefetching:
+            ahead = ", ".join(k.name for k in _REGISTRY.values() if k.prefetching)
+            raise ConfigError(f"--prefetch {prefetch}: the {kind.name} loader makes each batch "
+                              f"when it is asked for one and keeps none in flight; it applies "
+                              f"to {ahead}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ConfigError(f"--prefetch must be a whole number >= 1, got {prefetch!r}")
+        kwargs["prefetch_batches"] = prefetch
+    if batches_per_call > 1:
+        if not kind.chunks:
+            able = " or ".join(f"--loader {k.name}" for k in _REGISTRY.values() if k.chunks)
+            raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands "
+                              f"out several batches per call; use {able}, or drop "
+                              f"--steps-per-call")
+        kwargs["batches_per_call"] = batches_per_call
+    _check_dataset(kind, dataset)
+    try:
+        return kind.build(dataset, batch_size, torch.device(device), count, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # the loaders' checks of their settings (batch size, workers)
+        raise ConfigError(f"--loader {spec}: {exc}") from None
+
+
+def accepts(kind: LoaderKind, dataset) -> bool:
+    """Whether ``kind`` can read ``dataset`` (see ``LoaderKind.needs``)."""
+    if kind.needs == "in-memory":
+        return isinstance(getattr(dataset, "inputs", None), torch.Tensor) \
+            and isinstance(getattr(dataset, "targets", None), torch.Tensor) \
+            and hasattr(dataset, "get_batch")
+    if kind.needs == "image-folder":
+        from kasoku.data.imagefolder import ImageFolder
+        return isinstance(dataset, ImageFolder)
+    return True
+
+
+def _check_dataset(kind: LoaderKind, dataset) -> None:
+    if accepts(kind, dataset):
+        return
+    others = ", ".join(k.name for k in _REGISTRY.values() if accepts(k, dataset))
+    what = {"in-memory": "in-memory datasets holding `inputs` and `targets` tensors (like "
+                         "kasoku's MNIST and CIFAR-10 sets)",
+            "image-folder": "JPEG folders (ImageFolder)"}[kind.needs]
+    raise ConfigError(f"the {kind.name} loader reads {what}; {dataset!r} is not one: use "
+                      f"--loader {others or 'serial'}")
+
+
+# The built-in kinds. Builders import their module on first use.
+
+@register_loader("serial", "batches made in the training process", chunks=True)
+def _serial(dataset, batch_size, device, count, batches_per_call=1, **kwargs):
+    from kasoku.data.device_loader import ChunkedLoader
+    from kasoku.data.loader import SerialLoader
+    if batches_per_call > 1:
+        return ChunkedLoader(dataset, batch_size, batches_per_call=batches_per_call, **kwargs)
+    return SerialLoader(dataset, batch_size, **kwargs)
+
+
+@register_loader("device", "the whole dataset resident on the training device; in-memory "
+                 "datasets (MNIST, CIFAR-10)", chunks=True, needs="in-memory")
+def _device(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.device_loader import DeviceLoader
+    return DeviceLoader(dataset, batch_size, device=device, **kwargs)
+
+
+@register_loader("threads", "samples decoded by N threads", count="threads", prefetching=True)
+def _threads(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.parallel_loader import ThreadLoader
+    return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
+
+
+@register_loader("multiprocess", "batches made by N worker processes", count="processes",
+                 prefetching=True)
+def _multiprocess(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.parallel_loader import ProcessLoader
+    return ProcessLoader(dataset, batch_size, num_workers=count,
+                         pin_memory=device.type == "cuda", **kwargs)
+
+
+@register_loader("gpu-jpeg", "JPEG folders read by N threads, decoded, cropped and normalized "
+                 "in batches on the GPU (decoder: torchvision, else nvImageCodec; "
+                 "KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow chooses)",
+                 count="reading threads", prefetching=True, needs="image-folder")
+def _gpu_jpeg(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.gpu_jpeg import GpuJpegLoader
+    return GpuJpegLoader(dataset, batch_size, device=device, num_threads=count, **kwargs)
+
+
+@register_loader("gpu-jpeg-procs", "gpu-jpeg's work in N worker processes (default 8, at most "
+                 "half the cores), batches handed over in GPU memory",
+                 count="decoding processes", prefetching=True, needs="image-folder")
+def _gpu_jpeg_procs(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
+    return GpuJpegProcessLoader(dataset, batch_size, device=device, num_workers=count,
+                                **kwargs)

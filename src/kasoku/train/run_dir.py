@@ -1,0 +1,102 @@
+"""Run folders that never lose work.
+
+A training run writes its log, snapshots and plots into one folder. A new run never writes
+into a folder that holds another run's files: it is refused with a message offering to resume
+it, to write elsewhere, or to overwrite it. By default each run gets a fresh folder
+``runs/train-WORKLOAD-YYYYMMDD-HHMMSS`` (a ``-2``, ``-3``... suffix when two start in the same
+second), so running the same command twice keeps both runs.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import errno
+from pathlib import Path
+
+from kasoku.errors import ConfigError
+from kasoku.train.snapshot import SnapshotError
+
+OUTPUT_ROOT = Path("runs")
+"""Where every kasoku command writes by default (training runs, bench and data bench results)."""
+SNAPSHOT = "snapshot_latest.pt"
+RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "loss.png", "accuracy.png")
+"""What a training run writes into its folder (glob patterns): what marks a folder as holding
+a run, and what ``overwrite`` removes (nothing else in the folder is touched)."""
+
+
+def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = None) -> Path:
+    """A new, empty folder ``root/train-NAME-YYYYMMDD-HHMMSS`` (created here, so two runs
+    started in the same second get two folders)."""
+    stamp = f"{(now or dt.datetime.now()):%Y%m%d-%H%M%S}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
+    base = Path(root) / f"train-{safe}-{stamp}"
+    for k in range(1, 1000):
+        path = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(_cannot_create(root, exc)) from None
+    raise ConfigError(f"{base}: a thousand runs started in this second; give --out")
+
+
+def run_files(folder: Path) -> list[Path]:
+    """The files of a run in ``folder`` (``RUN_FILES``), sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted({p for pattern in RUN_FILES for p in folder.glob(pattern) if p.is_file()})
+
+
+def prepare_out(out: Path, overwrite: bool = False, resume_hint: bool = True) -> Path:
+    """Make ``out`` ready for a new run: created if missing; refused (``ConfigError``) when it
+    is a file, cannot be created, or holds another run's files, unless ``overwrite``, which
+    removes those files (and only those)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for the run's log, snapshots "
+                          f"and plots")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(_cannot_create(out, exc)) from None
+    previous = run_files(out)
+    if previous and not overwrite:
+        names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
+        offer = f"continue it with --resume {out}, " if resume_hint and \
+            any(p.name.startswith("snapshot_") for p in previous) else ""
+        raise ConfigError(f"--out {out} holds a previous run ({names}); {offer}give a new "
+                          f"--out, or add --overwrite to replace it")
+    for path in previous:
+        path.unlink()
+    return out
+
+
+def find_snapshot(path) -> Path:
+    """The snapshot a ``--resume PATH`` means: PATH itself when it is a file; in a folder its
+    ``snapshot_latest.pt``, else its newest ``snapshot_*.pt``. ``SnapshotError`` when there is
+    none."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        latest = path / SNAPSHOT
+        if latest.is_file():
+            return latest
+        found = sorted(path.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
+        raise SnapshotError(f"--resume {path}: the folder holds no snapshot (snapshot_*.pt); "
+                            f"give a run folder that has one, or train without --resume")
+    raise SnapshotError(f"--resume {path}: no such file or folder; give a run folder or a "
+                        f"snapshot_*.pt file written by a previous run, or train without "
+                        f"--resume")
+
+
+def _cannot_create(out: Path, exc: OSError) -> str:
+    why = exc.strerror or str(exc)
+    hint = "choose a folder you can write to" if exc.errno in (errno.EACCES, errno.EPERM,
+                                                             errno.EROFS, errno.ENOENT) \
+        else "choose another folder"
+    return f"--out {out}: cannot create the folder ({why}); {hint}"
