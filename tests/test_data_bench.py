@@ -135,7 +135,8 @@ def test_a_failing_loader_is_recorded_and_the_sweep_goes_on(jpegs, tmp_path):
 def test_loaders_against_a_model_on_cpu(tmp_path):
     result, table, progress = _bench(
         tmp_path, sources=("mnist-mlp",), loaders=("serial", "device"), model="mnist-mlp",
-        batch_sizes=(20,), image_size=None, data=DataConfig(synthetic=True, synthetic_train_size=200))
+        batch_sizes=(20,), image_size=None,
+        data=DataConfig(synthetic=True, synthetic_train_size=200))
     assert result.exit_code == 0, [r["error"] for r in result.records]
     for r in result.records:
         f = r["figures"]

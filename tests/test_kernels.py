@@ -1,10 +1,10 @@
-"""``kasoku.perf.kernels``: the kernel-time split by kind, on real kernel names (recorded from a
+"""``kasoku.perf.profile.kernels``: the kernel-time split by kind, on real kernel names (from a
 ResNet-50 step on an H200) and on a real profiled training step on this CPU."""
 import pytest
 import torch
 from torch import nn
 
-from kasoku.perf.kernels import (CATEGORIES, OPTIMIZER_PREFIX, breakdown, classify,
+from kasoku.perf.profile.kernels import (CATEGORIES, OPTIMIZER_PREFIX, breakdown, classify,
                                  format_breakdown, profile_steps)
 
 H200_KERNELS = {  # names as torch.profiler reported them (torch 2.11, cuDNN 9)

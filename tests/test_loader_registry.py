@@ -9,6 +9,7 @@ from kasoku.data.base import ArrayDataset
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
+from kasoku.data.transforms import ToUnitFloat
 from kasoku.data.registry import (accepts, create_loader, list_loaders, loader_kind,
                                   parse_loader_spec, register_loader, spec_forms)
 from kasoku.errors import ConfigError
@@ -26,7 +27,9 @@ def jpeg_folder(tmp_path_factory):
 def arrays():
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (22, 1, 6, 6), generator=g, dtype=torch.uint8)
-    return ArrayDataset(x, torch.arange(22) % 5, transform=lambda b: b.float() / 255)
+    # A picklable transform: worker processes started by spawn or forkserver (as they are
+    # once CUDA runs in this process) receive the dataset pickled.
+    return ArrayDataset(x, torch.arange(22) % 5, transform=ToUnitFloat())
 
 
 def dataset_for(name, jpeg_folder):

@@ -1,4 +1,4 @@
-"""Where one rung's training step spends its time, by kind of kernel (kasoku.perf.kernels),
+"""Where one rung's training step spends its time, by kind of kernel (kasoku.perf.profile.kernels),
 with the rate beside it; and the experiments tried on ResNet-50's top rung.
 
     python research/probes/kernel_breakdown.py imagenet-resnet50 --device cuda --batch-size 256 \
@@ -60,7 +60,7 @@ from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
 from kasoku.bench.rungs import rung_from_spec  # noqa: E402
 from kasoku.bench.timing import measure_windows, timed  # noqa: E402
 from kasoku.bench.worker import _make_runner  # noqa: E402
-from kasoku.perf.kernels import format_breakdown, profile_steps  # noqa: E402
+from kasoku.perf.profile.kernels import format_breakdown, profile_steps  # noqa: E402
 from kasoku.workloads import create_workload  # noqa: E402
 
 

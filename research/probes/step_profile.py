@@ -1,6 +1,6 @@
 """ResNet-50's training step on one GPU, kernel by kernel: rate, then the profiled step's span,
 busy and idle time, launches, and the time per kind of kernel (kasoku's batch-norm and pool
-kernels by name, the rest as ``kasoku.perf.kernels.classify`` sorts them) and the longest
+kernels by name, the rest as ``kasoku.perf.profile.kernels.classify`` sorts them) and the longest
 kernels.
 
     python research/probes/step_profile.py BATCH_SIZE [RUNG]     # RUNG: default +fast-stem
@@ -21,7 +21,7 @@ from kasoku.bench.pool import batch_spec, cycle, make_pool
 from kasoku.bench.rungs import rung_from_spec
 from kasoku.bench.timing import measure_windows, timed
 from kasoku.bench.worker import _make_runner
-from kasoku.perf.kernels import breakdown, classify
+from kasoku.perf.profile.kernels import breakdown, classify
 from kasoku.workloads import create_workload
 
 BN_KERNELS = ("bn_stats", "bn_forward", "bn_backward_reduce", "bn_backward_kernel",
@@ -29,7 +29,7 @@ BN_KERNELS = ("bn_stats", "bn_forward", "bn_backward_reduce", "bn_backward_kerne
 
 
 def group(name: str) -> str:
-    """kasoku's own kernels by name, the rest by ``kasoku.perf.kernels.classify``."""
+    """kasoku's own kernels by name, the rest by ``kasoku.perf.profile.kernels.classify``."""
     return next((k for k in BN_KERNELS if k in name), None) or classify(name)
 
 
@@ -74,7 +74,7 @@ def main():
     print(f"per step: span {(end - spans[0][0]) / n:.1f} us, kernels busy {busy / n:.1f} us, "
           f"idle {idle / n:.1f} us, {len(spans) / n:.0f} launches, kernel time summed "
           f"{summed / n:.1f} us (more than busy where kernels ran side by side)")
-    # Per kernel name (times in us here): kasoku.perf.kernels' own totals, longest first.
+    # Per kernel name (times in us here): kasoku.perf.profile.kernels' own totals, longest first.
     per_name = breakdown(((name, e - s) for s, e, name in spans), n, 0.0, "cuda").kernels
     by_group, launches = collections.defaultdict(float), collections.Counter()
     for name, total, count in per_name:

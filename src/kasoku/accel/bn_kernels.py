@@ -2,7 +2,7 @@
 channels_last activation read as the ``[M = N*H*W, C]`` matrix it is in memory), their tile
 choices and launch grids. What each kernel reads and writes: ``fused_bn``'s doc.
 
-The tile constants are module globals read at each launch, so ``benchmarks/fused_bn_probe.py``
+The tile constants are module globals read at each launch, so ``research/probes/fused_bn_probe.py``
 can time variants of them.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ PDL: bool | None = None
 the kernel before it drains and waits in ``gdc_wait`` for its results; the reductions let the
 kernel after them start once their sums are in registers. None: on where the GPU has it
 (compute capability 9.0 and later) and Triton can emit it (ResNet-50 at bs 32 on an H200:
-+1%, docs/benchmarks.md)."""
++1%, research/notebook.md)."""
 BLOCK_C = 0
 """Channels per tile; 0: 64 for layers with a residual or of up to 64 channels, else 128.
-(Both chosen with benchmarks/fused_bn_probe.py on an H200.)"""
+(Both chosen with research/probes/fused_bn_probe.py on an H200.)"""
 
 
 def _define_kernels():

@@ -6,7 +6,7 @@ column (a strided view, gathered by the product's input copy).
 
 ResNet-50 has 36 of them among 53 convolutions (each bottleneck's reduce and expand, and the
 four downsample projections). On an H200 in its compiled, graph-captured bf16 step, cuBLAS's
-kernels for those shapes beat cuDNN's at small batches (docs/benchmarks.md).
+kernels for those shapes beat cuDNN's at small batches (research/notebook.md).
 
 ``Conv1x1Matmul`` is an ``nn.Conv2d`` with the original weight, so the parameter, its gradient
 and the ``state_dict`` are unchanged; only its forward differs. Inputs that are not

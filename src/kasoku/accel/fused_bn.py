@@ -3,7 +3,7 @@ channels_last layer as two Triton kernels forward and two backward, one custom o
 
 Why: in ResNet-50's compiled, graphed step on an H200 more than half the time (21 of 38 ms at
 batch 256) went to inductor's kernels for batch norm, ReLU and the residual adds, at about half
-the GPU's copy rate (docs/benchmarks.md). Here a channels_last activation ``[N, C, H, W]`` is
+the GPU's copy rate (research/notebook.md). Here a channels_last activation ``[N, C, H, W]`` is
 read as the matrix ``[M = N*H*W, C]`` it is in memory, and each layer makes these passes:
 
 forward   statistics: read x; per channel, sums of ``x - x[0]`` and of its square (shifted
@@ -20,19 +20,20 @@ backward  reduce: read dy and x (and y, whose sign is the ReLU's mask, when ther
           rows stores the weight's and bias's gradients.
 
 Measured on an H200 (ResNet-50's 53 layers, bf16, forward + backward, each layer in a CUDA
-graph; ``benchmarks/fused_bn_probe.py``): 15.7 ms against 17.4 ms for inductor's kernels of
+graph; ``research/probes/fused_bn_probe.py``): 15.7 ms against 17.4 ms for inductor's kernels of
 the same PyTorch ops at batch 256, at 2.4-4.1 TB/s of least traffic per layer; 3.05 against
 3.15 ms at batch 32. In the whole compiled, graphed training step the lever alone took
-ResNet-50 from 6,789 to 7,117 images/s at batch 256 (docs/benchmarks.md).
+ResNet-50 from 6,789 to 7,117 images/s at batch 256 (research/notebook.md).
 
 The kernels, their tiles and grids are in ``kasoku.accel.bn_kernels``. Both ops are
 ``torch.library`` custom ops with an autograd formula, so ``torch.compile`` and a
 captured CUDA graph keep them whole (inductor calls them as it calls cuDNN). Which layers: the
 models' ``kasoku.models.norm.BatchNormAct2d`` (batch norm, optional residual, optional ReLU in
-one module); ``apply_fused_bn`` recasts them as ``FusedBatchNormAct2d``, which takes this path. It runs when the layer is training
-with running statistics and a momentum, on a CUDA (or, with ``TRITON_INTERPRET=1``, CPU)
-tensor in channels_last of float16, bfloat16 or float32 of at least ``MIN_ELEMENTS``
-elements; anywhere else the module computes the same thing with PyTorch ops.
+one module); ``apply_fused_bn`` recasts them as ``FusedBatchNormAct2d``, which takes this path.
+It runs when the layer is training with running statistics and a momentum, on a CUDA (or,
+with ``TRITON_INTERPRET=1``, CPU) tensor in channels_last of float16, bfloat16 or float32 of
+at least ``MIN_ELEMENTS`` elements; anywhere else the module computes the same thing with
+PyTorch ops.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_ELEMENTS = 1 << 21
 """Smaller activations keep PyTorch's ops: there inductor's kernels (fewer launches per
 layer) were faster than these on an H200 (ResNet-50's 256x14x14 and 512x7x7 layers at batch
-32: 22.4 and 17.2 us against 30.6 and 24.5 us forward + backward; fused_bn_probe.py).
+32: 22.4 and 17.2 us against 30.6 and 24.5 us forward + backward;
+research/probes/fused_bn_probe.py).
 From 2**21 elements up the fused kernels were as fast or faster."""
 
 def _channels_last(t: Tensor) -> Tensor:

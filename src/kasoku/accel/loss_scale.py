@@ -26,10 +26,10 @@ import torch
 class LossScaler:
     """Dynamic loss scale, attached to the step as its update (``StandardStep(update=...)``,
     the protocol of ``kasoku.train.step.PlainUpdate``): ``backward(loss)`` runs the backward
-    pass of the scaled loss, ``step(optimizer)`` replaces ``optimizer.step()``. ``step`` unscales the gradients in place (they are true gradients
-    afterwards), skips the update if any is inf/nan, then multiplies the scale by
-    ``backoff_factor`` after an overflow or by ``growth_factor`` after ``growth_interval``
-    consecutive good steps.
+    pass of the scaled loss, ``step(optimizer)`` replaces ``optimizer.step()``. ``step``
+    unscales the gradients in place (they are true gradients afterwards), skips the update if
+    any is inf/nan, then multiplies the scale by ``backoff_factor`` after an overflow or by
+    ``growth_factor`` after ``growth_interval`` consecutive good steps.
 
     ``master``: ``MasterWeights`` of an fp16 model (fp16-pure): ``step`` then copies the fp16
     gradients into the fp32 masters the optimizer holds, and the updated masters back into the

@@ -1,7 +1,7 @@
 """Max pooling of channels_last activations as two Triton kernels (ResNet's 3x3/2 stem pool).
 
 inductor's max-pool backward in ResNet-50's compiled step took 1.46 ms per step at batch 256
-on an H200 (docs/benchmarks.md), for a pass that writes 0.4 GB. Here the forward pass stores,
+on an H200 (research/notebook.md), for a pass that writes 0.4 GB. Here the forward pass stores,
 beside each output, the position of its maximum inside the window (one byte), and the
 backward pass gives each input element the gradients of the windows whose maximum it was:
 with stride S and window K an element lies in at most ceil(K/S)^2 windows, which it finds by

@@ -3,7 +3,7 @@ many (space-to-depth): the same outputs and gradients, other cuDNN kernels.
 
 ResNet's stem convolution (7x7, stride 2, 3 input channels) ran at ~40 TFLOP/s in ResNet-50's
 step on an H200: cuDNN's kernels for 3 channels and a stride are poor, and padding the
-channels to 4 or 8 did not help (docs/benchmarks.md). Folding every 2x2 block of input pixels
+channels to 4 or 8 did not help (research/notebook.md). Folding every 2x2 block of input pixels
 into the channels turns it into a 4x4, stride-1 convolution over 12 channels (zero-padded to
 16; the kernel zero-padded to 8x8, then folded the same way), the trick MLPerf's ResNet-50
 submissions use.
@@ -22,7 +22,7 @@ from kasoku.accel.notes import skip
 CHANNEL_MULTIPLE = 8
 """Folded input channels are zero-padded to a multiple of this: 12 to 16, which cuDNN runs
 faster (ResNet-50's stem at batch 256 on an H200, forward + weight gradient, compiled: 1.30
-ms against 1.54 with 12 channels and 2.91 unfolded; benchmarks/resnet50_stem.py)."""
+ms against 1.54 with 12 channels and 2.91 unfolded; research/probes/resnet50_stem.py)."""
 
 
 def foldable(conv: nn.Module) -> bool:

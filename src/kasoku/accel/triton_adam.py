@@ -43,7 +43,8 @@ import torch
 from kasoku._triton import LazyKernel, interpreting
 from kasoku.errors import ConfigError, warn_once
 
-BLOCK = 512  # with 8 warps the fastest of 512..4096 x 4/8 on an H200 (adam_update_probe.py)
+# With 8 warps the fastest of 512..4096 x 4/8 on an H200 (research/probes/adam_update_probe.py).
+BLOCK = 512
 NUM_WARPS = 8
 _ALIGN = 16  # bytes: four float32, one vectorized load
 

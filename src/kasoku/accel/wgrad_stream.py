@@ -9,7 +9,7 @@ layers below, so the compute-bound weight-gradient products run beside the memor
 batch-norm backward kernels. The streams join once, when the backward pass ends (an autograd
 engine callback, before ``backward()`` returns), so the loss scaler, gradient clipping and the
 optimizer read finished gradients. (Joining after each layer instead, as a first version did,
-left too little to overlap: docs/benchmarks.md.)
+left too little to overlap: research/notebook.md.)
 
 What keeps it correct:
 

@@ -2,11 +2,11 @@
 
 Each loader of the list runs alone (no model) on each source and batch size: a fresh loader
 per measurement (``kasoku.data.registry.create_loader``, so every loader kind ``--loader``
-knows is measured the same way), its time to the first batch (construction and worker start-up) and ``warmup`` further
-batches timed apart, then ``windows`` windows of ``batches`` batches. With a model, its
-training rate on synthetic batches already on the device is measured once, and after each
-loader's own windows the same loader feeds the same model (batches copied to the device), in
-windows timed the same way. Window ends synchronize the device, so batches a loader leaves on
+knows is measured the same way), its time to the first batch (construction and worker
+start-up) and ``warmup`` further batches timed apart, then ``windows`` windows of ``batches``
+batches. With a model, its training rate on synthetic batches already on the device is
+measured once per batch size, and after each loader's own windows the same loader feeds the
+same model (batches copied to the device), in windows timed the same way. Window ends synchronize the device, so batches a loader leaves on
 a GPU are finished inside the window. The loader is closed after each measurement, on every
 path; a loader that fails is recorded with its error and the sweep goes on.
 

@@ -280,7 +280,8 @@ def _progress(rec: dict) -> str:
         return f"{rec['status'].upper()}: {rec.get('error')}  ({rec['wall_s']:.1f} s)"
     f = rec["figures"]
     s = f["samples_per_s"]
-    text = (f"{s['median']:,.0f} samples/s (min {s['min']:,.0f}, max {s['max']:,.0f}, "
+    text = (f"{s['median']:,.0f} {rec.get('unit', 'samples')}/s (min {s['min']:,.0f}, "
+            f"max {s['max']:,.0f}, "
             f"n {s['n']}), warm-up {f['warmup_s']:.1f} s, {rec['wall_s']:.1f} s in all")
     if rec["numerics"].get("status") == "FAIL":
         text += "  NUMERICS FAIL"

@@ -62,7 +62,7 @@ class WorkerRequest:
     pool_batches: int = 4
     numerics_only: bool = False
     kernels: int = 0
-    """Steps profiled after the windows for the kernel-time split (``kasoku.perf.kernels``);
+    """Steps profiled after the windows for the kernel-time split (``kasoku.perf.profile.kernels``);
     0: none."""
     data: str | None = None
     """The workload's dataset folder, for a rung fed by a loader (``rung.loader``)."""
@@ -169,7 +169,7 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
     figures.update(m.figures())
     figures["final_loss"] = float(loss)
     if req.kernels:
-        from kasoku.perf.kernels import profile_steps
+        from kasoku.perf.profile.kernels import profile_steps
         start = done + req.steps * req.windows
         split = profile_steps(lambda: runner(batches(req.kernels, start)), device,
                               steps=req.kernels)

@@ -6,7 +6,7 @@ normalization, each a full pass over a ``[B, 3, S, S]`` tensor. At batch 256 and
 is about 5 GB of memory traffic per batch, on the GPU the training step runs on: beside
 ResNet-50's compiled, graphed step on an H200, the whole loader batch (decode, then crop)
 left the step 93% of its rate where the decode alone left it 99%
-(``benchmarks/decode_interference.py --compile 1 --decoders torchvision,kasoku-tv``).
+(``research/probes/decode_interference.py --compile 1 --decoders torchvision,kasoku-tv``).
 
 Here one program makes one output row of one image, its three channels: it computes the
 row's and the columns' taps from the image's crop box, gathers the four neighbours of each

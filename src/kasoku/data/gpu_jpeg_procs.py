@@ -3,7 +3,7 @@
 In one process, each batch's decoder call and the Python around it (reading threads, crop
 draws, the per-image table: ~6 ms per 256 images) take turns on one GIL, with each other and
 with the training thread: the threaded ``GpuJpegLoader`` reached 13,500 images/s where one
-decode call alone runs at 21,000, and a model it fed stalled behind it (docs/benchmarks.md).
+decode call alone runs at 21,000, and a model it fed stalled behind it (research/notebook.md).
 Here each of P worker processes (``ProcessLoader``'s: batch ``p`` of an epoch to worker
 ``p % P``, results in order, a dead worker named) reads, decodes and crops whole batches on
 the GPU in a CUDA context of its own -- the work of ``JpegBatchMaker``, as the threaded loader

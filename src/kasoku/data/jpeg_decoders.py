@@ -156,7 +156,7 @@ def make_decoder(choice: str, device: torch.device, own_process: bool = False):
         return _PillowDecoder()
     # torchvision first: on an H200 both decode a batch in the same time (the hardware
     # decoder), but nvImageCodec's Python call holds the GIL while it decodes, so a second
-    # decoding thread and the training thread stall behind it (docs/benchmarks.md).
+    # decoding thread and the training thread stall behind it (research/notebook.md).
     # In a worker process of its own, nvImageCodec's hardware decoder is the faster
     # (gpu-jpeg-procs:6 on an H200: 20,968 images/s, torchvision's 18,563).
     order = ([["torchvision", "nvimgcodec"], ["nvimgcodec", "torchvision"]][own_process]

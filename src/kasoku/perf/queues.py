@@ -7,7 +7,7 @@ on the first. A loader that decodes or copies the next batch on a side stream wh
 training stream has steps queued can then do nothing until those steps are done, and the
 "overlap" becomes a serial sum. On an H200, with ResNet-50's graphed step (4,800 images/s)
 and a batch of JPEGs decoded beside each step, 8 queues gave 76-79% of the training rate and
-32 gave 99% (``benchmarks/decode_interference.py --probe``; docs/benchmarks.md).
+32 gave 99% (``research/probes/decode_interference.py --probe``; research/notebook.md).
 
 kasoku therefore asks for the most queues CUDA allows (32) before CUDA starts: its command
 line does it first thing, and a loader with side streams does it when it is built in a
