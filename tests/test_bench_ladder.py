@@ -73,6 +73,9 @@ def test_cpu_ladder_writes_the_documented_results(sweep):
     table = text[text.index("rung "):]
     for needle in ("bs 8", "bs 16", "bs 64", "plain", "fp32", "bf16", "OOM", "x1.00"):
         assert needle in table, needle
+    # An MLP's samples are not images: the records, progress lines and table say samples/s.
+    assert {r["unit"] for r in records} == {"samples"}
+    assert "samples/s" in text and "images/s" not in text
     with Image.open(out / "ladder.png") as img:
         assert img.format == "PNG" and img.size[0] > 300
 

@@ -59,6 +59,14 @@ class PlotReport:
             self._plotted, self._drawn_at = len(log), time.monotonic()
 
     def draw(self, log: list[dict], path) -> None:
+        """Write ``figure(log)`` to ``path`` (through a temporary file and a rename)."""
+        fig = self.figure(log)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+        os.replace(tmp, path)
+
+    def figure(self, log: list[dict]):
+        """The chart of ``log`` as a matplotlib ``Figure`` (Agg canvas, no pyplot)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -99,9 +107,7 @@ class PlotReport:
         ax.grid(True, alpha=0.3, which="both" if self.log_y else "major")
         if ax.lines:
             ax.legend()
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-        os.replace(tmp, path)
+        return fig
 
 
 def _plottable(value, log_y: bool) -> bool:
