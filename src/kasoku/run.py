@@ -199,7 +199,17 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
         trainer.run()
     finally:
         # Worker processes and threads of the parallel loaders end here, on every path.
-        close = getattr(trainer.train_loader, "close", None)
-        if close is not None:
-            close()
+        for loader in _loaders(trainer):
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
     return trainer
+
+
+def _loaders(trainer: Trainer) -> list:
+    """The loaders ``build_trainer`` made: the training one and the evaluator's."""
+    loaders = [trainer.train_loader]
+    for entry in trainer.extensions:
+        if isinstance(entry.extension, ext.Evaluator):
+            loaders.append(entry.extension.loader)
+    return loaders
