@@ -262,3 +262,42 @@ def test_progress_counts_the_samples_in_each_batch(tmp_path, capsys):
         its = float(line.split("it/s")[0].split()[-1])
         samples = float(line.split("samples/s")[0].split()[-1].replace(",", ""))
         assert samples == pytest.approx(200 * its, rel=0.02)
+
+
+def test_a_run_resumed_into_a_new_folder_leaves_the_old_one_whole(tmp_path, capsys):
+    first, branch = tmp_path / "first", tmp_path / "branch"
+    assert main([*SINE, "--epochs", "1", "--out", str(first)]) == 0
+    before = (first / "snapshot_latest.pt").read_bytes()
+    assert main([*SINE, "--epochs", "2", "--resume", str(first), "--out", str(branch)]) == 0
+    assert (first / "snapshot_latest.pt").read_bytes() == before
+    assert load_snapshot(branch / "snapshot_latest.pt")["updater"]["iteration"] == 8
+    assert main([*SINE, "--epochs", "2", "--resume", str(first), "--out",
+                 str(tmp_path / "again")]) == 0  # the source still resumes
+
+
+def test_a_run_that_ends_between_epochs_logs_and_snapshots_its_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*SINE, "--epochs", "1.5", "--out", str(out)]) == 0  # 4 batches an epoch
+    log = [json.loads(line) for line in open(out / "log.jsonl")]
+    assert [(e["iteration"], e.get("final", False)) for e in log] == [(4, False), (6, True)]
+    assert load_snapshot(out / "snapshot_latest.pt")["updater"]["iteration"] == 6
+    assert "1.5" in capsys.readouterr().out.splitlines()[-1]  # the table's last row
+    assert main([*SINE, "--epochs", "2", "--resume", str(out)]) == 0
+    assert "at epoch 1.5, iteration 6" in capsys.readouterr().err
+    log = [json.loads(line) for line in open(out / "log.jsonl")]
+    assert [(e["iteration"], e.get("final", False)) for e in log] == [(4, False), (8, False)]
+
+
+def test_settings_that_would_be_ignored_are_said_once(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "mnist-mlp", "--synthetic", "--synthetic-size", "100", "--data",
+                 str(tmp_path), "--batch-size", "500", "--epochs", "1", "--no-progress",
+                 "--threads", "1", "--seed", "4", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"kasoku: warning: --synthetic: the data in --data {tmp_path} is not read" in err
+    assert "kasoku: warning: batch size 500 is larger than the 100 training samples" in err
+    assert main(["train", "mnist-mlp", "--synthetic", "--synthetic-size", "100", "--batch-size",
+                 "500", "--epochs", "2", "--no-progress", "--threads", "1", "--seed", "5",
+                 "--resume", str(out)]) == 0
+    assert "--seed 5 is not used: a resumed run keeps its snapshot's seed (4)" in \
+        capsys.readouterr().err

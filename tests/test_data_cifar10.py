@@ -145,7 +145,7 @@ def test_missing_cifar10_says_what_to_do(tmp_path, make_folder):
         cifar10_datasets(root)
     msg = str(e.value)
     for needle in ("data_batch_1.bin", "cifar-10-batches-bin", str(root),
-                   f"kasoku data download cifar10 {root}", "--download", "--synthetic"):
+                   f"kasoku data download cifar10 --out {root}", "--download", "--synthetic"):
         assert needle in msg
 
 

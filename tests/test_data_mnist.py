@@ -134,7 +134,7 @@ def test_missing_mnist_says_what_to_do(tmp_path, make_folder):
         mnist_datasets(root)
     msg = str(e.value)
     for needle in ("train-images-idx3-ubyte.gz", str(root), "t10k-labels-idx1-ubyte.gz",
-                   f"kasoku data download mnist {root}", "--download", "--synthetic"):
+                   f"kasoku data download mnist --out {root}", "--download", "--synthetic"):
         assert needle in msg
     assert ("does not exist" in msg) != make_folder
 

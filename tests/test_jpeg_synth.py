@@ -35,7 +35,8 @@ def test_deterministic_per_seed(tmp_path):
 
 
 def test_file_size_is_imagenet_like(tmp_path):
-    stats = make_jpeg_folder(tmp_path / "j", 4, 500, 375, quality=90, progress=False)
+    stats = make_jpeg_folder(tmp_path / "j", 4, 500, 375, num_classes=4, quality=90,
+                             progress=False)
     assert 50_000 <= stats["mean_bytes"] <= 150_000
 
 
@@ -51,14 +52,16 @@ def test_overwrite_rules(tmp_path):
     other.mkdir()
     (other / "holiday.jpg").write_bytes(b"precious")
     with pytest.raises(ValueError, match="not empty") as e:
-        make_jpeg_folder(other, 2, 32, 32, progress=False)
+        make_jpeg_folder(other, 2, 32, 32, num_classes=2, progress=False)
     assert "new or empty folder" in str(e.value)
     assert (other / "holiday.jpg").read_bytes() == b"precious"
 
 
-@pytest.mark.parametrize("kwargs", [dict(num_images=0), dict(width=4), dict(quality=0),
-                                    dict(num_classes=0)])
-def test_bad_arguments(tmp_path, kwargs):
-    args = dict(num_images=2, width=32, height=32) | kwargs
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_images=0), "num_images >= 1"), (dict(width=4), "at least 8x8"),
+    (dict(quality=0), "quality"), (dict(num_classes=0), "num_classes >= 1"),
+    (dict(num_classes=3), "cannot fill 3 class folders")])
+def test_bad_arguments(tmp_path, kwargs, message):
+    args = dict(num_images=2, width=32, height=32, num_classes=2) | kwargs
+    with pytest.raises(ValueError, match=message):
         make_jpeg_folder(tmp_path / "j", progress=False, **args)

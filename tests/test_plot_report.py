@@ -46,3 +46,24 @@ def test_accuracy_keeps_zero_to_one(tmp_path):
     assert ax.get_ylim() == (0, 1) and ax.get_yscale() == "linear"
     plot.draw([{"epoch": 1, "main/accuracy": 0.5}], tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def minor_labels(ax):
+    ax.figure.canvas.draw()
+    return [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()]
+
+
+def test_minor_ticks_are_labelled_within_one_decade_only():
+    across = [{"epoch": e, "main/loss": 2.3 / e ** 2} for e in range(1, 21)]  # 2.3 to 0.006
+    assert not minor_labels(loss_plot().figure(across).axes[0])
+    within = [{"epoch": e, "main/loss": 0.5 - 0.01 * e} for e in range(1, 11)]  # 0.49 to 0.4
+    assert minor_labels(loss_plot().figure(within).axes[0])
+
+
+def test_lines_logged_between_epochs_plot_against_the_progress():
+    # kasoku train plots against epoch_detail: log lines every N iterations fall in between.
+    plot = PlotReport(["main/loss"], x_key="epoch_detail", xlabel="epoch", log_y=True)
+    log = [{"epoch": i // 4, "epoch_detail": i / 4, "main/loss": 1.0 / i} for i in range(1, 9)]
+    ax = plot.figure(log).axes[0]
+    assert list(ax.lines[0].get_xdata()) == [i / 4 for i in range(1, 9)]
+    assert ax.get_xlabel() == "epoch"

@@ -24,7 +24,7 @@ def accuracy(output, target):
     return (output.argmax(dim=1) == target).float().mean()
 
 
-def build(out, stop, snapshot_trigger, device="cpu"):
+def build(out, stop, snapshot_trigger, device="cpu", at_end=True):
     torch.manual_seed(0)
     x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
     dataset = ArrayDataset(x, (x[:, 0] * x[:, 1] > 0).long())
@@ -36,8 +36,26 @@ def build(out, stop, snapshot_trigger, device="cpu"):
     trainer.extend(LinearWarmup(0.5, inner=CosineLR(4, min_lr=1e-3)))
     trainer.extend(Evaluator(dataset, model, nn.functional.cross_entropy, accuracy))
     trainer.extend(LogReport(trigger=(4, "iteration")))
-    trainer.extend(Snapshot(trigger=snapshot_trigger))
+    trainer.extend(Snapshot(trigger=snapshot_trigger, at_end=at_end))
     return trainer
+
+
+def test_a_finished_run_snapshots_its_end_and_resumes_from_it_exactly(tmp_path, reference):
+    # Stopped by its trigger at 13, between log lines (every 4) and snapshots (at 6): the log
+    # gets a final, partial line and the folder a snapshot of iteration 13, from which the run
+    # goes on as if it had never stopped.
+    whole, whole_log = reference
+    first = build(tmp_path, 13, ManualScheduleTrigger(6, "iteration"))
+    first.run()
+    lines = [json.loads(s) for s in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [(e["iteration"], e.get("final", False)) for e in lines] == \
+        [(4, False), (8, False), (12, False), (13, True)]
+    assert load_snapshot(tmp_path / "snapshot_latest.pt")["updater"]["iteration"] == 13
+    resumed = build(tmp_path, TOTAL_ITERATIONS, None)
+    resumed.run(resume=tmp_path / "snapshot_latest.pt")
+    assert_same_state(whole.model.state_dict(), resumed.model.state_dict())
+    lines = [json.loads(s) for s in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert without_time(lines) == without_time(json.loads(s) for s in whole_log.splitlines())
 
 
 def without_time(log):
@@ -61,9 +79,10 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("k", [1, 6, 9, 14])
 def test_resume_in_process_is_bit_identical(tmp_path, reference, k):
     whole, whole_log = reference
-    # The first run snapshots at k and goes on a little (as a killed run would have), so the
-    # resumed run must also drop the log lines written after the snapshot.
-    first = build(tmp_path, min(k + 5, TOTAL_ITERATIONS - 1), ManualScheduleTrigger(k, "iteration"))
+    # The first run snapshots at k and goes on a little (as a killed run would have: no
+    # snapshot at its end), so the resumed run must also drop the log lines written after it.
+    first = build(tmp_path, min(k + 5, TOTAL_ITERATIONS - 1), ManualScheduleTrigger(k, "iteration"),
+                  at_end=False)
     first.run()
     resumed = build(tmp_path, TOTAL_ITERATIONS, None)
     resumed.run(resume=tmp_path / "snapshot_latest.pt")
@@ -126,6 +145,7 @@ SCRIPT = textwrap.dedent("""
     try:
         trainer.run(resume=out / "snapshot_latest.pt" if resume else None)
     except KeyboardInterrupt as exc:
+        print(exc, file=sys.stderr)  # TrainingInterrupted says how to resume
         sys.exit(getattr(exc, "exit_code", 130))
     torch.save(model.state_dict(), out / "final.pt")
 """)

@@ -94,6 +94,7 @@ class _FakeTrainer:
         from types import SimpleNamespace
         self.out, self.weights = out, weights
         self.updater = SimpleNamespace(iteration=7, epoch=1)
+        self.completed, self.last_snapshot_iteration = False, None
 
     def state_dict(self):
         return {"w": self.weights, "iteration": self.updater.iteration}
@@ -131,3 +132,22 @@ def test_background_write_failure_is_raised_at_finalize(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         ext.finalize(trainer)
     assert torch.equal(load_snapshot(tmp_path / "snapshot_latest.pt")["w"], torch.zeros(2))
+
+
+def test_old_snapshots_are_removed_only_in_the_runs_own_folder(tmp_path):
+    # A run resumed into a new folder carries the names of the snapshots written before; the
+    # files of the folder it came from stay.
+    from kasoku.train.extensions import Snapshot
+    elsewhere, here = tmp_path / "first", tmp_path / "second"
+    elsewhere.mkdir()
+    save_snapshot({"w": torch.zeros(2)}, elsewhere / "snap_3.pt")
+    ext = Snapshot(filename="snap_{iteration}.pt", keep=1, background=False)
+    ext.load_state_dict({"written": [str(elsewhere / "snap_3.pt")]})
+    trainer = _FakeTrainer(here, torch.ones(2))
+    ext(trainer)
+    assert (elsewhere / "snap_3.pt").is_file() and (here / "snap_7.pt").is_file()
+    assert ext.state_dict() == {"written": ["snap_7.pt"]}
+    (here / "snap_7.pt").rename(here / "snap_3.pt")  # an older one in this folder goes
+    ext.load_state_dict({"written": ["snap_3.pt"]})
+    ext(trainer)
+    assert not (here / "snap_3.pt").exists() and (here / "snap_7.pt").is_file()

@@ -13,6 +13,7 @@ from kasoku.data.loader import SerialLoader
 from kasoku.train import (CosineLR, Evaluator, FailOnNonNumber, LinearWarmup, LogReport,
                           PlotReport, PrintReport, ProgressBar, Snapshot, StepLR, Trainer,
                           TrainingInterrupted, load_snapshot)
+from kasoku.errors import ConfigError
 from kasoku.train.extensions import NonFiniteError
 
 
@@ -218,7 +219,7 @@ def test_sigint_writes_a_snapshot_and_raises(tmp_path, capsys):
     path = tmp_path / "snap.pt"
     assert info.value.snapshot == path
     assert load_snapshot(path)["updater"]["iteration"] == 5
-    assert f"interrupted at iteration 5; resume with: --resume {path}" in capsys.readouterr().err
+    assert str(info.value) == f"interrupted at iteration 5; resume with: --resume {path}"
 
 
 def test_dict_summary_is_lazy_and_resumes_exactly(monkeypatch):
@@ -268,23 +269,24 @@ def test_snapshot_keeps_the_newest_files(tmp_path):
 def test_torch_scheduler_is_stepped_and_resumed(tmp_path):
     from kasoku.train import ManualScheduleTrigger
 
-    def build(stop):
+    def build(stop, out):
         trainer, _ = make_trainer(tmp_path, epochs=1, lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda i: 0.5 ** i)
         trainer = Trainer(trainer.model, trainer.optimizer, trainer.train_loader,
                           nn.functional.cross_entropy, stop_trigger=(stop, "iteration"),
-                          out=tmp_path, scheduler=scheduler)
-        trainer.extend(Snapshot(trigger=ManualScheduleTrigger(3, "iteration")))
+                          out=out, scheduler=scheduler)
+        # No snapshot at the end: the run of 4 iterations stands for one killed after 3.
+        trainer.extend(Snapshot(trigger=ManualScheduleTrigger(3, "iteration"), at_end=False))
         lrs = []
         trainer.extend(lambda t: lrs.append(t.observation["lr"]), name="spy")
         return trainer, lrs
 
-    whole, whole_lrs = build(6)
+    whole, whole_lrs = build(6, tmp_path / "whole")
     whole.run()
     assert whole_lrs == pytest.approx([0.1 * 0.5 ** i for i in range(6)])
-    build(4)[0].run()
-    resumed, lrs = build(6)
-    resumed.run(resume=tmp_path / "snapshot_latest.pt")
+    build(4, tmp_path / "split")[0].run()
+    resumed, lrs = build(6, tmp_path / "split")
+    resumed.run(resume=tmp_path / "split" / "snapshot_latest.pt")
     assert lrs == whole_lrs[3:]
     assert resumed.scheduler.last_epoch == whole.scheduler.last_epoch == 6
 
@@ -303,3 +305,19 @@ def test_plot_report_redraws_at_most_every_interval_and_at_the_end(tmp_path, mon
     trainer.extend(plot)
     trainer.run()
     assert drawn == expected
+
+
+def test_a_fresh_run_refuses_a_folder_holding_another_and_overwrite_replaces_it(tmp_path):
+    first, _ = make_trainer(tmp_path, epochs=1)
+    first.extend(LogReport())
+    first.run()
+    log = (tmp_path / "log.jsonl").read_text()
+    second, _ = make_trainer(tmp_path, epochs=1, lr=0.5)
+    second.extend(LogReport())
+    with pytest.raises(ConfigError, match="holds a previous run"):
+        second.run()
+    assert (tmp_path / "log.jsonl").read_text() == log  # the first run's log is untouched
+    third, _ = make_trainer(tmp_path, epochs=1, lr=0.5, overwrite=True)
+    third.extend(LogReport())
+    third.run()
+    assert (tmp_path / "log.jsonl").read_text() != log

@@ -51,7 +51,7 @@ def write(tmp_path, text: str) -> Path:
 
 @pytest.mark.parametrize("text, name, message", [
     ("x = 1\n", "Missing", "defines no 'Missing'"),
-    ("x = 1\n", "x", "gave a int, not a kasoku Workload"),
+    ("x = 1\n", "x", "not a kasoku Workload \\(it gave a value of type int\\)"),
     ("raise RuntimeError('broken on import')\n", "W", "running .* failed \\(RuntimeError"),
     ("def W():\n    raise ValueError('no')\n", "W", "calling W\\(\\) failed"),
 ])
@@ -64,3 +64,11 @@ def test_a_missing_file_is_one_line_from_the_command_line(tmp_path, capsys):
     assert main(["train", f"{tmp_path}/none.py:W"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such file" in err
+
+
+def test_a_workload_that_builds_nothing_says_what_to_define(tmp_path, capsys):
+    path = write(tmp_path, "from kasoku import Workload\n\nclass Empty(Workload):\n    pass\n")
+    assert main(["train", f"{path}:Empty"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "does not define build_model() or build_datasets()" in err

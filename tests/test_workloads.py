@@ -151,9 +151,9 @@ def test_missing_data_messages_name_the_way_to_get_it():
         with pytest.raises(DataError) as err:
             create_workload(name).build_datasets(DataConfig(), seed=0)
         return str(err.value)
-    assert "kasoku data download mnist DIR" in message("mnist-mlp")
-    assert "kasoku data download cifar10 DIR" in message("cifar10-lenet5")
-    assert "kasoku data download cifar10 DIR" in message("cifar10-resnet152")
+    assert "kasoku data download mnist --out DIR" in message("mnist-mlp")
+    assert "kasoku data download cifar10 --out DIR" in message("cifar10-lenet5")
+    assert "kasoku data download cifar10 --out DIR" in message("cifar10-resnet152")
     imagenet = message("imagenet-resnet50")
     assert "cannot be downloaded" in imagenet and "kasoku data make-jpeg" in imagenet
 

@@ -4,6 +4,7 @@ command line's help texts (``kasoku.cli``)."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,8 @@ class TrainConfig:
     """Samples per step (default: the workload's recipe)."""
     lr: float | None = None
     """Learning rate (default: the workload's recipe)."""
-    seed: int = 0
-    """Seed for the weights, the data order and augmentation."""
+    seed: int | None = None
+    """Seed for the weights, the data order and augmentation (default: 0)."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
     out: Path | None = None
@@ -75,6 +76,10 @@ class TrainConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+        most = 4 * (os.cpu_count() or 1)
+        if self.threads is not None and self.threads > most:
+            raise ConfigError(f"--threads must be at most {most} (4 x the cores here), got "
+                              f"{self.threads}")
 
 
 def _positive_number(flag: str, value) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from kasoku.accel.compose import accelerate, prewarm
+from kasoku.accel.compose import accelerate, check_config, prewarm
 from kasoku.accel.config import AccelConfig
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.data.prefetch import wrap_for_device
-from kasoku.data.registry import create_loader
+from kasoku.data.registry import check_loader_settings, create_loader
 from kasoku.device import resolve_device
 from kasoku.dist import World, require_single_process
 from kasoku.errors import ConfigError, warn_once
@@ -40,12 +40,16 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
     lr = train.lr if train.lr is not None else recipe.lr
     device = resolve_device(train.device)
+    seed = 0 if train.seed is None else train.seed
     threads = train.threads or (workload.cpu_threads if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
     prewarm(accel, device, recipe.optimizer, recipe.weight_decay)  # overlaps loading the data
-    torch.manual_seed(train.seed)
-    train_set, val_set = workload.build_datasets(data, seed=train.seed)
+    torch.manual_seed(seed)
+    train_set, val_set = workload.build_datasets(data, seed=seed)
+    if batch_size > len(train_set):
+        warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
+                  f"samples: each step takes all of them")
     metric_fn = workload.metric_fn if workload.has_accuracy else None
     accelerated = accelerate(
         workload.build_model(), workload.loss_fn, metric_fn, accel, device,
@@ -55,7 +59,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     model = accelerated.model
     # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
     loader = wrap_for_device(create_loader(
-        train.loader, train_set, batch_size, device, seed=train.seed,
+        train.loader, train_set, batch_size, device, seed=seed,
         batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch), device)
     trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
                       metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
@@ -86,13 +90,17 @@ def _extend_reports(trainer: Trainer, workload: Workload, train: TrainConfig,
     trainer.extend(ext.PrintReport(_print_entries(workload, has_val)))
     trainer.extend(ext.SkippedReport())
     trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger)
-    trainer.extend(ext.PlotReport(["main/loss", "validation/main/loss"], filename="loss.png",
-                                  title=f"{workload.name}: loss", ylabel="loss", log_y=True),
+    # Against the progress in epochs, fractions included: log lines every N iterations
+    # fall between the epochs.
+    trainer.extend(ext.PlotReport(["main/loss", "validation/main/loss"], x_key="epoch_detail",
+                                  filename="loss.png", title=f"{workload.name}: loss",
+                                  xlabel="epoch", ylabel="loss", log_y=True),
                    trigger=log_trigger)
     if workload.has_accuracy:
         trainer.extend(ext.PlotReport(["main/accuracy", "validation/main/accuracy"],
-                                      filename="accuracy.png", y_range=(0, 1),
-                                      title=f"{workload.name}: accuracy", ylabel="accuracy"),
+                                      x_key="epoch_detail", filename="accuracy.png",
+                                      y_range=(0, 1), title=f"{workload.name}: accuracy",
+                                      xlabel="epoch", ylabel="accuracy"),
                        trigger=log_trigger)
     snap_trigger = (train.snapshot_interval, "iteration") if train.snapshot_interval \
         else (1, "epoch")
@@ -137,7 +145,8 @@ def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
         if any(p.name.startswith("snapshot_") for p in run_files(out)):
             return Path(out), find_snapshot(out)
         if run_files(out):
-            print(f"kasoku: no snapshot in {out}: starting the run there anew", file=sys.stderr)
+            warn_once(f"--resume auto: {out} holds no snapshot, so the run starts there anew; "
+                      f"the files of the run that left none are replaced")
         return prepare_out(out, overwrite=True), None
     if resume is not None:
         snapshot = find_snapshot(resume)
@@ -147,6 +156,18 @@ def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
     if out is None:
         return default_out(workload_name), None
     return prepare_out(out, overwrite), None
+
+
+def _resumed_settings(trainer: Trainer, train: TrainConfig, state: dict) -> None:
+    """What a resume does with the settings given again: ``--lr`` replaces the snapshot's
+    rate (``_set_base_lr``); ``--seed`` cannot change a run under way (its weights, order and
+    augmentation come from the snapshot), said once."""
+    if train.lr is not None:
+        _set_base_lr(trainer, train.lr)
+    saved = (state.get("loader") or {}).get("seed")
+    if train.seed is not None and saved is not None and train.seed != saved:
+        warn_once(f"--seed {train.seed} is not used: a resumed run keeps its snapshot's seed "
+                  f"({saved}) for its data order and augmentation")
 
 
 def _set_base_lr(trainer: Trainer, lr: float) -> None:
@@ -175,26 +196,32 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     """Train workload ``name`` (a registered name or ``FILE.py:NAME``) into ``train.out`` (a
     new folder under ``runs/`` when None); ``resume``: None, ``"auto"``, a run folder or a
     snapshot file. Returns the trainer (its LogReport holds the figures)."""
+    # Settings are checked before a folder is made: a mistake leaves nothing behind.
     require_single_process(World.from_env(), "kasoku train")
     train.check()
+    check_config(accel or AccelConfig())
+    check_loader_settings(train.loader, (accel or AccelConfig()).steps_per_call, train.prefetch)
+    device = resolve_device(train.device)
     workload = create_workload(name)
+    if data.synthetic and data.root is not None:
+        warn_once(f"--synthetic: the data in --data {data.root} is not read")
     existed = train.out is not None and Path(train.out).exists()
     out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
+    source = "synthetic" if data.synthetic else (data.root or "generated")
+    print(f"# {workload.name}  data: {source}  device: {device}  out: {out}",
+          file=sys.stderr, flush=True)
     try:
         trainer = build_trainer(workload, data, train, accel, out=out)
-        if snapshot is not None:  # refuses another run's snapshot before anything is said
-            trainer.load_state_dict(load_snapshot(snapshot), source=snapshot)
+        if snapshot is not None:  # refuses another run's snapshot before it trains
+            state = load_snapshot(snapshot)
+            trainer.load_state_dict(state, source=snapshot)
     except BaseException:
         if not existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # nothing ran: leave no empty run folder behind
         raise
-    source = "synthetic" if data.synthetic else (data.root or "generated")
-    print(f"# {workload.name}  data: {source}  device: {trainer.device}  out: {out}",
-          file=sys.stderr, flush=True)
     if snapshot is not None:
         trainer.resumed_from(snapshot)
-        if train.lr is not None:
-            _set_base_lr(trainer, train.lr)
+        _resumed_settings(trainer, train, state)
     try:
         trainer.run()
     finally:

@@ -2,6 +2,7 @@
 train`` call it), composing the ``apply_*`` transforms in the order they need."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -74,8 +75,10 @@ def check_config(cfg: AccelConfig) -> None:
             f"graphs (that mode captures its own); use --cuda-graph with compile mode default "
             f"or max-autotune-no-cudagraphs, or compile mode {cfg.compile_mode!r} without "
             f"--cuda-graph")
-    if not cfg.loss_scale_init > 0:
-        raise ConfigError(f"loss_scale_init must be positive, got {cfg.loss_scale_init}")
+    if not (isinstance(cfg.loss_scale_init, (int, float))
+            and 0 < cfg.loss_scale_init < math.inf):
+        raise ConfigError(f"loss_scale_init must be a positive, finite number, got "
+                          f"{cfg.loss_scale_init!r}")
     if isinstance(cfg.steps_per_call, bool) or not isinstance(cfg.steps_per_call, int) \
             or cfg.steps_per_call < 1:
         raise ConfigError(f"steps_per_call must be a whole number >= 1 (1: one step per call), "

@@ -62,6 +62,7 @@ from kasoku.bench.data_sources import Source, in_memory, resolve_sources
 from kasoku.config import DataConfig
 from kasoku.data.registry import create_loader, parse_loader_spec
 from kasoku.errors import ConfigError
+from kasoku.train.run_dir import make_out_dir
 
 SCHEMA = "kasoku.data_bench/1"
 DEFAULT_BATCH_SIZE = 64
@@ -208,10 +209,11 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
             raise ConfigError(f"{source.label} has {len(source.dataset)} samples, less than "
                               f"one batch of {max(batch_sizes)}: lower --batch-size (or raise "
                               f"--images / --synthetic-size)")
+    for source in sources if model is not None else ():
+        model.check(source)
+    make_out_dir(req.out, "data_bench.jsonl and data_bench.png")  # before measuring anything
     model_rates = {}
     if model is not None:
-        for source in sources:
-            model.check(source)
         for bs in batch_sizes:
             say(f"model {model.name} bs {bs} on synthetic on-device batches ...")
             model_rates[bs] = rates = model.synthetic_rates(bs, req, req.seed)

@@ -46,8 +46,8 @@ def prepare_jpeg_folders(holder: Path, resolutions, images: int, seed: int = 0,
         else:
             say(f"making {images} JPEG images of {w}x{h} in {folder} ...")
             try:
-                make_jpeg_folder(folder, images, w, h, num_classes=GENERATED_CLASSES,
-                                 seed=seed)
+                make_jpeg_folder(folder, images, w, h, seed=seed,
+                                 num_classes=min(GENERATED_CLASSES, images))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         folders.append(folder)

@@ -132,6 +132,9 @@ def parse_config(spec: str) -> AccelConfig:
                               f"{', '.join(known)} (plus the shorthands "
                               f"{', '.join(_ALIASES)} and a bare precision)")
         values.update(_parse_value(key, raw if has_value else None, known[key], spec))
+    if not any(part.strip() for part in spec.split(",")):
+        raise ConfigError(f"rung {spec!r} names no lever; give a ladder label (amp, +compile) "
+                          f"or settings such as precision=bf16,channels_last")
     config = AccelConfig(**values)
     check_config(config)  # unknown values and impossible combinations, said the accel way
     return config

@@ -31,6 +31,7 @@ from kasoku.bench.worker import WorkerRequest, request_to_json
 from kasoku.errors import ConfigError
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
+from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload
 
 
@@ -91,6 +92,7 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
     stream = stream or sys.stdout
     say = lambda *a: print(*a, file=stream, flush=True)  # noqa: E731
     rungs, notes, flops = _prepare(cfg, say)
+    make_out_dir(cfg.out, "results.jsonl and ladder.png")  # before the first run, not after
     peaks = _probe_peaks(cfg, sorted({compute_dtype(r) for r in rungs}), say)
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
     reference = next((r for r in rungs if r.label == REFERENCE_LABEL and not r.is_plain), None)

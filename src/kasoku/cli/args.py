@@ -49,6 +49,21 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+def threads(text: str) -> int:
+    """A whole number from 1 to 4 x this machine's cores (more only slows PyTorch down, and
+    OpenMP fails past a few thousand)."""
+    value = positive_int(text)
+    most = max_threads()
+    if value > most:
+        _fail(f"must be at most {most} (4 x the {most // 4} cores here), got {text!r}")
+    return value
+
+
+def max_threads() -> int:
+    import os
+    return 4 * (os.cpu_count() or 1)
+
+
 def seed(text: str) -> int:
     """A whole number in [0, 2**32)."""
     value = _int(text)
@@ -128,6 +143,7 @@ def choice(values):
             _fail(f"must be one of {', '.join(values)}, got {text!r}")
         return text
     parse.__name__ = "choice"
+    parse.choices = tuple(values)  # for the CLI's surface (kasoku.cli.surface)
     return parse
 
 
@@ -163,6 +179,7 @@ def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
         flag = kwargs.pop("flag", "--" + name.replace("_", "-"))
         hint = hints[name]
         kwargs.setdefault("help", docs.get(name, "").replace("%", "%%"))
+        field = cls.__dataclass_fields__[name]
         if hint is bool:
             kwargs.setdefault("action", "store_true")
             kwargs.setdefault("default", None)
@@ -170,11 +187,12 @@ def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
             base = _base_type(hint)
             kwargs.setdefault("type", {int: positive_int, float: positive_float}.get(base, base))
             kwargs.setdefault("default", None)
-            field = cls.__dataclass_fields__[name]
             if field.default not in (None, dataclasses.MISSING) and "default" not in \
                     kwargs["help"]:
                 kwargs["help"] += f" (default: {str(field.default).replace('%', '%%')})"
-        group.add_argument(flag, dest=name, **kwargs)
+        action = group.add_argument(flag, dest=name, **kwargs)
+        # Unset means the config's own default: recorded for the CLI's surface.
+        action.config_default = field.default
 
 
 def _base_type(hint):

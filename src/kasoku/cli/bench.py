@@ -5,12 +5,11 @@
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP
-from kasoku.errors import ConfigError
+from kasoku.errors import ConfigError, warn_once
 
 GPU_DEFAULTS = {"steps": 20, "warmup": 5}
 CPU_DEFAULTS = {"steps": 30, "warmup": 3}
@@ -38,7 +37,7 @@ def add_parser(sub) -> None:
                        "tf32, amp, +channels_last, +fused, +compile, +cuda-graph, +fused-bn, "
                        "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream; CPU plain, "
                        "fp32, +fused, +bf16, +channels_last, +compile")
-    which.add_argument("--config", action="append", metavar="SPEC",
+    which.add_argument("--config", action="append", metavar="SPEC", type=_rung_spec,
                        help="a rung of your own, repeatable: a ladder label (amp, +compile) or "
                        "lever settings as `kasoku train` names them, e.g. "
                        "precision=bf16,channels_last,compile=max-autotune (plain is always "
@@ -66,7 +65,7 @@ def add_parser(sub) -> None:
                    "replaced (default: runs/bench-WORKLOAD-DEVICE)")
     p.add_argument("--timeout", type=a.positive_float, default=900.0, metavar="SECONDS",
                    help="seconds per run before it is stopped and recorded (default 900)")
-    p.add_argument("--threads", type=a.positive_int,
+    p.add_argument("--threads", type=a.threads,
                    help="CPU threads (default: the workload's, or one per core)")
     p.add_argument("--seed", type=a.seed, default=0, help="seed for weights and batches")
     p.add_argument("--peak-size", type=a.positive_int, metavar="N",
@@ -80,6 +79,20 @@ def add_parser(sub) -> None:
                    "OUT/results.jsonl (the latest run of each rung and batch size), e.g. after "
                    "a ladder split over several commands")
     p.set_defaults(handler=run)
+
+
+def _rung_spec(text: str) -> str:
+    """A ``--config`` value, checked where it is parsed: a rung label of either ladder, or
+    lever settings ``parse_config`` takes (the device's ladder resolves labels later)."""
+    from kasoku.bench.rungs import cpu_ladder, gpu_ladder, parse_config
+    spec = text.strip()
+    if spec in {r.label for r in gpu_ladder() + cpu_ladder()}:
+        return spec
+    try:
+        parse_config(spec)
+    except ConfigError as exc:
+        a._fail(str(exc))
+    return spec
 
 
 def default_out(workload_name: str, device_type: str) -> Path:
@@ -105,8 +118,9 @@ def run(args) -> int:
         from kasoku.bench.report import report_results
         try:
             chart = report_results(out, args.workload, device.type)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"--report: {exc}; run the sweep first (without --report)")
+        except FileNotFoundError:
+            raise ConfigError(f"--report: no results.jsonl in {out}; run the sweep first "
+                              f"(without --report), or give its --out") from None
         print(f"chart: {chart}" if chart else "nothing was measured: no chart")
         return 0
     return run_sweep(sweep_config(args, wl, device, out)).exit_code
@@ -131,8 +145,8 @@ def sweep_config(args, wl, device, out: Path):
     batch_sizes = args.batch_size or sorted({max(1, s) for s in default_sizes})
     check_data(args.data, args.loader)
     if args.windows < 3:
-        print(f"note: {args.windows} timed window(s): the median of fewer than 3 is not robust",
-              file=sys.stderr)
+        warn_once(f"--windows {args.windows}: the median of fewer than 3 timed windows is not "
+                  f"robust")
     return SweepConfig(workload=args.workload, rungs=tuple(rungs),
                        batch_sizes=tuple(batch_sizes), out=out, device=str(device),
                        steps=args.steps or defaults["steps"], windows=args.windows,

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
                     help="processes writing the images (default: one per core)")
     mk.set_defaults(handler=_make_jpeg)
     dl = dsub.add_parser("download", help="fetch a dataset from its official URL (md5 checked)")
-    dl.add_argument("dataset", choices=["mnist", "cifar10"])
+    dl.add_argument("dataset", choices=["mnist", "cifar10"], help="mnist or cifar10")
     dl.add_argument("--out", type=Path, required=True, metavar="DIR",
                     help="folder to put the files in (required); files already there with "
                     "the right md5 are kept")
@@ -136,7 +136,8 @@ def _make_jpeg(args) -> int:
 
 def _download(args) -> int:
     from kasoku.data.download import fetch_dataset
-    path = fetch_dataset(args.dataset, args.out)
+    from kasoku.train.run_dir import make_out_dir
+    path = fetch_dataset(args.dataset, make_out_dir(args.out, f"the {args.dataset} files"))
     print(f"{args.dataset} is ready in {path}")
     return 0
 

@@ -10,12 +10,16 @@ import json
 
 
 def surface(parser: argparse.ArgumentParser | None = None) -> dict:
-    """``{command path: [option records]}`` for every (sub-)command of ``parser``."""
+    """``{command path: [option records]}`` for every (sub-)command of ``parser``, and the
+    loader kinds ``--loader`` takes (``"--loader kinds"``)."""
+    from kasoku.data.registry import list_loaders, loader_kind
     if parser is None:
         from kasoku.cli import build_parser
         parser = build_parser()
     commands: dict[str, list] = {}
     _walk(parser, parser.prog, commands)
+    commands["--loader kinds"] = [{"kind": k, "count": loader_kind(k).count}
+                                  for k in list_loaders()]
     return commands
 
 
@@ -34,7 +38,9 @@ def _walk(parser: argparse.ArgumentParser, path: str, commands: dict) -> None:
             "default": _plain(action.default),
             "nargs": action.nargs,
             "const": _plain(action.const),
-            "choices": list(action.choices) if action.choices else None,
+            "choices": list(action.choices) if action.choices else
+            _plain(getattr(action.type, "choices", None)),
+            "config_default": _plain(getattr(action, "config_default", None)),
             "type": getattr(action.type, "__name__", None) if action.type else None,
             "required": bool(action.required),
             "action": type(action).__name__,

@@ -20,7 +20,7 @@ TRAIN_FLAGS = {
     "overwrite": None,
     "log_interval": {"metavar": "ITERS"},
     "snapshot_interval": {"metavar": "ITERS"},
-    "threads": None,
+    "threads": {"type": a.threads},
     "progress": {"flag": "--no-progress", "action": "store_false", "help": "no progress bar"},
 }
 LOADER_FLAGS = {

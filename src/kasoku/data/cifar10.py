@@ -143,12 +143,13 @@ def _find_batch(root: Path, batch) -> Path:
     for c in candidates:
         if c.is_file():
             return c
-    absent = "" if root.is_dir() else " (the folder does not exist)"
+    absent = "" if root.is_dir() else " (it is a file, not a folder)" if root.exists() \
+        else " (the folder does not exist)"
     raise DataError(f"CIFAR-10 not found: no {bin_name} in {root}/cifar-10-batches-bin or in "
                     f"{root}{absent}, and no python-version {py_name} in "
                     f"{root}/cifar-10-batches-py either. Extract cifar-10-binary.tar.gz into "
                     f"{root} (it makes cifar-10-batches-bin/data_batch_1.bin ... _5.bin), or run "
-                    f"`kasoku data download cifar10 {root}` (or pass --download) to fetch it "
+                    f"`kasoku data download cifar10 --out {root}` (or pass --download) to fetch it "
                     "(md5-verified), or pass --synthetic to train on generated data of the same "
                     "shapes.")
 

@@ -82,7 +82,11 @@ def _write_image(out: Path, width: int, height: int, num_classes: int, quality: 
 def _check_args(num_images, width, height, num_classes, quality) -> None:
     if num_images < 1 or num_classes < 1:
         raise ConfigError(f"need num_images >= 1 and num_classes >= 1, got {num_images} and "
-                         f"{num_classes}")
+                          f"{num_classes}")
+    if num_images < num_classes:
+        raise ConfigError(f"{num_images} images cannot fill {num_classes} class folders (an "
+                          f"image folder needs an image in each); give --count >= --classes, "
+                          f"or fewer --classes")
     if width < 8 or height < 8:
         raise ConfigError(f"images must be at least 8x8 pixels, got {width}x{height}")
     if not 1 <= quality <= 100:

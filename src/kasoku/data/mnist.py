@@ -106,10 +106,11 @@ def missing_message(root: Path, missing: str) -> str:
     to run without them."""
     where = f"{missing} is not in {root}"
     if not root.is_dir():
-        where += " (the folder does not exist)"
+        where += " (it is a file, not a folder)" if root.exists() else \
+            " (the folder does not exist)"
     names = ", ".join(FILES[True] + FILES[False])
     return (f"MNIST not found: {where}. Put the four official files ({names}; the names without "
-            f".gz also work) in {root}, or run `kasoku data download mnist {root}` (or pass "
+            f".gz also work) in {root}, or run `kasoku data download mnist --out {root}` (or pass "
             "--download) to fetch them (md5-verified), or pass --synthetic to train on generated "
             "data of the same shapes.")
 

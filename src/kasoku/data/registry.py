@@ -87,13 +87,11 @@ def parse_loader_spec(spec: str) -> tuple[LoaderKind, int | None]:
     return kind, int(count)
 
 
-def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
-                  batches_per_call: int = 1, prefetch: int | None = None, **kwargs):
-    """The loader ``spec`` names over ``dataset`` (``--loader``). ``batches_per_call`` > 1:
-    chunks of that many batches (for ``--steps-per-call``); ``prefetch``: batches kept in
-    flight by the kinds that make them ahead (None: the kind's default); ``kwargs``:
-    ``SerialLoader``'s. Settings the kind cannot take, and datasets it cannot read, are a
-    ``ConfigError`` that says what to use."""
+def check_loader_settings(spec: str, batches_per_call: int = 1, prefetch: int | None = None
+                          ) -> tuple[LoaderKind, int | None]:
+    """``parse_loader_spec(spec)``, and a ``ConfigError`` for settings the kind cannot take:
+    ``prefetch`` for a kind that makes no batch ahead, ``batches_per_call`` > 1 for one that
+    hands out one batch per call."""
     kind, count = parse_loader_spec(spec)
     if prefetch is not None:
         if not kind.prefetching:
@@ -103,13 +101,25 @@ def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
                               f"to {ahead}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ConfigError(f"--prefetch must be a whole number >= 1, got {prefetch!r}")
+    if batches_per_call > 1 and not kind.chunks:
+        able = " or ".join(f"--loader {k.name}" for k in _REGISTRY.values() if k.chunks)
+        raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands "
+                          f"out several batches per call; use {able}, or drop "
+                          f"--steps-per-call")
+    return kind, count
+
+
+def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
+                  batches_per_call: int = 1, prefetch: int | None = None, **kwargs):
+    """The loader ``spec`` names over ``dataset`` (``--loader``). ``batches_per_call`` > 1:
+    chunks of that many batches (for ``--steps-per-call``); ``prefetch``: batches kept in
+    flight by the kinds that make them ahead (None: the kind's default); ``kwargs``:
+    ``SerialLoader``'s. Settings the kind cannot take, and datasets it cannot read, are a
+    ``ConfigError`` that says what to use."""
+    kind, count = check_loader_settings(spec, batches_per_call, prefetch)
+    if prefetch is not None:
         kwargs["prefetch_batches"] = prefetch
     if batches_per_call > 1:
-        if not kind.chunks:
-            able = " or ".join(f"--loader {k.name}" for k in _REGISTRY.values() if k.chunks)
-            raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands "
-                              f"out several batches per call; use {able}, or drop "
-                              f"--steps-per-call")
         kwargs["batches_per_call"] = batches_per_call
     _check_dataset(kind, dataset)
     try:
@@ -139,8 +149,9 @@ def _check_dataset(kind: LoaderKind, dataset) -> None:
     what = {"in-memory": "in-memory datasets holding `inputs` and `targets` tensors (like "
                          "kasoku's MNIST and CIFAR-10 sets)",
             "image-folder": "JPEG folders (ImageFolder)"}[kind.needs]
-    raise ConfigError(f"the {kind.name} loader reads {what}; {dataset!r} is not one: use "
-                      f"--loader {others or 'serial'}")
+    raise ConfigError(f"the {kind.name} loader reads {what}; this dataset "
+                      f"({type(dataset).__name__}) is not one: use --loader "
+                      f"{others or 'serial'}")
 
 
 # The built-in kinds. Builders import their module on first use.

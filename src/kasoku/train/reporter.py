@@ -95,6 +95,11 @@ class DictSummary:
             sums.update(zip(tensor_keys, stacked.tolist()))
         return {k: float(sums[k]) / self._counts[k] for k in sums}
 
+    @property
+    def empty(self) -> bool:
+        """Whether nothing was added since the last reset."""
+        return not (self._counts or any(self._pending.values()))
+
     def reset(self) -> None:
         self._pending.clear()
         self._sums.clear()

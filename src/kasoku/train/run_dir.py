@@ -49,18 +49,24 @@ def run_files(folder: Path) -> list[Path]:
     return sorted({p for pattern in RUN_FILES for p in folder.glob(pattern) if p.is_file()})
 
 
-def prepare_out(out: Path, overwrite: bool = False, resume_hint: bool = True) -> Path:
-    """Make ``out`` ready for a new run: created if missing; refused (``ConfigError``) when it
-    is a file, cannot be created, or holds another run's files, unless ``overwrite``, which
-    removes those files (and only those)."""
+def make_out_dir(out: Path, what: str = "the run's log, snapshots and plots") -> Path:
+    """``out`` as a folder, created if missing: what every command writes into. A file there, or
+    a folder that cannot be created, is a ``ConfigError`` saying so, before any work starts."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder for the run's log, snapshots "
-                          f"and plots")
+        raise ConfigError(f"--out {out} is a file; give a folder for {what}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(_cannot_create(out, exc)) from None
+    return out
+
+
+def prepare_out(out: Path, overwrite: bool = False, resume_hint: bool = True) -> Path:
+    """Make ``out`` ready for a new run: created if missing; refused (``ConfigError``) when it
+    is a file, cannot be created, or holds another run's files, unless ``overwrite``, which
+    removes those files (and only those)."""
+    out = make_out_dir(out)
     previous = run_files(out)
     if previous and not overwrite:
         names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")

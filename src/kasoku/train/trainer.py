@@ -18,13 +18,14 @@ from typing import Callable
 
 import torch
 
-from kasoku.errors import KasokuWarning
+from kasoku.errors import KasokuWarning, warn_once
 
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
+from kasoku.train.run_dir import prepare_out
 from kasoku.train.snapshot import SnapshotError, capture_rng_state, load_snapshot, \
     restore_rng_state, save_snapshot
 from kasoku.train.step import StandardStep, Updater
-from kasoku.train.triggers import get_trigger
+from kasoku.train.triggers import IntervalTrigger, get_trigger
 
 SNAPSHOT_FORMAT = 1
 
@@ -70,21 +71,27 @@ class Trainer:
     ``step(model, batch, optimizer) -> observations`` (default ``StandardStep``); it can be
     replaced later through ``trainer.step_fn`` by transforms (precision, graphs).
     ``run_info``: what identifies the run (``{"workload": ..., "batch_size": ...}``), kept in
-    snapshots; a resume from a snapshot whose values differ is refused, naming both.
+    snapshots; a resume from a snapshot whose values differ is refused, naming both. ``out``
+    holding another run's files (``kasoku.train.run_dir.RUN_FILES``) is refused when the run
+    starts fresh, unless ``overwrite``: a second run never writes over a first one's log.
     """
 
     def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
                  device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
-                 step_fn=None, run_info: dict | None = None):
+                 step_fn=None, run_info: dict | None = None, overwrite: bool = False):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer, self.train_loader = optimizer, train_loader
         self.loss_fn, self.metric_fn, self.scheduler = loss_fn, metric_fn, scheduler
         self.stop_trigger = get_trigger(stop_trigger)
         self.out = Path(out)
+        self.overwrite = overwrite
+        self._loaded = False  # a state was loaded: the folder's files are this run's
         self.run_info = dict(run_info or {})
         self.last_snapshot_iteration: int | None = None
         """The iteration of the latest snapshot written (or resumed from), None before one."""
+        self.completed = False
+        """Whether the stop trigger ended the run (not an error, not an interrupt)."""
         self.reporter = Reporter()
         self.updater = Updater(train_loader, self.model, optimizer,
                                step_fn or StandardStep(loss_fn, metric_fn), self.device,
@@ -127,19 +134,19 @@ class Trainer:
 
         SIGINT/SIGTERM finish the current step, write a snapshot, finalize the extensions and
         raise ``TrainingInterrupted``. Any other exception runs every extension's
-        ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged.
+        ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged. When the stop
+        trigger ends the run, ``completed`` is True as the extensions are finalized (the log's
+        last partial interval and a last snapshot are written then).
         """
         if resume is not None:
             self.load_state_dict(load_snapshot(resume, map_location="cpu"), source=resume)
             self.resumed_from(resume)
+        if not self._loaded:  # a fresh run: not over another run's files
+            prepare_out(self.out, overwrite=self.overwrite)
         self.out.mkdir(parents=True, exist_ok=True)
         entries = self.extensions
-        try:
-            with _SignalFlag() as signals:
-                self._run_guarded(entries, signals)
-        except TrainingInterrupted as exc:
-            print(str(exc), file=sys.stderr, flush=True)
-            raise
+        with _SignalFlag() as signals:
+            self._run_guarded(entries, signals)
 
     def resumed_from(self, snapshot) -> None:
         """Record and say that the state just loaded (``load_state_dict``) came from
@@ -157,7 +164,7 @@ class Trainer:
                 initialized.append(entry)
             self.updater.start_clock()
             self._loop(entries, signals)
-            failed = False
+            self.completed, failed = True, False
         except TrainingInterrupted:
             raise
         except BaseException as exc:
@@ -170,9 +177,12 @@ class Trainer:
 
     def _loop(self, entries: list[_Entry], signals: "_SignalFlag") -> None:
         if getattr(self.stop_trigger, "reached", lambda t: False)(self):
-            print(f"kasoku: already at iteration {self.updater.iteration} (epoch "
-                  f"{self.updater.epoch_detail:.2f}), at or past the stop trigger "
-                  f"{self.stop_trigger!r}: nothing to train", file=sys.stderr, flush=True)
+            u, stop = self.updater, self.stop_trigger
+            where = f"{stop.period:g} {stop.unit}s" if isinstance(stop, IntervalTrigger) \
+                else "its stop"
+            warn_once(f"the run is already at epoch {u.epoch_detail:.4g} (iteration "
+                      f"{u.iteration}), at or past {where}: nothing to train; ask for more "
+                      f"epochs to train on")
             return
         updater, stop = self.updater, self.stop_trigger
         while True:
@@ -232,6 +242,7 @@ class Trainer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.updater.load_state_dict(state["updater"])
+        self._loaded = True
         restore_rng_state(state["rng"])
         saved = state.get("extensions", {})
         for name, entry in self._entries.items():

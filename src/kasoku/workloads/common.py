@@ -85,7 +85,7 @@ def require_root(data: DataConfig, workload: str, contents: str, how_to_get: str
 
 CIFAR10_CONTENTS = ("cifar-10-batches-bin/ (the binary version of CIFAR-10: data_batch_1.bin .. "
                     "data_batch_5.bin)")
-CIFAR10_HOW_TO_GET = "Get it with `kasoku data download cifar10 DIR` (or add --download)."
+CIFAR10_HOW_TO_GET = "Get it with `kasoku data download cifar10 --out DIR` (or add --download)."
 
 
 def synthetic_cifar10(data: DataConfig, default_sizes: tuple[int, int], seed: int = 0):

@@ -35,6 +35,6 @@ class MnistMLP(Workload):
             data, self.name,
             "the four MNIST files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
             "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz)",
-            "Get them with `kasoku data download mnist DIR` (or add --download).")
+            "Get them with `kasoku data download mnist --out DIR` (or add --download).")
         from kasoku.data.mnist import mnist_datasets
         return mnist_datasets(root, download=data.download)

@@ -151,9 +151,16 @@ def _workload_from_file(spec: str) -> Workload:
         raise ConfigError(f"workload {spec!r}: calling {attr}() failed "
                           f"({type(exc).__name__}: {exc}); fix the file") from exc
     if not isinstance(wl, Workload):
-        raise ConfigError(f"workload {spec!r}: {attr} gave a {type(wl).__name__}, not a "
-                          f"kasoku Workload; make it a Workload subclass or a function "
-                          f"returning one")
+        raise ConfigError(f"workload {spec!r}: {attr} is not a kasoku Workload (it gave a "
+                          f"value of type {type(wl).__name__}); make it a Workload subclass or "
+                          f"a function returning one")
+    missing = [m for m in ("build_model", "build_datasets")
+               if getattr(type(wl), m) is getattr(Workload, m)]
+    if missing:
+        raise ConfigError(f"workload {spec!r}: {type(wl).__name__} does not define "
+                          f"{' or '.join(m + '()' for m in missing)}; a Workload defines "
+                          f"build_model() and build_datasets(data, seed) (see "
+                          f"examples/stripes_cnn.py)")
     if not wl.name:
         wl.name = attr
     return wl

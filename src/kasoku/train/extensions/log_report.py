@@ -16,6 +16,13 @@ class LogReport:
     ``log`` and as one flushed line to ``out/filename``; with a train loader that counts the
     bad files it skipped (``loader.skipped``), also ``data/skipped``, that count so far.
 
+    Each entry also has ``epoch_detail`` (the progress as a float, what charts plot against).
+    When the stop trigger ends the run between two log lines, ``finalize`` writes the last,
+    partial interval as one more line, marked ``"final": true``, whose ``epoch`` is where the
+    run stopped (1.5); it is shown and plotted
+    (``entries``) but kept out of the state, so a run resumed from the last snapshot goes on
+    with the interval as it was.
+
     It is called every iteration (class ``trigger``); its own ``trigger`` argument is the log
     interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).
     ``log`` and the running sums are in its state, so a resumed run continues the same log;
@@ -34,8 +41,14 @@ class LogReport:
         self.log_trigger = get_trigger(trigger)
         self.filename = filename
         self.log: list[dict] = []
+        self.final: dict | None = None
         self._summary = DictSummary()
         self._file = None
+
+    @property
+    def entries(self) -> list[dict]:
+        """``log``, and the final partial interval's line once the run has ended."""
+        return self.log + ([self.final] if self.final is not None else [])
 
     def initialize(self, trainer) -> None:
         if self.filename is None:
@@ -52,17 +65,21 @@ class LogReport:
             self._write(trainer)
 
     def _write(self, trainer) -> None:
+        self.log.append(self._entry(trainer, self._summary))
+        self._summary.reset()
+        if self._file is not None:
+            self._file.write(_line(self.log[-1]))
+            self._file.flush()
+
+    def _entry(self, trainer, summary: DictSummary) -> dict:
         u = trainer.updater
-        entry = self._summary.compute_mean()
-        entry.update(epoch=u.epoch, iteration=u.iteration, elapsed_time=u.elapsed_time)
+        entry = summary.compute_mean()
+        entry.update(epoch=u.epoch, epoch_detail=u.epoch_detail, iteration=u.iteration,
+                     elapsed_time=u.elapsed_time)
         skipped = getattr(trainer.train_loader, "skipped", None)
         if skipped is not None:
             entry["data/skipped"] = int(skipped)
-        self.log.append(entry)
-        self._summary.reset()
-        if self._file is not None:
-            self._file.write(_line(entry))
-            self._file.flush()
+        return entry
 
     def on_error(self, trainer, exc: BaseException) -> None:
         at = trainer.last_snapshot_iteration
@@ -79,6 +96,15 @@ class LogReport:
         _rewrite(trainer.out / self.filename, self.log)
 
     def finalize(self, trainer) -> None:
+        if trainer.completed and not self._summary.empty and self.final is None:
+            # The means of a copy: the summary itself stays as a resume needs it.
+            partial = DictSummary()
+            partial.load_state_dict(self._summary.state_dict())
+            self.final = {**self._entry(trainer, partial), "final": True}
+            # Its epoch is where the run stopped (1.5), not the epochs completed (1).
+            self.final["epoch"] = round(self.final["epoch_detail"], 6)
+            if self._file is not None:
+                self._file.write(_line(self.final))
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -89,6 +115,7 @@ class LogReport:
     def load_state_dict(self, state: dict) -> None:
         self.log = [dict(e) for e in state["log"]]
         self._summary.load_state_dict(state["summary"])
+        self.final = None
 
 
 def _line(entry: dict) -> str:

@@ -27,16 +27,18 @@ class PlotReport:
     def __init__(self, y_keys, x_key: str = "epoch", filename: str = "loss.png",
                  log_report="LogReport", marker: str | None = ".",
                  min_interval_s: float = 10.0, title: str | None = None,
-                 ylabel: str | None = None, log_y: bool = False,
+                 xlabel: str | None = None, ylabel: str | None = None, log_y: bool = False,
                  y_range: tuple[float, float] | None = None):
-        """``title``, ``ylabel``: the chart's (default: the keys); ``log_y``: a logarithmic
+        """``title``, ``xlabel``, ``ylabel``: the chart's (default: the keys); ``log_y``: a
+        logarithmic
         y axis (losses: the first epochs' fall would flatten the rest on a linear one; values
         that are not positive are left out); ``y_range``: fixed y limits (accuracy: 0 to 1)."""
         self.y_keys = [y_keys] if isinstance(y_keys, str) else list(y_keys)
         self.x_key, self.filename, self.marker = x_key, filename, marker
         self.log_report = log_report
         self.min_interval_s = min_interval_s
-        self.title, self.ylabel, self.log_y, self.y_range = title, ylabel, log_y, y_range
+        self.title, self.xlabel, self.ylabel = title, xlabel, ylabel
+        self.log_y, self.y_range = log_y, y_range
         self._plotted, self._drawn_at = 0, None
 
     def initialize(self, trainer) -> None:
@@ -53,7 +55,8 @@ class PlotReport:
 
     def _draw_if_new(self, trainer) -> None:
         source = self.log_report
-        log = (trainer.get_extension(source) if isinstance(source, str) else source).log
+        source = trainer.get_extension(source) if isinstance(source, str) else source
+        log = getattr(source, "entries", source.log)
         if len(log) > self._plotted:
             self.draw(log, trainer.out / self.filename)
             self._plotted, self._drawn_at = len(log), time.monotonic()
@@ -90,24 +93,33 @@ class PlotReport:
                         ax.annotate(f"{y:.4g}", (x, y), textcoords="offset points",
                                     xytext=(-8, 6), ha="right", fontsize=8,
                                     color=line.get_color())
-        if self.log_y:
-            from matplotlib.ticker import FuncFormatter
-            ax.set_yscale("log")
-            plain = FuncFormatter(lambda v, _: f"{v:.3g}")  # 0.3, not 3 x 10^-1
-            ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
         ax.margins(y=0.15)
+        if self.log_y:
+            _log_axis(ax)
         if self.y_range is not None:
             ax.set_ylim(*self.y_range)
         if xs_all:  # progress starts at 0: the x axis does too
             ax.set_xlim(0, max(xs_all) * 1.05 if max(xs_all) > 0 else 1)
-        ax.set_xlabel(self.x_key)
+        ax.set_xlabel(self.xlabel or self.x_key)
         ax.set_ylabel(self.ylabel or ", ".join(self.y_keys))
         ax.set_title(self.title or ", ".join(self.y_keys))
         ax.grid(True, alpha=0.3, which="both" if self.log_y else "major")
         if ax.lines:
             ax.legend()
         return fig
+
+
+def _log_axis(ax) -> None:
+    """A log y axis whose labels read 0.3, not 3 x 10^-1; within one decade the minor ticks
+    are labelled too (else a short run's axis shows no number at all), across several only the
+    decades."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    ax.yaxis.set_major_formatter(plain)
+    low, high = ax.get_ylim()
+    one_decade = low > 0 and math.log10(high / low) < 1
+    ax.yaxis.set_minor_formatter(plain if one_decade else NullFormatter())
 
 
 def _plottable(value, log_y: bool) -> bool:

@@ -49,14 +49,21 @@ class PrintReport:
         out.flush()
         self._printed = len(log)
 
+    def finalize(self, trainer) -> None:
+        self(trainer)  # the final partial interval's row, if the run ended between lines
+
     def _log(self, trainer) -> list:
         source = self.log_report
         if isinstance(source, str):
             source = trainer.get_extension(source)
-        return source.log
+        self._source = source
+        return getattr(source, "entries", source.log)
 
     def state_dict(self) -> dict:
-        return {"printed": self._printed}
+        # Rows of the log as a snapshot keeps it (a final partial row is not kept there).
+        source = getattr(self, "_source", None)
+        kept = len(source.log) if source is not None else self._printed
+        return {"printed": min(self._printed, kept)}
 
     def load_state_dict(self, state: dict) -> None:
         self._printed = int(state["printed"])

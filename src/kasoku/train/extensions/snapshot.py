@@ -17,7 +17,10 @@ class Snapshot:
     It runs last (``PRIORITY_SNAPSHOT``) so the state includes what every other extension did
     at this iteration. ``filename`` may contain ``{iteration}`` and ``{epoch}``
     (``"snapshot_iter_{iteration}.pt"``); then the ``keep`` newest files are kept and older
-    ones deleted. A fixed name is simply replaced each time.
+    ones deleted (only in the run's own folder: a run resumed into a new folder never touches
+    the snapshots of the folder it came from). A fixed name is simply replaced each time.
+    ``at_end``: when the stop trigger ends the run after the last snapshot, write one more, so
+    the folder's latest snapshot is the trained model.
 
     ``background=True`` (the default) copies the state to host memory and writes the file on
     a background thread, so training goes on while the bytes reach the disk. Device tensors
@@ -33,11 +36,11 @@ class Snapshot:
     name = "Snapshot"
 
     def __init__(self, trigger=(1, "epoch"), filename: str = "snapshot_latest.pt",
-                 keep: int = 1, background: bool = True):
+                 keep: int = 1, background: bool = True, at_end: bool = True):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.trigger, self.filename, self.keep = trigger, filename, keep
-        self.background = background
+        self.background, self.at_end = background, at_end
         self._written: list[str] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
@@ -53,9 +56,12 @@ class Snapshot:
         self.wait()
         u = trainer.updater
         path = trainer.out / self.filename.format(iteration=u.iteration, epoch=u.epoch)
-        if str(path) not in self._written:
-            self._written.append(str(path))
+        # File names, not paths: what is deleted is in this run's folder, whatever the folder
+        # the snapshots written before a resume were in.
+        if path.name not in self._written:
+            self._written.append(path.name)
         stale, self._written = self._written[:-self.keep], self._written[-self.keep:]
+        stale = [trainer.out / name for name in stale]
         # The list is updated before the state is taken so the snapshot knows about itself.
         copies = []
         state = _host_copy(trainer.state_dict(), copies)
@@ -80,6 +86,9 @@ class Snapshot:
             pending.result()
 
     def finalize(self, trainer) -> None:
+        if self.at_end and trainer.completed \
+                and trainer.last_snapshot_iteration != trainer.updater.iteration:
+            self.write_snapshot(trainer)
         try:
             self.wait()
         finally:
@@ -96,7 +105,7 @@ class Snapshot:
         return {"written": list(self._written)}
 
     def load_state_dict(self, state: dict) -> None:
-        self._written = list(state["written"])
+        self._written = [Path(p).name for p in state["written"]]
 
 
 def _save(state: dict, path: Path, stale: list[str], copied=None) -> None:
