@@ -42,6 +42,7 @@ def test_missing_dataset_is_a_clear_error_and_leaves_no_folder(capsys, tmp_path,
     monkeypatch.chdir(tmp_path)
     assert main(["train", "mnist-mlp", "--no-progress"]) == 2
     err = capsys.readouterr().err
+    assert err.count("\n") == 1  # the error alone: no run was started, so no run is named
     assert "--data" in err and "--synthetic" in err and "kasoku data download mnist" in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     assert main(["train", "mnist-mlp", "--data", str(tmp_path / "nowhere")]) == 2
@@ -193,6 +194,7 @@ def test_warnings_are_one_line_without_source(tmp_path, capsys):
     assert warned == [f"kasoku: warning: sine-lstm generates its data; --data {tmp_path} is "
                       f"ignored"]
     assert ".py:" not in err
+    assert err.splitlines()[0].startswith("# sine-lstm")  # the run is named first
 
 
 def test_sigint_writes_snapshot_exits_130_and_resume_finishes(tmp_path):

@@ -7,6 +7,7 @@ model, levers, loader, the standard extensions), run. Everything a lever needs i
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import check_loader_settings, create_loader
 from kasoku.device import resolve_device
 from kasoku.dist import World, require_single_process
-from kasoku.errors import ConfigError, warn_once
+from kasoku.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.optim import make_optimizer
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
@@ -203,22 +204,29 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     check_loader_settings(train.loader, (accel or AccelConfig()).steps_per_call, train.prefetch)
     device = resolve_device(train.device)
     workload = create_workload(name)
-    if data.synthetic and data.root is not None:
-        warn_once(f"--synthetic: the data in --data {data.root} is not read")
     existed = train.out is not None and Path(train.out).exists()
-    out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
-    source = "synthetic" if data.synthetic else (data.root or "generated")
+    # What building says (a lever skipped here, a setting ignored) comes after the line that
+    # names the run; a mistake found while building is the only line printed.
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", KasokuWarning)
+        if data.synthetic and data.root is not None:
+            warn_once(f"--synthetic: the data in --data {data.root} is not read")
+        out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
+        try:
+            trainer = build_trainer(workload, data, train, accel, out=out)
+            if snapshot is not None:  # refuses another run's snapshot before it trains
+                state = load_snapshot(snapshot)
+                trainer.load_state_dict(state, source=snapshot)
+        except BaseException:
+            if not existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()  # nothing ran: leave no empty run folder behind
+            _say_again(said)
+            raise
+    source = "synthetic" if data.synthetic else \
+        "generated" if workload.generated_data else data.root
     print(f"# {workload.name}  data: {source}  device: {device}  out: {out}",
           file=sys.stderr, flush=True)
-    try:
-        trainer = build_trainer(workload, data, train, accel, out=out)
-        if snapshot is not None:  # refuses another run's snapshot before it trains
-            state = load_snapshot(snapshot)
-            trainer.load_state_dict(state, source=snapshot)
-    except BaseException:
-        if not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # nothing ran: leave no empty run folder behind
-        raise
+    _say_again(said)
     if snapshot is not None:
         trainer.resumed_from(snapshot)
         _resumed_settings(trainer, train, state)
@@ -231,6 +239,12 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
             if close is not None:
                 close()
     return trainer
+
+
+def _say_again(caught: list) -> None:
+    """Warn again with warnings recorded by ``warnings.catch_warnings(record=True)``."""
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _loaders(trainer: Trainer) -> list:
