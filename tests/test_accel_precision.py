@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.accel.config import AccelConfig
 from kasoku.accel.loss_scale import LossScaler, MasterWeights, PrecisionState
 from kasoku.accel.notes import LeverWarning
 from kasoku.accel.precision import apply_precision, build_precision

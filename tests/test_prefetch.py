@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-import kasoku.data.prefetch as prefetch
 from kasoku.data.base import ArrayDataset
 from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
 from kasoku.data.loader import SerialLoader

@@ -5,7 +5,7 @@ import datetime as dt
 import pytest
 
 from kasoku.errors import ConfigError
-from kasoku.run import resolve_run
+from kasoku.train.run_dir import resolve_run
 from kasoku.train import SnapshotError
 from kasoku.train.run_dir import default_out, find_snapshot, prepare_out, run_files
 

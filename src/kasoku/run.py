@@ -23,12 +23,8 @@ from kasoku.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.optim import make_optimizer
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
-from kasoku.train.run_dir import default_out, find_snapshot, prepare_out, run_files
+from kasoku.train.run_dir import default_out, resolve_run
 from kasoku.workloads import Workload, create_workload
-
-AUTO = "auto"
-"""``resume=AUTO``: resume from the output folder's snapshot when it has one, else start fresh
-(what a restarted worker of a distributed job needs)."""
 
 
 def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
@@ -132,31 +128,6 @@ def _print_entries(workload: Workload, has_val: bool) -> list[str]:
     if not has_val:
         entries = [e for e in entries if not e.startswith("validation/")]
     return entries
-
-
-def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
-                ) -> tuple[Path, Path | None]:
-    """``(the run folder, the snapshot to resume from or None)`` for ``--out``, ``--resume``
-    (None, ``auto``, a run folder or a snapshot file) and ``--overwrite``; the folder exists
-    afterwards and holds no other run's files."""
-    if resume == AUTO:
-        if out is None:
-            raise ConfigError("--resume auto continues the run in --out DIR when DIR holds a "
-                              "snapshot; give --out DIR")
-        if any(p.name.startswith("snapshot_") for p in run_files(out)):
-            return Path(out), find_snapshot(out)
-        if run_files(out):
-            warn_once(f"--resume auto: {out} holds no snapshot, so the run starts there anew; "
-                      f"the files of the run that left none are replaced")
-        return prepare_out(out, overwrite=True), None
-    if resume is not None:
-        snapshot = find_snapshot(resume)
-        if out is None or Path(out).resolve() == snapshot.parent.resolve():
-            return snapshot.parent, snapshot  # the run goes on in its own folder
-        return prepare_out(out, overwrite), snapshot  # a new folder continues it
-    if out is None:
-        return default_out(workload_name), None
-    return prepare_out(out, overwrite), None
 
 
 def _resumed_settings(trainer: Trainer, train: TrainConfig, state: dict) -> None:

@@ -12,9 +12,12 @@ import datetime as dt
 import errno
 from pathlib import Path
 
-from kasoku.errors import ConfigError
+from kasoku.errors import ConfigError, warn_once
 from kasoku.train.snapshot import SnapshotError
 
+AUTO = "auto"
+"""``--resume auto``: resume from the output folder's snapshot when it has one, else start
+fresh (what a restarted worker of a distributed job needs)."""
 OUTPUT_ROOT = Path("runs")
 """Where every kasoku command writes by default (training runs, bench and data bench results)."""
 SNAPSHOT = "snapshot_latest.pt"
@@ -106,3 +109,28 @@ def _cannot_create(out: Path, exc: OSError) -> str:
                                                              errno.EROFS, errno.ENOENT) \
         else "choose another folder"
     return f"--out {out}: cannot create the folder ({why}); {hint}"
+
+
+def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
+                ) -> tuple[Path, Path | None]:
+    """``(the run folder, the snapshot to resume from or None)`` for ``--out``, ``--resume``
+    (None, ``auto``, a run folder or a snapshot file) and ``--overwrite``; the folder exists
+    afterwards and holds no other run's files."""
+    if resume == AUTO:
+        if out is None:
+            raise ConfigError("--resume auto continues the run in --out DIR when DIR holds a "
+                              "snapshot; give --out DIR")
+        if any(p.name.startswith("snapshot_") for p in run_files(out)):
+            return Path(out), find_snapshot(out)
+        if run_files(out):
+            warn_once(f"--resume auto: {out} holds no snapshot, so the run starts there anew; "
+                      f"the files of the run that left none are replaced")
+        return prepare_out(out, overwrite=True), None
+    if resume is not None:
+        snapshot = find_snapshot(resume)
+        if out is None or Path(out).resolve() == snapshot.parent.resolve():
+            return snapshot.parent, snapshot  # the run goes on in its own folder
+        return prepare_out(out, overwrite), snapshot  # a new folder continues it
+    if out is None:
+        return default_out(workload_name), None
+    return prepare_out(out, overwrite), None
