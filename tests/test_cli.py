@@ -303,3 +303,47 @@ def test_settings_that_would_be_ignored_are_said_once(tmp_path, capsys):
                  "--resume", str(out)]) == 0
     assert "--seed 5 is not used: a resumed run keeps its snapshot's seed (4)" in \
         capsys.readouterr().err
+
+
+def test_a_run_diverging_after_its_last_log_line_keeps_its_good_snapshot(tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["train", "mnist-mlp", "--synthetic", "--synthetic-size", "400", "--batch-size",
+            "40", "--no-progress", "--threads", "1"]
+    assert main([*base, "--epochs", "1", "--out", str(out)]) == 0
+    good = (out / "snapshot_latest.pt").read_bytes()
+    # Ends at epoch 1.5, between log lines: the last iteration's check stops it.
+    assert main([*base, "--epochs", "1.5", "--lr", "1e38", "--resume", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "training diverged" in err and "Traceback" not in err
+    assert (out / "snapshot_latest.pt").read_bytes() == good
+    lines = [json.loads(line) for line in open(out / "log.jsonl")]
+    assert [e["iteration"] for e in lines] == [10]
+
+
+def test_a_mistake_found_while_building_after_a_warning_is_said_once(tmp_path):
+    # A warning recorded while building (the skipped graph), then a refused snapshot.
+    out = tmp_path / "run"
+    base = [sys.executable, "-m", "kasoku", "train", "mnist-mlp", "--synthetic",
+            "--synthetic-size", "400", "--no-progress", "--device", "cpu"]
+    subprocess.run([*base, "--batch-size", "40", "--epochs", "1", "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    done = subprocess.run([*base, "--batch-size", "80", "--cuda-graph", "--resume", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "kasoku: warning: cuda_graph: CUDA graphs need a CUDA device; the step runs eagerly "
+        "on cpu",
+        f"kasoku: error: {out / 'snapshot_latest.pt'} belongs to another run (batch_size 40 "
+        f"there, 80 here); resume with that run's settings, or start a new run without "
+        f"--resume"]
+
+
+def test_a_resume_builds_the_data_of_its_snapshots_seed(tmp_path, capsys):
+    args = ["train", "mnist-mlp", "--synthetic", "--synthetic-size", "400", "--batch-size", "40",
+            "--no-progress", "--threads", "1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main([*args, "--epochs", "2", "--seed", "5", "--out", str(straight)]) == 0
+    assert main([*args, "--epochs", "1", "--seed", "5", "--out", str(split)]) == 0
+    assert main([*args, "--epochs", "2", "--resume", str(split)]) == 0  # no --seed given
+    a, b = _weights(straight / "snapshot_latest.pt"), _weights(split / "snapshot_latest.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

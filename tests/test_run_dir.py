@@ -64,3 +64,20 @@ def test_resolve_run(tmp_path, monkeypatch):
     assert run_files(fork) == []
     with pytest.raises(ConfigError, match="give --out DIR"):
         resolve_run("w", None, "auto", False)
+
+
+def test_build_trainer_passes_overwrite_on(tmp_path):
+    from kasoku.config import DataConfig, TrainConfig
+    from kasoku.run import build_trainer
+    from kasoku.workloads import create_workload
+    data = DataConfig(synthetic_train_size=100, synthetic_val_size=20)
+
+    def trainer(**kw):
+        return build_trainer(create_workload("sine-lstm"), data,
+                             TrainConfig(epochs=1, batch_size=50, out=tmp_path, progress=False,
+                                         **kw))
+
+    trainer().run()
+    with pytest.raises(ConfigError, match="holds a previous run"):
+        trainer().run()
+    trainer(overwrite=True).run()

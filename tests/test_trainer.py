@@ -321,3 +321,30 @@ def test_a_fresh_run_refuses_a_folder_holding_another_and_overwrite_replaces_it(
     third.extend(LogReport())
     third.run()
     assert (tmp_path / "log.jsonl").read_text() != log
+
+
+def test_a_trainer_runs_again_in_its_own_folder_with_a_right_table(tmp_path):
+    out = io.StringIO()
+    trainer, _ = make_trainer(tmp_path, epochs=1.5)
+    trainer.extend(LogReport())
+    trainer.extend(PrintReport(["epoch", "iteration"], out=out))
+    trainer.run()
+    trainer.stop_trigger = trainer.stop_trigger.__class__(3, "epoch")
+    trainer.run()  # its own files: not refused
+    rows = [line.split() for line in out.getvalue().splitlines()[1:]]
+    assert rows == [["1", "8"], ["1.5", "12"], ["2", "16"], ["3", "24"]]
+    lines = [json.loads(s) for s in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [e["iteration"] for e in lines] == [8, 16, 24]
+
+
+def test_a_resume_into_a_folder_holding_another_run_is_refused(tmp_path):
+    first, _ = make_trainer(tmp_path / "a", epochs=1)
+    first.extend(Snapshot())
+    first.run()
+    other, _ = make_trainer(tmp_path / "b", epochs=1)
+    other.extend(Snapshot())
+    other.run()
+    again, _ = make_trainer(tmp_path / "b", epochs=2)
+    again.extend(Snapshot())
+    with pytest.raises(ConfigError, match="holds a previous run.*run\\(resume=SNAPSHOT\\)"):
+        again.run(resume=tmp_path / "a" / "snapshot_latest.pt")

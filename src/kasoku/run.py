@@ -28,16 +28,18 @@ from kasoku.workloads import Workload, create_workload
 
 
 def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
-                  accel: AccelConfig | None = None, out: Path | None = None) -> Trainer:
+                  accel: AccelConfig | None = None, out: Path | None = None,
+                  seed: int | None = None) -> Trainer:
     """Data, model, optimizer, schedule, the levers of ``accel``, the loader and the standard
-    extensions of ``kasoku train``, writing to ``out`` (default ``train.out``)."""
+    extensions of ``kasoku train``, writing to ``out`` (default ``train.out``); ``seed``
+    replaces ``train.seed`` (a resume builds with its snapshot's)."""
     train.check()
     recipe, accel = workload.recipe, accel or AccelConfig()
     epochs = train.epochs if train.epochs is not None else recipe.epochs
     batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
     lr = train.lr if train.lr is not None else recipe.lr
     device = resolve_device(train.device)
-    seed = 0 if train.seed is None else train.seed
+    seed = seed if seed is not None else 0 if train.seed is None else train.seed
     threads = train.threads or (workload.cpu_threads if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
@@ -61,7 +63,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
                       metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
                       out=out or train.out or default_out(workload.name),
-                      step_fn=accelerated.step_fn,
+                      step_fn=accelerated.step_fn, overwrite=train.overwrite,
                       run_info={"workload": workload.name, "batch_size": batch_size})
     for extension in [*accelerated.extensions, *_schedules(recipe, epochs)]:
         trainer.extend(extension)
@@ -178,21 +180,28 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     existed = train.out is not None and Path(train.out).exists()
     # What building says (a lever skipped here, a setting ignored) comes after the line that
     # names the run; a mistake found while building is the only line printed.
+    failure, out = None, None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", KasokuWarning)
-        if data.synthetic and data.root is not None:
-            warn_once(f"--synthetic: the data in --data {data.root} is not read")
-        out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
         try:
-            trainer = build_trainer(workload, data, train, accel, out=out)
-            if snapshot is not None:  # refuses another run's snapshot before it trains
-                state = load_snapshot(snapshot)
+            if data.synthetic and data.root is not None:
+                warn_once(f"--synthetic: the data in --data {data.root} is not read")
+            out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
+            # A resumed run's data is built with its snapshot's seed (synthetic and generated
+            # sets depend on it), whatever --seed says.
+            state = load_snapshot(snapshot) if snapshot is not None else None
+            seed = (state.get("loader") or {}).get("seed") if state is not None else None
+            trainer = build_trainer(workload, data, train, accel, out=out, seed=seed)
+            if state is not None:  # refuses another run's snapshot before it trains
                 trainer.load_state_dict(state, source=snapshot)
-        except BaseException:
-            if not existed and out.is_dir() and not any(out.iterdir()):
+        except BaseException as exc:
+            failure = exc
+            if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()  # nothing ran: leave no empty run folder behind
-            _say_again(said)
-            raise
+    said = list(said)  # the warnings are said again outside the recording
+    if failure is not None:
+        _say_again(said)
+        raise failure
     source = "synthetic" if data.synthetic else \
         "generated" if workload.generated_data else data.root
     print(f"# {workload.name}  data: {source}  device: {device}  out: {out}",

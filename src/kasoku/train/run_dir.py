@@ -65,18 +65,20 @@ def make_out_dir(out: Path, what: str = "the run's log, snapshots and plots") ->
     return out
 
 
-def prepare_out(out: Path, overwrite: bool = False, resume_hint: bool = True) -> Path:
+def prepare_out(out: Path, overwrite: bool = False, advice: str | None = None) -> Path:
     """Make ``out`` ready for a new run: created if missing; refused (``ConfigError``) when it
     is a file, cannot be created, or holds another run's files, unless ``overwrite``, which
-    removes those files (and only those)."""
+    removes those files (and only those). ``advice``: what the refusal offers (default: the
+    command line's options)."""
     out = make_out_dir(out)
     previous = run_files(out)
     if previous and not overwrite:
         names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
-        offer = f"continue it with --resume {out}, " if resume_hint and \
-            any(p.name.startswith("snapshot_") for p in previous) else ""
-        raise ConfigError(f"--out {out} holds a previous run ({names}); {offer}give a new "
-                          f"--out, or add --overwrite to replace it")
+        if advice is None:
+            offer = f"continue it with --resume {out}, " \
+                if any(p.name.startswith("snapshot_") for p in previous) else ""
+            advice = f"{offer}give a new --out, or add --overwrite to replace it"
+        raise ConfigError(f"{out} holds a previous run ({names}); {advice}")
     for path in previous:
         path.unlink()
     return out

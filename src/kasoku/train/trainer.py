@@ -86,12 +86,15 @@ class Trainer:
         self.stop_trigger = get_trigger(stop_trigger)
         self.out = Path(out)
         self.overwrite = overwrite
-        self._loaded = False  # a state was loaded: the folder's files are this run's
         self.run_info = dict(run_info or {})
         self.last_snapshot_iteration: int | None = None
         """The iteration of the latest snapshot written (or resumed from), None before one."""
         self.completed = False
         """Whether the stop trigger ended the run (not an error, not an interrupt)."""
+        self.stopping = False
+        """Whether the iteration whose extensions are running is the run's last."""
+        self._loaded_from: Path | None = None  # the snapshot file of the state loaded
+        self._ran = False
         self.reporter = Reporter()
         self.updater = Updater(train_loader, self.model, optimizer,
                                step_fn or StandardStep(loss_fn, metric_fn), self.device,
@@ -134,15 +137,24 @@ class Trainer:
 
         SIGINT/SIGTERM finish the current step, write a snapshot, finalize the extensions and
         raise ``TrainingInterrupted``. Any other exception runs every extension's
-        ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged. When the stop
-        trigger ends the run, ``completed`` is True as the extensions are finalized (the log's
-        last partial interval and a last snapshot are written then).
+        ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged. On the last
+        iteration ``stopping`` is True and the extensions with ``at_end = True`` run whatever
+        their trigger (the log's last partial interval, the divergence check, a last
+        snapshot); ``completed`` is True as the extensions are finalized after a normal end.
+
+        ``out`` must not hold another run's files, unless ``overwrite``: files of the run this
+        trainer continues (a snapshot in ``out``) or already ran are its own.
         """
         if resume is not None:
             self.load_state_dict(load_snapshot(resume, map_location="cpu"), source=resume)
             self.resumed_from(resume)
-        if not self._loaded:  # a fresh run: not over another run's files
-            prepare_out(self.out, overwrite=self.overwrite)
+        own = self._ran or (self._loaded_from is not None
+                            and self._loaded_from.parent.resolve() == self.out.resolve())
+        if not own:
+            prepare_out(self.out, overwrite=self.overwrite,
+                        advice="continue it with run(resume=SNAPSHOT), give another out, or "
+                               "pass overwrite=True to replace it")
+        self._ran = True
         self.out.mkdir(parents=True, exist_ok=True)
         entries = self.extensions
         with _SignalFlag() as signals:
@@ -187,10 +199,15 @@ class Trainer:
         updater, stop = self.updater, self.stop_trigger
         while True:
             updater.update()
+            # Whether this iteration is the last one, known before the extensions run (the
+            # stop trigger is a pure function of the counters): those marked ``at_end`` (the
+            # divergence check, the evaluation, the last snapshot) run then, whatever their
+            # trigger, so a run that stops between them ends checked and saved.
+            self.stopping = last = stop(self)
             for entry in entries:
-                if entry.trigger(self):
+                if entry.trigger(self) or (last and getattr(entry.extension, "at_end", False)):
                     entry.extension(self)
-            if stop(self):
+            if last:
                 return
             if signals.received is not None:
                 self._interrupt(signals.received)
@@ -242,7 +259,8 @@ class Trainer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.updater.load_state_dict(state["updater"])
-        self._loaded = True
+        self._loaded_from = Path(source) if isinstance(source, (str, Path)) \
+            and Path(source).is_file() else None
         restore_rng_state(state["rng"])
         saved = state.get("extensions", {})
         for name, entry in self._entries.items():

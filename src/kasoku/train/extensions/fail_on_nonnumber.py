@@ -17,12 +17,15 @@ class FailOnNonNumber:
 
     The check costs one host sync (all flags are reduced on the device first), so it runs at a
     trigger, by default once per epoch like LogReport's default interval; give it the log
-    interval with ``trainer.extend(FailOnNonNumber(), trigger=log_trigger)``. It runs before
-    the snapshot of the same iteration, so a diverged state is not written over a good one.
+    interval with ``trainer.extend(FailOnNonNumber(), trigger=log_trigger)``, and on the
+    run's last iteration. It runs before the snapshot of the same iteration, so a diverged
+    state is not written over a good one.
     """
     trigger = (1, "epoch")
     priority = PRIORITY_EDITOR
     name = "FailOnNonNumber"
+    at_end = True
+    """Checks the last iteration too, so the run's last snapshot is never of a diverged model."""
 
     def __init__(self, loss_key: str = "main/loss"):
         self.loss_key = loss_key

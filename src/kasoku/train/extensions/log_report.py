@@ -17,9 +17,9 @@ class LogReport:
     bad files it skipped (``loader.skipped``), also ``data/skipped``, that count so far.
 
     Each entry also has ``epoch_detail`` (the progress as a float, what charts plot against).
-    When the stop trigger ends the run between two log lines, ``finalize`` writes the last,
-    partial interval as one more line, marked ``"final": true``, whose ``epoch`` is where the
-    run stopped (1.5); it is shown and plotted
+    When the stop trigger ends the run between two log lines, the last iteration writes the
+    last, partial interval as one more line, marked ``"final": true``, whose ``epoch`` is where
+    the run stopped (1.5); it is shown and plotted
     (``entries``) but kept out of the state, so a run resumed from the last snapshot goes on
     with the interval as it was.
 
@@ -51,6 +51,7 @@ class LogReport:
         return self.log + ([self.final] if self.final is not None else [])
 
     def initialize(self, trainer) -> None:
+        self.final = None  # a final line of an earlier run() is not part of the log
         if self.filename is None:
             return
         path = trainer.out / self.filename
@@ -63,6 +64,8 @@ class LogReport:
                           {k: obs[k] for k in self.keys if k in obs})
         if self.log_trigger(trainer):
             self._write(trainer)
+        elif getattr(trainer, "stopping", False):
+            self._write_final(trainer)
 
     def _write(self, trainer) -> None:
         self.log.append(self._entry(trainer, self._summary))
@@ -95,16 +98,18 @@ class LogReport:
         self.log = [e for e in self.log if e["iteration"] <= at]
         _rewrite(trainer.out / self.filename, self.log)
 
+    def _write_final(self, trainer) -> None:
+        # The means of a copy: the summary itself stays as a resume from this moment needs it.
+        partial = DictSummary()
+        partial.load_state_dict(self._summary.state_dict())
+        self.final = {**self._entry(trainer, partial), "final": True}
+        # Its epoch is where the run stopped (1.5), not the epochs completed (1).
+        self.final["epoch"] = round(self.final["epoch_detail"], 6)
+        if self._file is not None:
+            self._file.write(_line(self.final))
+            self._file.flush()
+
     def finalize(self, trainer) -> None:
-        if trainer.completed and not self._summary.empty and self.final is None:
-            # The means of a copy: the summary itself stays as a resume needs it.
-            partial = DictSummary()
-            partial.load_state_dict(self._summary.state_dict())
-            self.final = {**self._entry(trainer, partial), "final": True}
-            # Its epoch is where the run stopped (1.5), not the epochs completed (1).
-            self.final["epoch"] = round(self.final["epoch_detail"], 6)
-            if self._file is not None:
-                self._file.write(_line(self.final))
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -78,8 +78,10 @@ class PlotReport:
         ax = fig.add_subplot()
         xs_all = []
         for key in self.y_keys:
-            points = [(e[self.x_key], e[key]) for e in log
-                      if _plottable(e.get(key), self.log_y) and self.x_key in e]
+            # A log written before entries had epoch_detail gives its epoch instead.
+            points = [(e.get(self.x_key, e.get("epoch")), e[key]) for e in log
+                      if _plottable(e.get(key), self.log_y)
+                      and e.get(self.x_key, e.get("epoch")) is not None]
             if points:
                 xs, ys = zip(*points)
                 xs_all += xs

@@ -49,8 +49,9 @@ class PrintReport:
         out.flush()
         self._printed = len(log)
 
-    def finalize(self, trainer) -> None:
-        self(trainer)  # the final partial interval's row, if the run ended between lines
+    def initialize(self, trainer) -> None:
+        self._log(trainer)  # resolves the LogReport, so the count below reads its log
+        self._printed = min(self._printed, len(self._source.log))  # no final row of a past run
 
     def _log(self, trainer) -> list:
         source = self.log_report

@@ -19,8 +19,9 @@ class Snapshot:
     (``"snapshot_iter_{iteration}.pt"``); then the ``keep`` newest files are kept and older
     ones deleted (only in the run's own folder: a run resumed into a new folder never touches
     the snapshots of the folder it came from). A fixed name is simply replaced each time.
-    ``at_end``: when the stop trigger ends the run after the last snapshot, write one more, so
-    the folder's latest snapshot is the trained model.
+    ``at_end``: also write on the run's last iteration (the trainer runs ``at_end``
+    extensions then), so the folder's latest snapshot is the trained model, checked finite by
+    ``FailOnNonNumber`` just before.
 
     ``background=True`` (the default) copies the state to host memory and writes the file on
     a background thread, so training goes on while the bytes reach the disk. Device tensors
@@ -86,9 +87,6 @@ class Snapshot:
             pending.result()
 
     def finalize(self, trainer) -> None:
-        if self.at_end and trainer.completed \
-                and trainer.last_snapshot_iteration != trainer.updater.iteration:
-            self.write_snapshot(trainer)
         try:
             self.wait()
         finally:
