@@ -213,7 +213,7 @@ def test_prefetch_must_be_positive(tmp_path, capsys):
 
 
 def test_process_loaders_get_windows_long_enough_for_their_workers():
-    from kasoku.bench.data_bench import DataBenchRequest, _scaled_to_workers
+    from kasoku.bench.data_measure import scaled_to_workers as _scaled_to_workers
     req = DataBenchRequest(warmup=3, batches=10)
     assert _scaled_to_workers(req, "serial") is req
     two = _scaled_to_workers(req, "multiprocess:2")  # warm-up 2N = 4, windows 4N = 8 < 10

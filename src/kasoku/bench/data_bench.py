@@ -6,8 +6,8 @@ knows is measured the same way), its time to the first batch (construction and w
 start-up) and ``warmup`` further batches timed apart, then ``windows`` windows of ``batches``
 batches. With a model, its training rate on synthetic batches already on the device is
 measured once per batch size, and after each loader's own windows the same loader feeds the
-same model (batches copied to the device), in windows timed the same way. Window ends synchronize the device, so batches a loader leaves on
-a GPU are finished inside the window. The loader is closed after each measurement, on every
+same model (batches copied to the device), in windows timed the same way (the measurement
+itself: ``kasoku.bench.data_measure``). The loader is closed after each measurement, on every
 path; a loader that fails is recorded with its error and the sweep goes on.
 
 One JSON line per measurement in ``OUT/data_bench.jsonl`` (appended; schema
@@ -45,22 +45,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import statistics
 import sys
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
-import torch
 
 from kasoku.accel.config import AccelConfig
 from kasoku.bench.data_report import (CHART_FILE, RESULTS_FILE, plot_data_bench, print_data_bench,
                                       progress_line)
 from kasoku.bench.results import append_result
-from kasoku.bench.data_sources import Source, in_memory, resolve_sources
+from kasoku.bench.data_measure import LoaderModel, measure_loader, scaled_to_workers
+from kasoku.bench.data_sources import resolve_sources
 from kasoku.config import DataConfig
-from kasoku.data.registry import create_loader, parse_loader_spec
+from kasoku.data.registry import parse_loader_spec
 from kasoku.errors import ConfigError
 from kasoku.train.run_dir import make_out_dir
 
@@ -135,60 +131,6 @@ def expand_loaders(text: str) -> list[str]:
     return specs
 
 
-class _Model:
-    """A workload's model and training step (``kasoku.bench.worker``'s runner), measured on
-    synthetic on-device batches and fed by loaders."""
-
-    def __init__(self, name: str, accel: AccelConfig | None, device: torch.device, seed: int):
-        from kasoku.bench.pool import batch_spec
-        from kasoku.bench.rungs import Rung
-        from kasoku.bench.worker import make_runner
-        from kasoku.workloads import create_workload
-        self.name, self.device, self.notes = name, device, []
-        self.workload = create_workload(name)
-        torch.manual_seed(seed)
-        model = self.workload.build_model()
-        self.spec = batch_spec(self.workload, model)
-        self.rung = Rung("model", accel or AccelConfig())
-        self.runner = make_runner(self.rung, self.workload, model.to(device), device,
-                                   self.workload.recipe.lr, self.notes)
-
-    def check(self, source: Source) -> None:
-        shape = tuple(torch.as_tensor(source.dataset[0][0]).shape)
-        if shape != self.spec.input_shape:
-            raise ConfigError(f"{source.label} gives samples of shape {shape} but --model "
-                              f"{self.name} takes {self.spec.input_shape}; give a source of "
-                              f"that shape (e.g. the workload {self.name} itself, or an image "
-                              f"folder cropped to its size)")
-
-    def synthetic_rates(self, batch_size: int, req: DataBenchRequest, seed: int) -> dict:
-        from kasoku.bench.pool import cycle, make_pool
-        from kasoku.bench.timing import measure_windows, timed
-        pool = make_pool(self.spec, batch_size, self.device, seed=seed)
-        # The first step holds compilation and autotuning: warm-up, never in a window.
-        timed(self.device, lambda: self.runner(cycle(pool, req.warmup + 1)))
-        m, _ = measure_windows(self.runner, pool, self.device, batch_size, req.batches,
-                               req.windows)
-        return m.figures()["samples_per_s"]
-
-    def fed_rates(self, loader, req: DataBenchRequest) -> dict:
-        counts = []
-
-        def feed(n: int):
-            for _ in range(n):
-                x, y = next(loader)[:2]
-                counts[-1] += len(x)
-                yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-
-        counts.append(0)
-        _wall(self.device, lambda: self.runner(feed(req.warmup + 1)))
-        seconds = []
-        for _ in range(req.windows):
-            counts.append(0)
-            seconds.append(_wall(self.device, lambda: self.runner(feed(req.batches)))[1])
-        return _rates(counts[1:], seconds)
-
-
 def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBenchResult:
     """Measure every (source, loader), print a progress line per measurement to ``progress``
     (stderr) and the table to ``stream`` (stdout), append the records to
@@ -199,7 +141,7 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
     say = lambda *a: print(*a, file=progress, flush=True)  # noqa: E731
     _check(req)
     device = resolve_device(req.device)
-    model = _Model(req.model, req.accel, device, req.seed) if req.model else None
+    model = LoaderModel(req.model, req.accel, device, req.seed) if req.model else None
     batch_sizes = req.batch_sizes or (model.workload.recipe.batch_size if model
                                       else DEFAULT_BATCH_SIZE,)
     image_size = req.image_size or _model_image_size(model) or DEFAULT_IMAGE_SIZE
@@ -226,10 +168,10 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
                                      for spec in req.loaders):
         record = _record(req, source, spec, batch_size, device, model, run_id, env)
         try:
-            spec_req = _scaled_to_workers(req, spec)
+            spec_req = scaled_to_workers(req, spec)
             record["settings"].update(warmup_batches=spec_req.warmup,
                                       batches_per_window=spec_req.batches)
-            _measure(record["figures"], source, spec, batch_size, device, spec_req, model)
+            measure_loader(record["figures"], source, spec, batch_size, device, spec_req, model)
             if model is not None:
                 _compare(record["figures"], model_rates[batch_size])
             record["status"] = "ok"
@@ -260,7 +202,7 @@ def _check(req: DataBenchRequest) -> None:
                           "--steps-per-call")
 
 
-def _model_image_size(model: _Model | None) -> int | None:
+def _model_image_size(model: LoaderModel | None) -> int | None:
     shape = model.spec.input_shape if model else ()
     return shape[1] if len(shape) == 3 and shape[0] == 3 and shape[1] == shape[2] else None
 
@@ -284,119 +226,11 @@ def _record(req, source, spec, batch_size, device, model, run_id, env) -> dict:
     }
 
 
-def _scaled_to_workers(req: DataBenchRequest, spec: str) -> DataBenchRequest:
-    """``req`` with the warm-up and the windows long enough for ``spec``'s workers: N
-    processes finish their batches nearly together, so a window of fewer than ~4N batches
-    reads a burst or a gap, not the steady rate (16 workers and 8-batch windows measured
-    1,281 to 12,576 images/s for one loader); the warm-up (2N) lets the first burst pass."""
-    kind, count = parse_loader_spec(spec)
-    name = kind.name
-    if name not in ("multiprocess", "gpu-jpeg-procs"):
-        return req
-    from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
-    from kasoku.data.parallel_loader import ProcessLoader
-    workers = count or (ProcessLoader if name == "multiprocess"
-                        else GpuJpegProcessLoader).default_workers()
-    return replace(req, warmup=max(req.warmup, 2 * workers),
-                               batches=max(req.batches, 4 * workers))
-
-
-def _measure(figures: dict, source: Source, spec: str, batch_size: int,
-             device: torch.device, req: DataBenchRequest, model: _Model | None) -> None:
-    from kasoku.perf.cpu import busy_cores, cpu_seconds, usable_cores
-    kind = parse_loader_spec(spec)[0]
-    dataset = in_memory(source.dataset) if kind.name == "device" else source.dataset
-    prefetch = req.prefetch if kind.prefetching else None
-    t0 = time.perf_counter()
-    loader = None
-    try:
-        # Full batches only: every window counts the same work, and a compiled or graphed
-        # model never meets a second shape.
-        loader = create_loader(spec, dataset, batch_size, device, seed=req.seed,
-                               drop_last=True, prefetch=prefetch)
-        figures["prefetch_batches"] = getattr(loader, "prefetch_batches", None)
-        _take(loader, 1)
-        _sync(device)
-        figures["first_batch_s"] = time.perf_counter() - t0
-        figures["warmup_s"] = _wall(device, lambda: _take(loader, req.warmup))[1]
-        start = (getattr(loader, "epoch", None), getattr(loader, "position", None))
-        pids = [os.getpid(), *_worker_pids(loader)]
-        cpu_before, t0 = cpu_seconds(pids), time.perf_counter()
-        spans = [_wall(device, lambda: _take(loader, req.batches)) for _ in range(req.windows)]
-        wall_s = time.perf_counter() - t0
-        cores = min(busy_cores(cpu_before, cpu_seconds(pids), wall_s), usable_cores())
-        images = [n for n, _ in spans]
-        figures["images_per_s"] = _rates(images, [s for _, s in spans])
-        per_image = _delivered_bytes(loader, start, req.windows * req.batches,
-                                     source.sample_bytes) / sum(images)
-        figures.update(mb_per_s=figures["images_per_s"]["median"] * per_image / 1e6,
-                       bytes_per_image=per_image, cpu_cores=cores,
-                       cpu_percent=100 * cores / usable_cores())
-        if model is not None:
-            # Fed as `kasoku train` feeds it: host batches copied ahead on a side stream.
-            from kasoku.data.prefetch import wrap_for_device
-            figures["fed_images_per_s"] = model.fed_rates(wrap_for_device(loader, device), req)
-    finally:
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
-
-
 def _compare(figures: dict, model_rates: dict) -> None:
     synthetic = model_rates["median"]
     figures["model_synthetic_images_per_s"] = model_rates
     figures["margin"] = figures["images_per_s"]["median"] / synthetic
     figures["fed_fraction"] = figures["fed_images_per_s"]["median"] / synthetic
-
-
-def _take(loader, n: int) -> int:
-    """Take ``n`` batches; returns the samples they held (a shape read: no device sync)."""
-    return sum(len(next(loader)[0]) for _ in range(n))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # note: a host sync, at window ends only
-
-
-def _wall(device: torch.device, fn):
-    """``(fn(), seconds)`` of wall time, the device's work finished at both ends: the host
-    work of a loader is part of what is timed, so device events alone would not do."""
-    _sync(device)
-    t0 = time.perf_counter()
-    result = fn()
-    _sync(device)
-    return result, time.perf_counter() - t0
-
-
-def _rates(counts: list[int], seconds: list[float]) -> dict:
-    rates = [n / s for n, s in zip(counts, seconds)]
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "n": len(rates)}
-
-
-def _worker_pids(loader) -> list[int]:
-    workers = getattr(loader, "_workers", ())
-    return [w[0].pid for w in workers if getattr(w[0], "pid", None) is not None]
-
-
-def _delivered_bytes(loader, start, num_batches: int, sample_bytes) -> float:
-    """Bytes of the samples of ``num_batches`` batches taken from loader state ``start``
-    (epoch, position): exact for loaders with ``SerialLoader``'s order, else the mean."""
-    if np.ndim(sample_bytes) == 0:
-        return float(sample_bytes) * num_batches * loader.batch_size
-    epoch, position = start
-    if epoch is None or position is None or not hasattr(loader, "epoch_indices"):
-        return float(np.mean(sample_bytes)) * num_batches * loader.batch_size
-    total, order, size = 0, None, loader.batch_size
-    for _ in range(num_batches):
-        if order is None:
-            order = loader.epoch_indices(epoch).cpu().numpy()
-        total += int(sample_bytes[order[position * size:(position + 1) * size]].sum())
-        position += 1
-        if position == loader.batches_per_epoch:
-            epoch, position, order = epoch + 1, 0, None
-    return float(total)
 
 
 def _last_line(exc: BaseException) -> str:
