@@ -94,7 +94,7 @@ class _FakeTrainer:
         from types import SimpleNamespace
         self.out, self.weights = out, weights
         self.updater = SimpleNamespace(iteration=7, epoch=1)
-        self.completed, self.last_snapshot_iteration = False, None
+        self.last_snapshot_iteration = None
 
     def state_dict(self):
         return {"w": self.weights, "iteration": self.updater.iteration}

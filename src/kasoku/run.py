@@ -172,9 +172,10 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     snapshot file. Returns the trainer (its LogReport holds the figures)."""
     # Settings are checked before a folder is made: a mistake leaves nothing behind.
     require_single_process(World.from_env(), "kasoku train")
+    accel = accel or AccelConfig()
     train.check()
-    check_config(accel or AccelConfig())
-    check_loader_settings(train.loader, (accel or AccelConfig()).steps_per_call, train.prefetch)
+    check_config(accel)
+    check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
     device = resolve_device(train.device)
     workload = create_workload(name)
     existed = train.out is not None and Path(train.out).exists()

@@ -19,7 +19,6 @@ from typing import Callable
 import torch
 
 from kasoku.errors import KasokuWarning, warn_once
-
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
 from kasoku.train.run_dir import prepare_out
 from kasoku.train.snapshot import SnapshotError, capture_rng_state, load_snapshot, \
@@ -89,8 +88,6 @@ class Trainer:
         self.run_info = dict(run_info or {})
         self.last_snapshot_iteration: int | None = None
         """The iteration of the latest snapshot written (or resumed from), None before one."""
-        self.completed = False
-        """Whether the stop trigger ended the run (not an error, not an interrupt)."""
         self.stopping = False
         """Whether the iteration whose extensions are running is the run's last."""
         self._loaded_from: Path | None = None  # the snapshot file of the state loaded
@@ -139,8 +136,8 @@ class Trainer:
         raise ``TrainingInterrupted``. Any other exception runs every extension's
         ``on_error(trainer, exc)``, then finalize, then is re-raised unchanged. On the last
         iteration ``stopping`` is True and the extensions with ``at_end = True`` run whatever
-        their trigger (the log's last partial interval, the divergence check, a last
-        snapshot); ``completed`` is True as the extensions are finalized after a normal end.
+        their trigger (the divergence check, a last snapshot; the log writes its last partial
+        interval then).
 
         ``out`` must not hold another run's files, unless ``overwrite``: files of the run this
         trainer continues (a snapshot in ``out``) or already ran are its own.
@@ -176,7 +173,7 @@ class Trainer:
                 initialized.append(entry)
             self.updater.start_clock()
             self._loop(entries, signals)
-            self.completed, failed = True, False
+            failed = False
         except TrainingInterrupted:
             raise
         except BaseException as exc:
@@ -201,8 +198,8 @@ class Trainer:
             updater.update()
             # Whether this iteration is the last one, known before the extensions run (the
             # stop trigger is a pure function of the counters): those marked ``at_end`` (the
-            # divergence check, the evaluation, the last snapshot) run then, whatever their
-            # trigger, so a run that stops between them ends checked and saved.
+            # divergence check, the last snapshot) run then, whatever their trigger, so a run
+            # that stops between them ends checked and saved.
             self.stopping = last = stop(self)
             for entry in entries:
                 if entry.trigger(self) or (last and getattr(entry.extension, "at_end", False)):

@@ -19,9 +19,8 @@ class LogReport:
     Each entry also has ``epoch_detail`` (the progress as a float, what charts plot against).
     When the stop trigger ends the run between two log lines, the last iteration writes the
     last, partial interval as one more line, marked ``"final": true``, whose ``epoch`` is where
-    the run stopped (1.5); it is shown and plotted
-    (``entries``) but kept out of the state, so a run resumed from the last snapshot goes on
-    with the interval as it was.
+    the run stopped (1.5); it is shown and plotted (``entries``) but kept out of the state, so
+    a run resumed from the last snapshot goes on with the interval as it was.
 
     It is called every iteration (class ``trigger``); its own ``trigger`` argument is the log
     interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).

@@ -30,9 +30,9 @@ class PlotReport:
                  xlabel: str | None = None, ylabel: str | None = None, log_y: bool = False,
                  y_range: tuple[float, float] | None = None):
         """``title``, ``xlabel``, ``ylabel``: the chart's (default: the keys); ``log_y``: a
-        logarithmic
-        y axis (losses: the first epochs' fall would flatten the rest on a linear one; values
-        that are not positive are left out); ``y_range``: fixed y limits (accuracy: 0 to 1)."""
+        logarithmic y axis (losses: the first epochs' fall would flatten the rest on a linear
+        one; values that are not positive are left out); ``y_range``: fixed y limits
+        (accuracy: 0 to 1)."""
         self.y_keys = [y_keys] if isinstance(y_keys, str) else list(y_keys)
         self.x_key, self.filename, self.marker = x_key, filename, marker
         self.log_report = log_report

@@ -25,6 +25,7 @@ class PrintReport:
         self.widths = [max(10, len(e)) for e in self.entries]
         self._printed = 0
         self._header_done = False
+        self._source = None  # the LogReport, once resolved
 
     def header(self) -> str:
         return "  ".join(e.ljust(w) for e, w in zip(self.entries, self.widths)).rstrip() + "\n"
@@ -62,8 +63,7 @@ class PrintReport:
 
     def state_dict(self) -> dict:
         # Rows of the log as a snapshot keeps it (a final partial row is not kept there).
-        source = getattr(self, "_source", None)
-        kept = len(source.log) if source is not None else self._printed
+        kept = len(self._source.log) if self._source is not None else self._printed
         return {"printed": min(self._printed, kept)}
 
     def load_state_dict(self, state: dict) -> None:

@@ -87,17 +87,14 @@ class Snapshot:
             pending.result()
 
     def finalize(self, trainer) -> None:
+        """Wait for the write in flight, on every path. After a failure nothing new is written
+        (the state that failed may be diverged): the last snapshot is the last good state."""
         try:
             self.wait()
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
-
-    def on_error(self, trainer, exc: BaseException) -> None:
-        """The write in flight is finished (its snapshot is the last good state); nothing new
-        is written, since the state that failed may be diverged."""
-        self.finalize(trainer)
 
     def state_dict(self) -> dict:
         return {"written": list(self._written)}
