@@ -76,10 +76,16 @@ class TrainConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
-        most = 4 * (os.cpu_count() or 1)
+        most = max_threads()
         if self.threads is not None and self.threads > most:
             raise ConfigError(f"--threads must be at most {most} (4 x the cores here), got "
                               f"{self.threads}")
+
+
+def max_threads() -> int:
+    """The most CPU threads a run may ask for: 4 x this machine's cores (more only slows
+    PyTorch down, and OpenMP fails past a few thousand)."""
+    return 4 * (os.cpu_count() or 1)
 
 
 def _positive_number(flag: str, value) -> None:

@@ -257,8 +257,9 @@ def request_to_json(req: WorkerRequest) -> str:
     return json.dumps(data)
 
 
-def request_from_json(text: str) -> WorkerRequest:
-    data = json.loads(text)
+def request_from_dict(data: dict) -> WorkerRequest:
+    """The ``WorkerRequest`` of ``json.loads(request_to_json(req))``."""
+    data = dict(data)
     rung = data.pop("rung")
     return WorkerRequest(rung=Rung(rung["label"], config_from_dict(rung["config"]),
                                    loader=rung.get("loader")), **data)
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                              data.get("size"), data.get("threads"))
         print(json.dumps(result))
         return 0
-    record = run(request_from_json(argv[0]))
+    record = run(request_from_dict(data))
     sys.stdout.flush()
     print(json.dumps(record))
     return 1 if record["status"] == "error" else 0

@@ -50,18 +50,13 @@ def nonnegative_int(text: str) -> int:
 
 
 def threads(text: str) -> int:
-    """A whole number from 1 to 4 x this machine's cores (more only slows PyTorch down, and
-    OpenMP fails past a few thousand)."""
+    """A whole number from 1 to ``kasoku.config.max_threads()``."""
+    from kasoku.config import max_threads
     value = positive_int(text)
     most = max_threads()
     if value > most:
         _fail(f"must be at most {most} (4 x the {most // 4} cores here), got {text!r}")
     return value
-
-
-def max_threads() -> int:
-    import os
-    return 4 * (os.cpu_count() or 1)
 
 
 def seed(text: str) -> int:
@@ -180,13 +175,12 @@ def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
         hint = hints[name]
         kwargs.setdefault("help", docs.get(name, "").replace("%", "%%"))
         field = cls.__dataclass_fields__[name]
+        kwargs.setdefault("default", None)
         if hint is bool:
             kwargs.setdefault("action", "store_true")
-            kwargs.setdefault("default", None)
         else:
             base = _base_type(hint)
             kwargs.setdefault("type", {int: positive_int, float: positive_float}.get(base, base))
-            kwargs.setdefault("default", None)
             if field.default not in (None, dataclasses.MISSING) and "default" not in \
                     kwargs["help"]:
                 kwargs["help"] += f" (default: {str(field.default).replace('%', '%%')})"

@@ -5,11 +5,8 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
+from kasoku.config import TrainConfig
 from kasoku.errors import ConfigError
-
-PREFETCH_HELP = ("batches the loader keeps in flight: per worker for multiprocess and "
-                 "gpu-jpeg-procs (default 2), in all for threads (2) and gpu-jpeg (3)")
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="dataset tools: make-jpeg, download, bench")
@@ -70,8 +67,7 @@ def _add_bench(dsub) -> None:
                    "it: serial,multiprocess:1,2,4,8,threads:4 (default: "
                    "serial,threads:4,multiprocess:1,2,4)")
     b.add_argument("--prefetch", type=a.positive_int, metavar="N",
-                   help=PREFETCH_HELP + "; the serial and device loaders are measured as they "
-                   "are")
+                   help=a.field_docs(TrainConfig)["prefetch"])
     b.add_argument("--resolution", type=a.resolutions, metavar="WxH[,WxH...]",
                    help="measure synthetic JPEG folders of these resolutions (made once with "
                    "make-jpeg, reused after), e.g. 500x375,1000x750")

@@ -23,10 +23,6 @@ TRAIN_FLAGS = {
     "threads": {"type": a.threads},
     "progress": {"flag": "--no-progress", "action": "store_false", "help": "no progress bar"},
 }
-LOADER_FLAGS = {
-    "loader": {"type": a.loader_spec, "metavar": "KIND[:N]"},
-    "prefetch": {"metavar": "N"},
-}
 DATA_FLAGS = {
     "root": {"flag": "--data", "type": Path, "metavar": "DIR"},
     "download": None, "synthetic": None,
@@ -54,16 +50,15 @@ def add_parser(sub) -> None:
                    "otherwise")
     data = p.add_argument_group("data")
     add_data_arguments(data)
-    loaders = p.add_argument_group("loader")
     from kasoku.data.registry import list_loaders, loader_kind
-    kinds = "; ".join(f"{k}{'[:N]' if loader_kind(k).count else ''}: {loader_kind(k).help}"
-                      + (f" (N: {loader_kind(k).count})" if loader_kind(k).count else "")
-                      for k in list_loaders())
-    a.add_fields(loaders, TrainConfig, {
-        "loader": {**LOADER_FLAGS["loader"],
-                   "help": f"which loader makes the batches (default: serial). {kinds}"
+    kinds = [loader_kind(name) for name in list_loaders()]
+    described = "; ".join(f"{k.name}[:N]: {k.help} (N: {k.count})" if k.count else
+                          f"{k.name}: {k.help}" for k in kinds)
+    a.add_fields(p.add_argument_group("loader"), TrainConfig, {
+        "loader": {"type": a.loader_spec, "metavar": "KIND[:N]",
+                   "help": f"which loader makes the batches (default: serial). {described}"
                    .replace("%", "%%")},
-        "prefetch": LOADER_FLAGS["prefetch"]})
+        "prefetch": {"metavar": "N"}})
     add_accel_arguments(p)
     p.set_defaults(handler=run)
 

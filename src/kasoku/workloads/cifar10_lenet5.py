@@ -16,7 +16,8 @@ SYNTHETIC_SIZES = (10000, 1000)
 
 @register_workload("cifar10-lenet5")
 class Cifar10LeNet5(Workload):
-    description = "LeNet5 (sigmoid, conv 6/16/120, fc 84/10) on CIFAR-10 (validated on training batch 5)"
+    description = ("LeNet5 (sigmoid, conv 6/16/120, fc 84/10) on CIFAR-10 (validated on "
+                   "training batch 5)")
     sample_unit = "images"
     # Seed 001 trains LeNet5 with the same Chainer trainer script as its MNIST run: Adam
     # (alpha 1e-3), minibatch 100, 50 epochs, no augmentation.

@@ -15,7 +15,8 @@ SYNTHETIC_SIZES = (20480, 2048)
 
 @register_workload("cifar10-resnet152")
 class Cifar10ResNet152(Workload):
-    description = "ResNet-152 v1.5 (CIFAR stem) on CIFAR-10, batch 2048 (validated on training batch 5)"
+    description = ("ResNet-152 v1.5 (CIFAR stem) on CIFAR-10, batch 2048 (validated on "
+                   "training batch 5)")
     sample_unit = "images"
     # Seed 001 ran batch 2048 for 50 epochs. At that batch, plain SGD needs the linear scaling
     # rule with warmup (Goyal et al. 2017): lr 0.1 per 256 samples -> 0.8, 5 warmup epochs,
