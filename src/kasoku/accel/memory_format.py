@@ -30,6 +30,7 @@ def apply_channels_last(model: nn.Module, notes: list[str] | None = None) -> nn.
 class ChannelsLastInputs:
     """Step wrapper: 4-d inputs go to the model in channels_last (a copy, inside the step so a
     CUDA graph captures it); other inputs pass unchanged."""
+    passes_marks = True  # its inner step runs eagerly: phase marks reach it
 
     def __init__(self, step_fn: Callable):
         self.step_fn = step_fn

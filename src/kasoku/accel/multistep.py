@@ -95,6 +95,7 @@ class MultiStep:
     steps, the numerics of ``k`` separate calls), then the observations averaged over the
     steps, on their device (no host sync). Keys in ``last_value_keys`` take the last step's
     value; None stays None."""
+    passes_marks = True  # its inner step runs eagerly: phase marks reach it
 
     def __init__(self, step_fn: Callable, last_value_keys=LAST_VALUE_KEYS):
         self.step_fn = step_fn

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from kasoku.perf.profile.phases import NoClock, PhaseClock, markable, no_mark
 from kasoku.train.reporter import Reporter
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,7 +60,12 @@ class StandardStep:
     detached 0-dim tensors (``metric_fn`` None, or returning None, means "not defined": the
     reporter drops it). What a lever changes is attached here from outside; the step itself
     has no branch.
+
+    ``mark(phase)`` is called as each phase begins (forward, backward, update, other: the
+    metric); the Updater sets it to its phase clock (``kasoku.perf.profile.phases``), a no-op
+    otherwise.
     """
+    mark = staticmethod(no_mark)
 
     def __init__(self, loss_fn: LossFn, metric_fn: LossFn | None = None,
                  autocast: Callable = contextlib.nullcontext, update=None):
@@ -68,12 +74,17 @@ class StandardStep:
 
     def __call__(self, model, batch, optimizer) -> dict:
         inputs, targets = batch
+        mark = self.mark
+        mark("forward")
         self.update.zero_grad(model, optimizer)
         with self.autocast():
             output = model(inputs)
             loss = self.loss_fn(output, targets)
+        mark("backward")
         self.update.backward(loss)
+        mark("update")
         self.update.step(optimizer)
+        mark("other")
         with torch.no_grad():
             metric = self.metric_fn(output.detach(), targets)
         return {"main/loss": loss.detach(), "main/accuracy": metric, **self.update.observation()}
@@ -93,10 +104,14 @@ class Updater:
     counts the samples the steps took (a batch's length, not the batch size asked for: the
     last batch of an epoch may be short); ``elapsed_time`` counts seconds inside ``run()``
     across resumes; ``observation`` is the current call's dict.
+
+    ``phases`` times every step's phases (``kasoku.perf.profile.phases.PhaseClock``: data
+    wait, copy, forward, backward, update, other); LogReport logs them. ``phase_timing=False``
+    times nothing.
     """
 
     def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,
-                 reporter: Reporter):
+                 reporter: Reporter, phase_timing: bool = True):
         self.loader, self.model, self.optimizer = loader, model, optimizer
         self.step_fn, self.device, self.reporter = step_fn, device, reporter
         self.iteration = self.previous_iteration = self.samples = 0
@@ -104,20 +119,47 @@ class Updater:
         # A chunk of K batches is [K, B, ...]: its samples are the first two dimensions.
         self._sample_dims = 2 if getattr(loader, "batches_per_call", 1) > 1 else 1
         self._elapsed_before, self._started_at = 0.0, None
+        self.phases = PhaseClock(device) if phase_timing else NoClock()
+        self._marked_fn, self._marks_inside = None, False
 
     def update(self) -> None:
         self.previous_iteration = self.iteration
         self.previous_epoch_detail = self.loader.epoch_detail
+        clock = self.phases
+        clock.step()
+        clock.mark("data")
         inputs, targets = next(self.loader)
+        clock.mark("h2d")
         # non_blocking: the copy overlaps with the host work before the step when the batch
         # sits in pinned memory; from pageable memory it is a plain copy.
         batch = (inputs.to(self.device, non_blocking=True),
                  targets.to(self.device, non_blocking=True))
-        self.reporter.start(self.step_fn(self.model, batch, self.optimizer))
+        if self.step_fn is not self._marked_fn:
+            self._attach_marks()
+        if not self._marks_inside:
+            clock.mark("compute")
+        observation = self.step_fn(self.model, batch, self.optimizer)
+        if not self._marks_inside:
+            clock.mark("other")
+        self.reporter.start(observation)
         self.samples += targets.shape[:self._sample_dims].numel()  # a shape: no device sync
         # A loader that hands out several batches per call (``batches_per_call``, for a step
         # that runs one optimizer step per batch) says how many the chunk held.
         self.iteration += getattr(self.loader, "last_chunk_batches", 1)
+
+    def _attach_marks(self) -> None:
+        """Give the step function's eager step (if it has one) this updater's clock."""
+        inner = markable(self.step_fn)
+        if inner is not None:
+            inner.mark = self.phases.mark
+        self._marked_fn, self._marks_inside = self.step_fn, inner is not None
+
+    @property
+    def phases_split(self) -> bool:
+        """Whether forward, backward and update are timed apart (else one ``compute``)."""
+        if self.step_fn is not self._marked_fn:
+            self._attach_marks()
+        return self._marks_inside
 
     epoch = property(lambda self: self.loader.epoch)
     epoch_detail = property(lambda self: self.loader.epoch_detail)

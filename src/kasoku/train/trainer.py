@@ -73,11 +73,14 @@ class Trainer:
     snapshots; a resume from a snapshot whose values differ is refused, naming both. ``out``
     holding another run's files (``kasoku.train.run_dir.RUN_FILES``) is refused when the run
     starts fresh, unless ``overwrite``: a second run never writes over a first one's log.
+    ``phase_timing``: time every step's phases (``kasoku.perf.profile.phases``; LogReport logs
+    them as ``time/...``).
     """
 
     def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
                  device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
-                 step_fn=None, run_info: dict | None = None, overwrite: bool = False):
+                 step_fn=None, run_info: dict | None = None, overwrite: bool = False,
+                 phase_timing: bool = True):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer, self.train_loader = optimizer, train_loader
@@ -95,7 +98,7 @@ class Trainer:
         self.reporter = Reporter()
         self.updater = Updater(train_loader, self.model, optimizer,
                                step_fn or StandardStep(loss_fn, metric_fn), self.device,
-                               self.reporter)
+                               self.reporter, phase_timing=phase_timing)
         self._entries: dict[str, _Entry] = {}
         if scheduler is not None:
             self.extend(_SchedulerStep(scheduler), trigger=(1, "iteration"), name="scheduler")

@@ -24,6 +24,9 @@ class LogReport:
 
     It is called every iteration (class ``trigger``); its own ``trigger`` argument is the log
     interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).
+    Unless ``keys`` is given, each line also has the step's phases timed since the previous
+    line (``time/step``, ``time/data``, ``time/forward``... in ms, ``time/data%``... in % of
+    the step; ``kasoku.perf.profile.phases``).
     ``log`` and the running sums are in its state, so a resumed run continues the same log;
     ``initialize`` rewrites the file from ``log``, dropping lines written after the snapshot.
     When the run fails, the file is cut back to the latest snapshot's moment too, so the log
@@ -76,6 +79,11 @@ class LogReport:
     def _entry(self, trainer, summary: DictSummary) -> dict:
         u = trainer.updater
         entry = summary.compute_mean()
+        phases = getattr(u, "phases", None)
+        if self.keys is None and phases is not None:
+            # The phases of the steps timed since the last line (after compute_mean's sync:
+            # on a GPU, their events have completed).
+            entry.update(phases.take())
         entry.update(epoch=u.epoch, epoch_detail=u.epoch_detail, iteration=u.iteration,
                      elapsed_time=u.elapsed_time)
         skipped = getattr(trainer.train_loader, "skipped", None)
