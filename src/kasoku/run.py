@@ -215,7 +215,7 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
         trainer.run()
     finally:
         # Worker processes and threads of the parallel loaders end here, on every path.
-        for loader in _loaders(trainer):
+        for loader in loaders_of(trainer):
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
@@ -228,7 +228,7 @@ def _say_again(caught: list) -> None:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def _loaders(trainer: Trainer) -> list:
+def loaders_of(trainer: Trainer) -> list:
     """The loaders ``build_trainer`` made: the training one and the evaluator's."""
     loaders = [trainer.train_loader]
     for entry in trainer.extensions:

@@ -22,14 +22,15 @@ EXIT_FAILED = 1
 
 
 def build_parser() -> a.Parser:
-    from kasoku.cli import bench, data, listing, train
+    from kasoku.cli import bench, data, listing, profile, train
     parser = a.Parser(prog="kasoku",
                       description="Measure, explain and accelerate deep-learning training.")
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=a.Parser,
-                                metavar="{list,train,bench,data}")
+                                metavar="{list,train,profile,bench,data}")
     listing.add_parser(sub)
     train.add_parser(sub)
+    profile.add_parser(sub)
     bench.add_parser(sub)
     data.add_parser(sub)
     return parser

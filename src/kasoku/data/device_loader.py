@@ -21,7 +21,10 @@ from kasoku.data.loader import SerialLoader
 
 def to_device(dataset, device: torch.device):
     """A copy of an in-memory dataset (``inputs``/``targets`` tensors plus ``get_batch``, as
-    ``ArrayDataset`` and its subclasses) with its tensors on ``device``."""
+    ``ArrayDataset`` and its subclasses; a dataset with ``in_memory()`` is asked for that form
+    first, as synthetic sets are) with its tensors on ``device``."""
+    if hasattr(dataset, "in_memory"):
+        dataset = dataset.in_memory()
     if not (isinstance(getattr(dataset, "inputs", None), torch.Tensor)
             and isinstance(getattr(dataset, "targets", None), torch.Tensor)
             and hasattr(dataset, "get_batch")):

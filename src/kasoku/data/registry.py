@@ -133,6 +133,8 @@ def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
 def accepts(kind: LoaderKind, dataset) -> bool:
     """Whether ``kind`` can read ``dataset`` (see ``LoaderKind.needs``)."""
     if kind.needs == "in-memory":
+        if hasattr(dataset, "in_memory"):  # synthetic sets, held whole when small enough
+            return bool(getattr(dataset, "held_in_memory", False))
         return isinstance(getattr(dataset, "inputs", None), torch.Tensor) \
             and isinstance(getattr(dataset, "targets", None), torch.Tensor) \
             and hasattr(dataset, "get_batch")

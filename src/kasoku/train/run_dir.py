@@ -26,12 +26,13 @@ RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "loss.png", "accu
 a run, and what ``overwrite`` removes (nothing else in the folder is touched)."""
 
 
-def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = None) -> Path:
-    """A new, empty folder ``root/train-NAME-YYYYMMDD-HHMMSS`` (created here, so two runs
+def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = None,
+                kind: str = "train") -> Path:
+    """A new, empty folder ``root/KIND-NAME-YYYYMMDD-HHMMSS`` (created here, so two runs
     started in the same second get two folders)."""
     stamp = f"{(now or dt.datetime.now()):%Y%m%d-%H%M%S}"
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
-    base = Path(root) / f"train-{safe}-{stamp}"
+    base = Path(root) / f"{kind}-{safe}-{stamp}"
     for k in range(1, 1000):
         path = base if k == 1 else base.with_name(f"{base.name}-{k}")
         try:

@@ -35,6 +35,20 @@ class SyntheticSplit:
         x, t = self.get_batch(torch.tensor([index]))
         return x[0], t[0]
 
+    @property
+    def held_in_memory(self) -> bool:
+        return self.base._inputs is not None
+
+    def in_memory(self) -> "InMemorySplit":
+        """These samples as ``inputs``/``targets`` tensors (what the device loader copies to
+        the GPU); only for a base small enough to have been drawn whole."""
+        if self.base._inputs is None:
+            raise TypeError(f"{self.name}: {self.n} synthetic samples of this size are drawn on "
+                            f"demand, not held in memory; use --synthetic-size N with a smaller "
+                            f"N, or another loader")
+        span = slice(self.start, self.start + self.n)
+        return InMemorySplit(self.base._inputs[span], self.base._targets[span], self.transform)
+
     def get_batch(self, indices: torch.Tensor):
         indices = torch.as_tensor(indices, dtype=torch.int64)
         if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= self.n):
@@ -60,6 +74,26 @@ def synthetic_image_datasets(data: DataConfig, input_shape: tuple[int, ...], num
                             dtype=torch.uint8, seed=seed, name=name)
     return (SyntheticSplit(base, 0, n_train, transform, f"{name}-train"),
             SyntheticSplit(base, n_train, n_val, transform, f"{name}-val"))
+
+
+class InMemorySplit:
+    """A ``SyntheticSplit`` held as tensors: batches are ``transform(inputs[indices])``, on
+    whatever device the tensors were moved to (``kasoku.data.device_loader.to_device``)."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, transform):
+        self.inputs, self.targets, self.transform = inputs, targets, transform
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int):
+        x, t = self.get_batch(torch.tensor([index]))
+        return x[0], t[0]
+
+    def get_batch(self, indices):
+        indices = torch.as_tensor(indices, dtype=torch.int64, device=self.inputs.device)
+        x = self.inputs[indices]
+        return (self.transform(x) if self.transform is not None else x), self.targets[indices]
 
 
 def synthetic_sizes(data: DataConfig, default_sizes: tuple[int, int]) -> tuple[int, int]:

@@ -21,13 +21,18 @@ import torch
 
 CATEGORIES = ("conv/matmul", "triton", "optimizer", "copy/fill", "other")
 
-_CONV_MATMUL = ("conv", "xmma", "implicit", "dgrad", "wgrad", "fprop", "cudnn", "sm90",
+_CONV_MATMUL = ("conv", "xmma", "implicit", "dgrad", "wgrad", "fprop", "cudnn", "cublas", "sm90",
                 "sm80", "cutlass", "nvjet", "gemm", "mkldnn", "addmm", "matmul", "aten::mm",
                 "aten::bmm", "aten::linear")
 _OPTIMIZER = ("multi_tensor", "fused", "foreach", "sgd", "adam")
 _COPY_FILL = ("memcpy", "memset", "aten::copy_", "aten::fill_", "aten::zero_",
               "aten::empty", "aten::to", "aten::_to_copy", "aten::clone")
 
+
+_KASOKU_TRITON = ("bn_stats_kernel", "bn_forward_kernel", "bn_backward", "bn_running_kernel",
+                  "max_pool_forward_kernel", "max_pool_backward_kernel", "crop_kernel")
+"""kasoku's own Triton kernels (``kasoku.accel.bn_kernels``, ``max_pool``): memory-bound
+chains like inductor's, named without "triton"."""
 
 OPTIMIZER_PREFIX = "optimizer step: "
 """Prefixed to a CPU operator that ran inside ``Optimizer.step``."""
@@ -38,7 +43,7 @@ def classify(name: str) -> str:
     low = name.lower()
     if name.startswith(OPTIMIZER_PREFIX):
         return "optimizer"
-    if "triton" in low:
+    if "triton" in low or name.startswith(_KASOKU_TRITON):
         return "triton"
     if any(k in low for k in _CONV_MATMUL):
         return "conv/matmul"

@@ -1,0 +1,97 @@
+"""``kasoku profile``: argv -> the ``kasoku train`` configs plus ``ProfileConfig`` ->
+``kasoku.perf.profile.session.profile_workload``; prints the figures and the verdict."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kasoku.cli import args as a
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
+from kasoku.cli.train import DATA_FLAGS, TRAIN_FLAGS, WORKLOAD_HELP
+from kasoku.config import DataConfig, TrainConfig
+
+PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
+                 "warmup": {"type": a.nonnegative_int, "metavar": "N"},
+                 "skip": {"type": a.nonnegative_int, "metavar": "N"},
+                 "measure_steps": {"type": a.positive_int, "metavar": "N"},
+                 "confirm": None, "python": None}
+_RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
+              if k in ("device", "batch_size", "lr", "seed", "threads")}
+
+
+def add_parser(sub) -> None:
+    from kasoku.perf.profile.session import ProfileConfig
+    p = sub.add_parser("profile", help="where each step's time goes, the bottleneck and the "
+                       "next lever (--confirm proves it)",
+                       description="Profile a short window of a workload's training steps "
+                       "(the options of kasoku train choose the run) and say which bottleneck "
+                       "it is and what to do next. Writes trace.json (Perfetto, "
+                       "chrome://tracing), profile.json, timeline.png and report.html to a new "
+                       "folder under runs/ (or --out DIR).")
+    p.add_argument("workload", help=WORKLOAD_HELP)
+    a.add_fields(p, TrainConfig, _RUN_FLAGS)
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="folder for the trace and the report (default: a new folder "
+                   "runs/profile-WORKLOAD-DATE-TIME)")
+    from kasoku.cli.train import add_data_arguments
+    add_data_arguments(p.add_argument_group("data"))
+    a.add_fields(p.add_argument_group("loader"), TrainConfig, {
+        "loader": {"type": a.loader_spec, "metavar": "KIND[:N]",
+                   "help": "which loader makes the batches (see kasoku train --help)"},
+        "prefetch": {"metavar": "N"}})
+    add_accel_arguments(p)
+    a.add_fields(p.add_argument_group("profile"), ProfileConfig, PROFILE_FLAGS)
+    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from kasoku.perf.profile.session import ProfileConfig, profile_workload
+    data = a.config_from(args, DataConfig)
+    train = a.config_from(args, TrainConfig)
+    train.progress = False
+    cfg = a.config_from(args, ProfileConfig)
+    result = profile_workload(args.workload, data, train, accel_config_from_args(args), cfg,
+                              out=args.out, measure_only=args.measure_only,
+                              argv=args.argv)
+    if args.measure_only:
+        print(json.dumps(result, default=str))
+        return 0
+    print(summary(result))
+    return 0
+
+
+def summary(result: dict) -> str:
+    """The figures, the verdict and the ladder as a few lines of text."""
+    from kasoku.perf.profile.phases import format_phases
+    f, v = result["figures"], result["verdict"]
+    lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
+    if "busy_pct" in f:
+        lines.append(
+            f"device: busy {f['busy_pct']:.0f}% | idle: data {f['idle_data_pct']:.0f}%, "
+            f"host launch {f['idle_host_pct']:.0f}%, other {f['idle_other_pct']:.0f}% | "
+            f"{f['kernels_per_step']:.0f} kernels, {f['launches_per_step']:.0f} launches per "
+            f"step | host {f['host_ms']:.2f} ms vs device {f['device_ms']:.2f} ms per step")
+    else:
+        lines.append(f"cpu: {f['operator_pct']:.0f}% of the step in operators, "
+                     f"{f['ops_per_step']:.0f} operators per step")
+    kind = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_kind_ms"].items() if ms > 0)
+    lines.append(f"time by kind (ms/step): {kind}")
+    if f.get("mfu") is not None:
+        lines.append(f"MFU: {100 * f['mfu']:.1f}% ({f['mfu_note']})")
+    elif f.get("peak_fraction") is not None:
+        lines.append(f"CPU fp32 peak: {100 * f['peak_fraction']:.1f}%")
+    if f.get("mem_peak_gib") is not None:
+        lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
+                     f"window: {f['recompiles']}")
+    lines.append(f"verdict: {v['line']}")
+    for row in result.get("ladder") or []:
+        rate = row.get("samples_per_s")
+        shown = f"{rate:10.1f}/s" if rate else "     n/a   "
+        ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
+        lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
+                     f"  {row.get('outcome') or row.get('error', '')}")
+    lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")
+    return "\n".join(lines)

@@ -1,0 +1,263 @@
+"""The bottleneck verdict: one line, with its numbers, and the next lever with its expected
+effect -- seed 004's reading of a timeline ("the GPU waits between kernels", "CPU time > GPU
+time per step", "IO overlaps now, but the CPU still can't keep up") made a rule.
+
+``RULES`` is the table: each ``Rule`` has its thresholds as data, a test over the figures of
+``kasoku.perf.profile.trace.analyse`` (plus the run's context: its levers, loader, MFU), the
+sentence it says and the lever it suggests. The first rule whose test passes is the verdict;
+the others that pass are listed as secondary. ``--confirm`` runs the rule's experiments
+(``Experiment``): each a change of the command line and what throughput should do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Lever:
+    text: str
+    """What to do, as the flags to add (``--cuda-graph``) or a sentence."""
+    expect: str
+    """The expected effect (``~2x``, ``none: ...``)."""
+    args: tuple[str, ...] = ()
+    """Command-line arguments that apply it (for ``--confirm``); () when none can."""
+    speedup: float | None = None
+    """The expected throughput ratio, where one can be estimated."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One side of ``--confirm``: the run with ``args`` changed; ``faster``: whether the rule
+    predicts at least ``MIN_GAIN`` more throughput (True) or less than it (False)."""
+    label: str
+    args: tuple[str, ...]
+    faster: bool
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    """input-bound, host-bound, compute-bound, memory-bound, communication-bound, ..."""
+    thresholds: dict
+    test: Callable[[dict, dict], bool]
+    """``test(figures, thresholds)``."""
+    say: Callable[[dict], str]
+    """The reason with its numbers, from the figures."""
+    lever: Callable[[dict], Lever]
+    experiments: Callable[[dict], list[Experiment]] = lambda f: []
+    family: str = ""
+    """The kind of bound it is a case of ("device-bound" for compute- and memory-bound)."""
+
+
+MIN_GAIN = 1.10
+"""A confirming experiment predicted faster must gain at least 10%; one predicted not faster
+must gain less than that."""
+
+
+@dataclass
+class Verdict:
+    rule: str
+    """The rule's name, its family first where it has one: "device-bound (memory-bound)"."""
+    reason: str
+    lever: Lever
+    experiments: list[Experiment] = field(default_factory=list)
+    secondary: list[str] = field(default_factory=list)
+
+    @property
+    def line(self) -> str:
+        return f"{self.rule}: {self.reason} -> {self.lever.text} (expect {self.lever.expect})"
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "reason": self.reason, "line": self.line,
+                "lever": {"text": self.lever.text, "expect": self.lever.expect,
+                          "args": list(self.lever.args), "speedup": self.lever.speedup},
+                "experiments": [{"label": e.label, "args": list(e.args), "faster": e.faster}
+                                for e in self.experiments],
+                "secondary": list(self.secondary)}
+
+
+# --- context helpers: what the run already has ---------------------------------------------
+
+def _cfg(f: dict) -> dict:
+    return f.get("config") or {}
+
+
+def _synthetic(f: dict) -> tuple[str, ...]:
+    """Arguments that feed the step synthetic batches from the device (no loading, no copy):
+    a set small enough to be held whole (two batches, at least 512 samples)."""
+    size = max(512, 2 * int(f.get("batch_size") or 1))
+    return ("--synthetic", "--synthetic-size", str(size), "--loader", "device")
+
+
+def _batch_x2(f: dict) -> tuple[str, ...]:
+    return ("--batch-size", str(2 * int(f.get("batch_size") or 1)))
+
+
+def _speedup_from_idle(idle_pct: float, cap: float = 4.0) -> float:
+    return min(cap, 100.0 / max(1.0, 100.0 - idle_pct))
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+def _input_lever(f: dict) -> Lever:
+    gain = _speedup_from_idle(f["data_pct"])
+    loader = (f.get("loader") or "serial").split(":")[0]
+    if loader in ("serial", "threads"):
+        return Lever("load in worker processes: --loader multiprocess (JPEG folders on a GPU: "
+                     "--loader gpu-jpeg)", f"up to ~{gain:.1f}x", ("--loader", "multiprocess"),
+                     gain)
+    return Lever("more loader workers (--loader KIND:N), smaller images, or faster storage",
+                 f"up to ~{gain:.1f}x", (), gain)
+
+
+def _host_lever(f: dict) -> Lever:
+    gain = _speedup_from_idle(f.get("idle_host_pct", 0.0) + f.get("idle_other_pct", 0.0))
+    cfg = _cfg(f)
+    if f.get("device") == "cuda" and not cfg.get("cuda_graph"):
+        return Lever("capture the step as a CUDA graph: --cuda-graph", f"~{gain:.1f}x",
+                     ("--cuda-graph",), gain)
+    return Lever(f"a larger batch per launch: {' '.join(_batch_x2(f))}",
+                 "more samples per second at the same launches", _batch_x2(f), None)
+
+
+def _compute_lever(f: dict) -> Lever:
+    cfg = _cfg(f)
+    precision = cfg.get("precision", "fp32")
+    if f.get("device") == "cuda" and precision in ("fp32", "tf32"):
+        return Lever("tensor cores in bf16: --precision bf16", "~2x", ("--precision", "bf16"),
+                     2.0)
+    if f.get("has_conv") and not cfg.get("channels_last"):
+        return Lever("NHWC for tensor-core convolutions: --channels-last", "~1.3x",
+                     ("--channels-last",), 1.3)
+    mfu = f.get("mfu")
+    at = f" at {100 * mfu:.0f}% MFU" if mfu else ""
+    return Lever(f"no cheap lever left{at}: the step is in the math", "none", (), None)
+
+
+def _memory_lever(f: dict) -> Lever:
+    cfg = _cfg(f)
+    if not cfg.get("compile"):
+        return Lever("fuse the element-wise kernels: --compile", "~1.3x", ("--compile",), 1.3)
+    if f.get("has_conv") and cfg.get("channels_last") and not cfg.get("fused_bn"):
+        return Lever("batch norm + ReLU as kasoku's fused kernels: --fused-bn", "~1.1x",
+                     ("--fused-bn",), 1.1)
+    kinds = {k: v for k, v in f.get("by_kind_ms", {}).items() if k != "conv/matmul"}
+    top = max(kinds, key=kinds.get) if kinds else "other"
+    return Lever(f"no cheap lever left: the time is in memory-bound kernels ({top}: "
+                 f"{kinds.get(top, 0.0):.1f} ms/step)", "none", (), None)
+
+
+def _device_experiments(lever: Callable[[dict], Lever]):
+    """Synthetic data does not help a device-bound step; the lever does, or, with none left,
+    neither does a larger batch (the device is full)."""
+    def experiments(f: dict) -> list[Experiment]:
+        chosen = lever(f)
+        last = Experiment(chosen.text.split(": ")[-1], chosen.args, True) if chosen.args \
+            else Experiment(f"batch x2 ({_batch_x2(f)[1]})", _batch_x2(f), False)
+        return [Experiment("synthetic data on the device", _synthetic(f), False), last]
+    return experiments
+
+
+def _cpu_compute_lever(f: dict) -> Lever:
+    cfg = _cfg(f)
+    if f.get("cpu_bf16") and cfg.get("precision", "fp32") == "fp32":
+        return Lever("bf16 matrix units of this CPU: --precision bf16", "~1.5x",
+                     ("--precision", "bf16"), 1.5)
+    return Lever("no cheap lever left on this CPU (no bf16 matrix hardware); a GPU, or more "
+                 "cores (--threads)", "none", (), None)
+
+
+def _dispatch_lever(f: dict) -> Lever:
+    return Lever(f"more work per operator: {' '.join(_batch_x2(f))} (or --compile to fuse "
+                 f"operators)", "more samples per second at the same overhead per step",
+                 _batch_x2(f), None)
+
+
+def _pct(x) -> str:
+    return f"{x:.0f}%"
+
+
+RULES: list[Rule] = [
+    Rule("input-bound", {"data_pct": 15.0},
+         # ... and the largest cause of idle time: a host too slow to launch also waits
+         # in the loader, but feeding it faster would not help much.
+         lambda f, t: f.get("data_pct", 0.0) >= t["data_pct"]
+         and f.get("data_pct", 0.0) >= f.get("idle_host_pct", 0.0),
+         lambda f: (f"the {'GPU' if f['device'] == 'cuda' else 'CPU'} waits for data "
+                    f"{_pct(f['data_pct'])} of the step"),
+         _input_lever,
+         lambda f: [Experiment("synthetic data on the device", _synthetic(f), True)]),
+    Rule("communication-bound", {"comm_pct": 20.0},
+         lambda f, t: f.get("comm_pct", 0.0) >= t["comm_pct"],
+         lambda f: f"collectives (all-reduce) take {_pct(f['comm_pct'])} of the step",
+         lambda f: Lever("a larger batch per device (fewer exchanges per sample), or overlap "
+                         "the all-reduce with the backward pass", "up to "
+                         f"~{_speedup_from_idle(f['comm_pct']):.1f}x"),
+         lambda f: []),
+    Rule("host-bound", {"idle_host_pct": 25.0, "busy_pct": 75.0},
+         lambda f, t: f.get("device") == "cuda" and (
+             f.get("idle_host_pct", 0.0) >= t["idle_host_pct"]
+             or (f.get("busy_pct", 100.0) < t["busy_pct"]
+                 and f.get("host_ms", 0.0) > f.get("device_ms", 0.0))),
+         lambda f: (f"the GPU is idle {_pct(100 - f['busy_pct'])} of the step "
+                    f"({_pct(f['idle_host_pct'])} waiting for launches), "
+                    f"{f['launches_per_step']:.0f} launches/step, host {f['host_ms']:.2f} ms "
+                    f"> device {f['device_ms']:.2f} ms per step"
+                    if f.get("host_ms", 0.0) > f.get("device_ms", 0.0) else
+                    f"the GPU is idle {_pct(100 - f['busy_pct'])} of the step "
+                    f"({_pct(f['idle_host_pct'])} waiting for launches), "
+                    f"{f['launches_per_step']:.0f} launches/step"),
+         _host_lever,
+         lambda f: [Experiment("synthetic data on the device", _synthetic(f), False),
+                    *([Experiment(_host_lever(f).text.split(": ")[-1], _host_lever(f).args,
+                                  True)] if _host_lever(f).args else [])]),
+    Rule("compute-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
+         lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
+         and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) >= t["matmul_pct"],
+         lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, "
+                    f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in convolutions and "
+                    f"matrix products" + (f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu")
+                                          else "")),
+         _compute_lever, _device_experiments(_compute_lever), "device-bound"),
+    Rule("memory-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
+         lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
+         and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) < t["matmul_pct"],
+         lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, only "
+                    f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in matrix products: "
+                    f"the rest moves memory" + (f", MFU {100 * f['mfu']:.0f}%"
+                                                if f.get("mfu") else "")),
+         _memory_lever, _device_experiments(_memory_lever), "device-bound"),
+    Rule("dispatch-bound", {"operator_pct": 60.0},
+         lambda f, t: f.get("device") == "cpu" and f.get("operator_pct", 100.0)
+         < t["operator_pct"],
+         lambda f: (f"only {_pct(f['operator_pct'])} of the step is inside operators "
+                    f"({f['ops_per_step']:.0f} per step); the rest is Python and dispatch"),
+         _dispatch_lever,
+         lambda f: [Experiment(f"batch x2 ({_batch_x2(f)[1]})", _batch_x2(f), True)]),
+    Rule("compute-bound", {},
+         lambda f, t: f.get("device") == "cpu",
+         lambda f: (f"the CPU spends {_pct(f.get('operator_pct', 0.0))} of the step in "
+                    f"operators, {f['by_kind_ms'].get('conv/matmul', 0.0):.2f} ms of "
+                    f"{f['step_ms']:.2f} ms in matrix products"
+                    + (f", {100 * f['peak_fraction']:.0f}% of its measured fp32 peak"
+                       if f.get("peak_fraction") else "")),
+         _cpu_compute_lever,
+         lambda f: [Experiment("synthetic data", ("--synthetic",), False)]),
+]
+
+
+def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
+    """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
+    levers as ``AccelConfig`` fields; ``loader``; ``batch_size``; ``mfu``; ``has_conv``;
+    ``cpu_bf16``; ``peak_fraction``)."""
+    passed = [r for r in rules if r.test(figures, r.thresholds)]
+    if not passed:
+        return Verdict("balanced", f"no single bottleneck: the GPU is busy "
+                       f"{figures.get('busy_pct', 0):.0f}% of the step",
+                       Lever("see the phases and top kernels", "unknown"))
+    first = passed[0]
+    name = f"{first.family} ({first.name})" if first.family else first.name
+    return Verdict(name, first.say(figures), first.lever(figures),
+                   first.experiments(figures),
+                   [r.name for r in passed[1:] if r.name != first.name])

@@ -1,0 +1,278 @@
+"""A profiled window of training steps: torch.profiler on for a few steps only, with kasoku's
+phase marks written into the trace as host spans (``kasoku/forward``...), then the trace
+analysed (``kasoku.perf.profile.trace``) and judged (``kasoku.perf.profile.verdict``).
+
+Three ways in, one mechanism (``Window``):
+
+- ``profile_updater(updater, ...)``: what ``kasoku profile`` runs on a built trainer;
+- ``ProfileWindow``: a trainer extension that profiles steps ``start .. start + steps`` of a
+  run and writes ``profile/`` into the run folder;
+- ``profiling(device, ...)``: a context manager for a user's own loop
+  (``for batch in prof.iterate(loader): ...``).
+
+Before and after the window the profiler is not running: it is entered at the window's first
+step and left at its last (zero cost outside; inside, its own cost is in the figures, so
+``kasoku profile`` also reports the unprofiled throughput beside them).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from kasoku.perf.profile import trace as trace_mod
+from kasoku.perf.profile.phases import PhaseClock
+from kasoku.perf.profile.verdict import judge
+
+
+class TracingClock:
+    """Wraps a phase clock: each ``mark(phase)`` also closes the previous ``kasoku/PHASE`` host
+    span of the trace and opens this one (``torch.profiler.record_function``)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.cuda = getattr(inner, "cuda", False)
+        self._span = None
+
+    def mark(self, phase: str) -> None:
+        self.close()
+        self._span = torch.profiler.record_function(trace_mod.PHASE_PREFIX + phase)
+        self._span.__enter__()
+        self.inner.mark(phase)
+
+    def close(self) -> None:
+        if self._span is not None:
+            self._span.__exit__(None, None, None)
+            self._span = None
+
+    def step(self) -> None:
+        self.inner.step()
+
+    def take(self) -> dict:
+        return self.inner.take()
+
+    def run_summary(self) -> dict:
+        return self.inner.run_summary()
+
+    @property
+    def steps(self) -> int:
+        return self.inner.steps
+
+
+class Window:
+    """torch.profiler over ``warmup + steps`` steps: ``start()`` before the first, ``step()``
+    after each (returns True after the last, when the trace has been written to
+    ``out/trace.json``)."""
+
+    def __init__(self, device, out, steps: int = 10, warmup: int = 3):
+        if steps < 2:
+            raise ValueError(f"a profiled window needs at least 2 steps (the first anchors "
+                             f"the analysis), got {steps}")
+        self.device = torch.device(device)
+        self.out, self.steps, self.warmup = Path(out), steps, warmup
+        self.clock: TracingClock | None = None
+        self._prof = None
+        self._done = 0
+        self.trace_path = self.out / "trace.json"
+        self.mem_peak_gib: float | None = None
+        self.recompiles: int | None = None
+        self._compiles_before = 0
+
+    def start(self, clock) -> TracingClock:
+        """Start profiling; returns the clock to mark phases with (wrapping ``clock``)."""
+        from torch.profiler import ProfilerActivity, profile, schedule
+        self.out.mkdir(parents=True, exist_ok=True)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._compiles_before = _compiles()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self._prof = profile(activities=activities,
+                             schedule=schedule(wait=0, warmup=self.warmup, active=self.steps,
+                                               repeat=1),
+                             on_trace_ready=lambda p: p.export_chrome_trace(
+                                 str(self.trace_path)))
+        self._prof.__enter__()
+        self.clock = TracingClock(clock)
+        return self.clock
+
+    def step(self) -> bool:
+        self._done += 1
+        last = self._done == self.warmup + self.steps
+        if last:
+            self.clock.close()  # the last step's last phase ends here
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # note: sync, the window's device work in
+        with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle"
+            warnings.simplefilter("ignore", UserWarning)
+            self._prof.step()
+        if last:
+            self.stop()
+        return last
+
+    def stop(self) -> None:
+        if self._prof is None:
+            return
+        self.clock.close()
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        if self.device.type == "cuda":
+            self.mem_peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.recompiles = _compiles() - self._compiles_before
+
+    def analyse(self, context: dict | None = None, samples_per_step: int | None = None
+                ) -> dict:
+        """``analyse``'s figures of the trace, the context keys (see ``verdict.judge``), the
+        window's peak memory and recompilations, and ``verdict``."""
+        figures = trace_mod.analyse(trace_mod.load(self.trace_path), samples_per_step)
+        figures.update(context or {})
+        figures.update(mem_peak_gib=self.mem_peak_gib, recompiles=self.recompiles,
+                       profiled_steps=self.steps)
+        figures["verdict"] = judge(figures).to_dict()
+        return figures
+
+
+def _compiles() -> int:
+    """Graphs torch.compile has compiled so far in this process (0 when it never ran)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(sum(counters.get("stats", {}).get(k, 0) for k in ("unique_graphs",)))
+
+
+def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
+                    context: dict | None = None, samples_per_step: int | None = None) -> dict:
+    """Profile ``warmup + steps`` calls of ``updater.update()`` (a ``kasoku.train.Updater``,
+    warm already) and return the analysed figures with the verdict; the trace is
+    ``out/trace.json``."""
+    window = Window(updater.device, out, steps, warmup)
+    clock = updater.phases
+    updater.phases = window.start(clock)
+    updater._marked_fn = None  # attach the tracing clock's marks to the step
+    try:
+        while not _one(window, updater):
+            pass
+    finally:
+        window.stop()
+        updater.phases = clock
+        updater._marked_fn = None
+    return window.analyse(context, samples_per_step)
+
+
+def _one(window: Window, updater) -> bool:
+    updater.update()
+    return window.step()
+
+
+class ProfileWindow:
+    """Trainer extension: profile iterations ``start + 1 .. start + warmup + steps`` and write
+    ``trace.json`` and ``profile.json`` (figures, verdict) into ``trainer.out / folder``; the
+    verdict line is printed. Call with ``trigger`` every iteration (its default)."""
+    trigger = (1, "iteration")
+    name = "ProfileWindow"
+
+    def __init__(self, start: int = 10, steps: int = 10, warmup: int = 3,
+                 folder: str = "profile"):
+        self.start, self.steps, self.warmup, self.folder = start, steps, warmup, folder
+        self.window: Window | None = None
+        self.figures: dict | None = None
+        self._clock = None
+
+    def __call__(self, trainer) -> None:
+        u = trainer.updater
+        if self.window is None and self.figures is None and u.iteration >= self.start:
+            self.window = Window(u.device, trainer.out / self.folder, self.steps, self.warmup)
+            self._clock = u.phases
+            u.phases = self.window.start(self._clock)
+            u._marked_fn = None
+        elif self.window is not None and self.window.step():
+            self._restore(u)
+            self.figures = self.window.analyse({"batch_size": _batch_size(u)})
+            self.window = None
+            (trainer.out / self.folder / "profile.json").write_text(
+                json.dumps(self.figures, indent=1, default=str))
+            print(f"profile: {self.figures['verdict']['line']}", flush=True)
+
+    def _restore(self, u) -> None:
+        u.phases = self._clock
+        u._marked_fn = None
+
+    def finalize(self, trainer) -> None:
+        if self.window is not None:
+            self.window.stop()
+            self._restore(trainer.updater)
+            self.window = None
+
+
+def _batch_size(updater) -> int | None:
+    return getattr(updater.loader, "batch_size", None)
+
+
+class _Profiling:
+    """What ``profiling()`` yields: ``iterate(loader)`` marks each batch's wait as the data
+    phase; ``mark(phase)`` marks the step's phases (forward, backward, update, other);
+    ``figures`` and ``verdict`` are set when the window ends."""
+
+    def __init__(self, device, out, steps: int, warmup: int, skip: int):
+        self.device = torch.device(device)
+        self.window = Window(self.device, out, steps, warmup)
+        self.skip = skip
+        self.clock = None
+        self.figures: dict | None = None
+        self._plain = PhaseClock(self.device)
+
+    def mark(self, phase: str) -> None:
+        if self.clock is not None:
+            self.clock.mark(phase)
+
+    def iterate(self, loader):
+        it = iter(loader)
+        seen = 0
+        while True:
+            if seen == self.skip and self.window is not None and self.clock is None:
+                self.clock = self.window.start(self._plain)
+            elif self.clock is not None and self.window.step():
+                self.clock = None
+                self.figures = self.window.analyse()
+            self.mark("data")
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.mark("compute")
+            seen += 1
+            yield batch
+
+    @property
+    def verdict(self) -> str | None:
+        return None if self.figures is None else self.figures["verdict"]["line"]
+
+
+@contextlib.contextmanager
+def profiling(device="cpu", out="profile", steps: int = 10, warmup: int = 3, skip: int = 5):
+    """Profile a loop of your own::
+
+        with profiling("cuda", out="runs/my-profile") as prof:
+            for inputs, targets in prof.iterate(loader):
+                prof.mark("forward");  loss = loss_fn(model(inputs.cuda()), targets.cuda())
+                prof.mark("backward"); loss.backward()
+                prof.mark("update");   opt.step(); opt.zero_grad()
+        print(prof.verdict)
+
+    Iterations ``skip + 1 ..`` (after compilation and warm-up) are profiled: ``warmup`` then
+    ``steps``; ``mark`` is optional (unmarked, the step is one ``compute`` phase). The trace
+    and ``prof.figures`` (with the verdict) are ready after the window or at the end of the
+    ``with`` block."""
+    p = _Profiling(device, out, steps, warmup, skip)
+    try:
+        yield p
+    finally:
+        if p.clock is not None:
+            p.window.stop()
+            if p.window.trace_path.exists():
+                p.figures = p.window.analyse()

@@ -1,0 +1,161 @@
+"""Phase timing, the profiled window and ``kasoku profile`` on the CPU, with real training
+steps, a real torch.profiler trace and real processes for ``--confirm``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kasoku.accel.memory_format import ChannelsLastInputs
+from kasoku.cli import main
+from kasoku.config import DataConfig, TrainConfig
+from kasoku.perf.profile import trace
+from kasoku.perf.profile.phases import PHASES, PhaseClock, markable, summarize
+from kasoku.perf.profile.window import ProfileWindow, profiling
+from kasoku.run import build_trainer
+from kasoku.train.step import StandardStep
+from kasoku.workloads import create_workload
+
+
+def trainer_for(tmp_path, epochs=0.6, log_interval=20, **train):
+    wl = create_workload("mnist-mlp")
+    return build_trainer(wl, DataConfig(synthetic=True, synthetic_train_size=2000,
+                                        synthetic_val_size=100),
+                         TrainConfig(epochs=epochs, batch_size=20, out=tmp_path / "run",
+                                     log_interval=log_interval, progress=False, **train))
+
+
+def test_phases_add_up_to_the_step_time(tmp_path):
+    trainer = trainer_for(tmp_path)
+    trainer.run()
+    log = trainer.get_extension("LogReport").log
+    assert len(log) >= 3
+    for before, entry in zip(log[1:], log[2:]):
+        steps = entry["iteration"] - before["iteration"]
+        wall_ms = 1e3 * (entry["elapsed_time"] - before["elapsed_time"]) / steps
+        assert entry["time/step"] == pytest.approx(wall_ms, rel=0.05)
+        parts = [entry[f"time/{p}"] for p in PHASES if f"time/{p}" in entry]
+        assert sum(parts) == pytest.approx(entry["time/step"], rel=1e-6)
+        assert sum(entry[f"time/{p}%"] for p in PHASES if f"time/{p}" in entry) == \
+            pytest.approx(100)
+        for p in ("data", "forward", "backward", "update"):
+            assert entry[f"time/{p}"] > 0
+
+
+def test_phase_timing_off_logs_no_times(tmp_path):
+    wl = create_workload("mnist-mlp")
+    model = wl.build_model()
+    from kasoku.data.loader import SerialLoader
+    from kasoku.train import LogReport, Trainer
+    train, _ = wl.build_datasets(DataConfig(synthetic=True, synthetic_train_size=200), seed=0)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                      SerialLoader(train, 20), wl.loss_fn, stop_trigger=(1, "epoch"),
+                      out=tmp_path / "off", phase_timing=False)
+    trainer.extend(LogReport(trigger=(5, "iteration")))
+    trainer.run()
+    assert not any(k.startswith("time/") for k in trainer.get_extension("LogReport").log[0])
+
+
+def test_marks_reach_the_step_through_passing_wrappers_only():
+    step = StandardStep(torch.nn.functional.cross_entropy)
+    assert markable(step) is step
+    assert markable(ChannelsLastInputs(step)) is step
+
+    class Captured:  # a wrapper that does not pass marks (a CUDA graph)
+        def __init__(self, step_fn):
+            self.step_fn = step_fn
+    assert markable(Captured(step)) is None
+
+
+def test_cpu_clock_and_summary():
+    clock = PhaseClock("cpu")
+    for _ in range(3):
+        clock.step()
+        clock.mark("data")
+        clock.mark("forward")
+        sum(range(20000))
+    clock.step()
+    out = clock.take()
+    assert clock.take() == {}
+    assert out["time/forward"] > out["time/data"] and out["time/forward%"] > 50
+    assert summarize({"data": 0.001, "compute": 0.003}, 2) == {
+        "time/step": 2.0, "time/data": 0.5, "time/data%": 25.0, "time/compute": 1.5,
+        "time/compute%": 75.0}
+
+
+def test_profile_window_extension_and_profiler_off_outside(tmp_path):
+    trainer = trainer_for(tmp_path, epochs=0.4, log_interval=50)
+    window = ProfileWindow(start=5, steps=4, warmup=1)
+    trainer.extend(window)
+    profiling_at = []
+
+    def watch(t):
+        profiling_at.append((t.updater.iteration, torch.autograd.profiler._is_profiler_enabled))
+    trainer.extend(watch)
+    trainer.run()
+    out = tmp_path / "run" / "profile"
+    figures = json.loads((out / "profile.json").read_text())
+    assert figures["verdict"]["rule"] and figures["steps"] >= 3
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "kasoku/forward" for e in events)
+    on = [i for i, enabled in profiling_at if enabled]
+    assert on and min(on) >= 5 and max(on) <= 5 + 1 + 4 + 1
+    assert not profiling_at[-1][1] and not profiling_at[0][1]
+
+
+def test_profiling_context_manager_on_a_loop_of_ones_own(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(32, 64), torch.randint(0, 10, (32,))) for _ in range(16)]
+    with profiling("cpu", out=tmp_path / "mine", steps=5, warmup=1, skip=2) as prof:
+        for x, t in prof.iterate(batches):
+            prof.mark("forward")
+            loss = torch.nn.functional.cross_entropy(model(x), t)
+            prof.mark("backward")
+            loss.backward()
+            prof.mark("update")
+            opt.step()
+            opt.zero_grad()
+    assert prof.figures is not None and prof.figures["steps"] == 4
+    assert set(prof.figures["phases_host_ms"]) >= {"data", "forward", "backward", "update"}
+    assert prof.verdict.split(":")[0] in ("compute-bound", "dispatch-bound", "input-bound")
+
+
+def test_kasoku_profile_cli_writes_trace_report_and_verdict(tmp_path, capsys):
+    out = tmp_path / "prof"
+    code = main(["profile", "mnist-mlp", "--synthetic", "--synthetic-size", "2000",
+                 "--batch-size", "50", "--skip", "2", "--measure-steps", "5", "--steps", "4",
+                 "--warmup", "1", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "verdict: " in text and "phases (unprofiled): step" in text
+    result = json.loads((out / "profile.json").read_text())
+    assert result["verdict"]["rule"] in ("compute-bound", "dispatch-bound", "input-bound")
+    assert result["samples_per_s"] > 0 and result["figures"]["steps"] == 3
+    t = trace.load(out / "trace.json")  # parses, with the phase spans
+    assert {trace.phase_name(s) for s in t.phases} >= {"data", "forward", "backward"}
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result["verdict"]["line"] in \
+        (out / "report.html").read_text().replace("&gt;", ">").replace("&#x27;", "'")
+
+
+def test_kasoku_profile_confirm_runs_fresh_processes(tmp_path, capsys):
+    out = tmp_path / "prof"
+    code = main(["profile", "mnist-mlp", "--synthetic", "--synthetic-size", "2000",
+                 "--batch-size", "50", "--skip", "2", "--measure-steps", "10", "--steps", "3",
+                 "--warmup", "1", "--out", str(out), "--confirm"])
+    assert code == 0
+    ladder = json.loads((out / "profile.json").read_text())["ladder"]
+    assert ladder[0]["label"] == "as given" and ladder[0]["samples_per_s"] > 0
+    assert len(ladder) >= 2
+    for row in ladder[1:]:
+        assert row["outcome"] in ("confirmed", "refuted"), row
+        assert row["ratio"] > 0
+
+
+def test_profile_refuses_bad_settings_in_one_line(tmp_path, capsys):
+    assert main(["profile", "mnist-mlp", "--steps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--steps" in err and "Traceback" not in err

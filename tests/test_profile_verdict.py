@@ -1,0 +1,252 @@
+"""The trace analysis and every rule of the verdict table, on constructed traces (Chrome-trace
+events as torch.profiler writes them): each scenario is built so one bottleneck holds, and the
+analysis must find it with the right numbers."""
+from __future__ import annotations
+
+import pytest
+
+from kasoku.perf.profile import trace
+from kasoku.perf.profile.verdict import RULES, judge
+
+
+class Builder:
+    """Chrome-trace events: host phase spans, launches and the kernels they launch."""
+
+    def __init__(self):
+        self.events, self.corr = [], 0
+
+    def phase(self, name, ts, dur):
+        self.events.append({"ph": "X", "cat": "user_annotation", "name": f"kasoku/{name}",
+                            "ts": ts, "dur": dur, "tid": 1})
+
+    def op(self, name, ts, dur):
+        self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur,
+                            "tid": 1})
+
+    def launch(self, ts, name="cudaLaunchKernel"):
+        self.corr += 1
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 4,
+                            "tid": 1, "args": {"correlation": self.corr}})
+        return self.corr
+
+    def kernel(self, corr, name, ts, dur):
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                            "tid": 7, "args": {"correlation": corr}})
+
+    def sync(self, ts, dur):
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize",
+                            "ts": ts, "dur": dur, "tid": 1, "args": {"correlation": 0}})
+
+    def steps(self, n, step_us, body):
+        """``n`` steps of ``step_us``: a data span then ``body(self, t0)`` for the rest."""
+        for i in range(n):
+            body(self, i * step_us)
+        return trace.parse(self.events)
+
+
+def figures(t, **context):
+    f = trace.analyse(t, samples_per_step=100)
+    f.update(batch_size=100, **context)
+    return f
+
+
+def gpu_step(data_us=10, kernel="sm90_xmma_gemm", n_kernels=8, kernel_us=100,
+             launch_gap_us=None, phases=True):
+    """A step body: data wait, then ``n_kernels`` kernels. ``launch_gap_us`` None: all
+    launched at once up front (the device runs them back to back); else one launch every
+    ``launch_gap_us`` with the kernel starting 5 us after its launch (a host too slow to keep
+    the device fed)."""
+    def body(b, t0):
+        b.phase("data", t0, data_us)
+        t = t0 + data_us
+        b.phase("forward", t, 1000 - data_us)
+        k_start = t + 5
+        for i in range(n_kernels):
+            if launch_gap_us is None:
+                c = b.launch(t + i)
+                b.kernel(c, kernel, k_start + i * kernel_us, kernel_us)
+            else:
+                c = b.launch(t + i * launch_gap_us)
+                b.kernel(c, kernel, t + i * launch_gap_us + 5, kernel_us)
+    return body
+
+
+def test_input_bound_gpu():
+    # 600 us of each 1000 us step the host is in the loader while the device sits idle.
+    t = Builder().steps(5, 1000, gpu_step(data_us=600, n_kernels=3, kernel_us=100))
+    f = figures(t, device="cuda", config={"precision": "bf16"}, loader="serial")
+    assert f["data_pct"] == pytest.approx(60, abs=2)
+    v = judge(f)
+    assert v.rule == "input-bound"
+    assert "--loader multiprocess" in v.lever.text
+    assert v.experiments[0].args == ("--synthetic", "--synthetic-size", "512", "--loader",
+                                     "device")
+    assert v.experiments[0].faster
+
+
+def test_host_bound_gpu_suggests_cuda_graph():
+    # A 20 us kernel every 50 us: the device waits for each launch.
+    t = Builder().steps(5, 1000, gpu_step(n_kernels=19, kernel_us=20, launch_gap_us=50))
+    f = figures(t, device="cuda", config={"precision": "bf16", "cuda_graph": False})
+    assert f["busy_pct"] == pytest.approx(38, abs=3)
+    assert f["idle_host_pct"] > 50
+    assert f["launches_per_step"] == 19 and f["kernels_per_step"] == 19
+    v = judge(f)
+    assert v.rule == "host-bound"
+    assert v.lever.args == ("--cuda-graph",)
+    assert "launches/step" in v.reason
+    assert [e.faster for e in v.experiments] == [False, True]
+
+
+def test_data_wait_smaller_than_launch_wait_is_host_bound():
+    """A host too slow to launch also waits in its loader; the larger cause is the verdict."""
+    t = Builder().steps(5, 1000, gpu_step(data_us=200, n_kernels=15, kernel_us=20,
+                                          launch_gap_us=50))
+    f = figures(t, device="cuda", config={})
+    assert f["data_pct"] == pytest.approx(20, abs=2) and f["idle_host_pct"] > 40
+    assert judge(f).rule == "host-bound"
+    assert "input-bound" not in judge(f).secondary
+
+
+def test_host_bound_with_graph_suggests_larger_batch():
+    t = Builder().steps(5, 1000, gpu_step(n_kernels=19, kernel_us=20, launch_gap_us=50))
+    v = judge(figures(t, device="cuda", config={"cuda_graph": True}))
+    assert v.rule == "host-bound" and v.lever.args == ("--batch-size", "200")
+
+
+def test_compute_bound_fp32_suggests_bf16_then_nothing():
+    t = Builder().steps(5, 1000, gpu_step(n_kernels=9, kernel_us=108))
+    f = figures(t, device="cuda", config={"precision": "fp32"}, has_conv=True, mfu=0.31)
+    assert f["busy_pct"] > 95 and f["idle_host_pct"] < 3
+    assert f["by_kind_pct"]["conv/matmul"] == pytest.approx(100)
+    v = judge(f)
+    assert v.rule == "device-bound (compute-bound)" and "MFU 31%" in v.reason
+    assert v.lever.args == ("--precision", "bf16")
+    done = judge({**f, "config": {"precision": "bf16", "channels_last": True}})
+    assert done.lever.args == () and "no cheap lever" in done.lever.text
+    # Nothing to apply: the proof is that neither synthetic data nor a larger batch help.
+    assert [(e.label.split(" ")[0], e.faster) for e in done.experiments] == \
+        [("synthetic", False), ("batch", False)]
+
+
+def test_memory_bound_suggests_compile():
+    t = Builder().steps(5, 1000, gpu_step(kernel="triton_poi_fused_relu_0", n_kernels=9,
+                                          kernel_us=108))
+    v = judge(figures(t, device="cuda", config={"compile": False}))
+    assert v.rule == "device-bound (memory-bound)" and v.lever.args == ("--compile",)
+    assert [e.faster for e in v.experiments] == [False, True]
+    done = judge(figures(t, device="cuda", config={"compile": True}))
+    assert done.lever.args == () and "triton" in done.lever.text
+    assert [(e.label.split(" ")[0], e.faster) for e in done.experiments] == \
+        [("synthetic", False), ("batch", False)]
+
+
+def test_communication_bound():
+    def body(b, t0):
+        gpu_step(n_kernels=4, kernel_us=100)(b, t0)
+        c = b.launch(t0 + 20)
+        b.kernel(c, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 420, 500)
+    f = figures(Builder().steps(5, 1000, body), device="cuda", config={})
+    assert f["comm_pct"] == pytest.approx(50, abs=3)
+    assert judge(f).rule == "communication-bound"
+
+
+def test_graph_replay_gaps_are_not_launch_waits():
+    """All kernels of one replay carry the graph launch's correlation id: their gaps are
+    inside the graph (other), not waits for the host -- the case HTA misreads."""
+    def body(b, t0):
+        b.phase("data", t0, 10)
+        b.phase("compute", t0 + 10, 990)
+        c = b.launch(t0 + 12, name="cudaGraphLaunch")
+        for i in range(10):  # 60 us kernels with 40 us gaps between them
+            b.kernel(c, "sm90_xmma_gemm", t0 + 20 + 100 * i, 60)
+    f = figures(Builder().steps(5, 1000, body), device="cuda", config={"cuda_graph": True})
+    assert f["idle_host_pct"] < 5
+    assert f["idle_other_pct"] > 30
+    assert f["graph_replays_per_step"] == 1 and f["launches_per_step"] == 1
+    assert f["kernels_per_step"] == 10
+
+
+def test_late_graph_launch_is_a_host_wait():
+    def body(b, t0):
+        b.phase("data", t0, 10)
+        b.phase("compute", t0 + 10, 990)
+        c = b.launch(t0 + 500, name="cudaGraphLaunch")  # the host launched late
+        for i in range(4):
+            b.kernel(c, "sm90_xmma_gemm", t0 + 505 + 100 * i, 100)
+    f = figures(Builder().steps(5, 1000, body), device="cuda", config={"cuda_graph": True})
+    # Idle from the previous replay's end (905 us into its step) to 505 us into this one,
+    # less the 10 us data wait.
+    assert f["idle_host_pct"] == pytest.approx(59, abs=3)
+
+
+def test_phases_of_device_time_follow_the_launching_span():
+    def body(b, t0):
+        b.phase("data", t0, 10)
+        b.phase("forward", t0 + 10, 300)
+        b.phase("backward", t0 + 310, 600)
+        b.phase("update", t0 + 910, 90)
+        for ts, dur in ((t0 + 20, 200), (t0 + 320, 400), (t0 + 920, 50)):
+            b.kernel(b.launch(ts), "k", ts + 5, dur)
+    f = figures(Builder().steps(4, 1000, body), device="cuda", config={})
+    assert f["phases_device_ms"] == pytest.approx({"forward": 0.2, "backward": 0.4,
+                                                   "update": 0.05})
+
+
+def cpu_step(data_us=10, op_us=900, ops=9):
+    def body(b, t0):
+        b.phase("data", t0, data_us)
+        b.phase("forward", t0 + data_us, 1000 - data_us)
+        each = op_us / ops
+        for i in range(ops):
+            b.op("aten::addmm", t0 + data_us + i * each, each)
+    return body
+
+
+def test_cpu_compute_bound_and_bf16_hardware():
+    f = figures(Builder().steps(4, 1000, cpu_step()), device="cpu", config={"precision": "fp32"})
+    assert f["device"] == "cpu" and f["operator_pct"] == pytest.approx(90, abs=1)
+    v = judge(f)
+    assert v.rule == "compute-bound" and v.lever.args == ()
+    assert judge({**f, "cpu_bf16": True}).lever.args == ("--precision", "bf16")
+
+
+def test_cpu_dispatch_bound():
+    f = figures(Builder().steps(4, 1000, cpu_step(op_us=300, ops=30)), device="cpu", config={})
+    v = judge(f)
+    assert v.rule == "dispatch-bound" and v.lever.args == ("--batch-size", "200")
+    assert "30 per step" in v.reason
+
+
+def test_cpu_input_bound():
+    f = figures(Builder().steps(4, 1000, cpu_step(data_us=500, op_us=400)), device="cpu",
+                config={}, loader="serial")
+    assert judge(f).rule == "input-bound"
+
+
+def test_balanced_when_no_rule_holds():
+    # Busy 60%; the kernels were queued a step ahead (the host is not late), the device idles
+    # between them (a dependency): no rule's thresholds are met.
+    def body(b, t0):
+        b.phase("data", t0, 10)
+        b.phase("forward", t0 + 10, 990)
+        b.sync(t0 + 20, 900)
+        for i in range(6):
+            b.kernel(b.launch(t0 - 900 + i), "sm90_xmma_gemm", t0 + 20 + 160 * i, 100)
+    f = figures(Builder().steps(5, 1000, body), device="cuda", config={})
+    assert f["busy_pct"] == pytest.approx(60, abs=3)
+    assert f["idle_host_pct"] < 1
+    assert f["host_ms"] < f["device_ms"]
+    assert judge(f).rule == "balanced"
+
+
+def test_every_rule_is_exercised():
+    """The table and this file move together: a new rule needs a scenario above."""
+    assert sorted({r.name for r in RULES}) == ["communication-bound", "compute-bound",
+                                                 "dispatch-bound", "host-bound",
+                                                 "input-bound", "memory-bound"]
+
+
+def test_a_trace_without_steps_is_refused():
+    with pytest.raises(ValueError, match="at least 2"):
+        trace.analyse(trace.parse([]))
