@@ -43,7 +43,7 @@ def test_conventions(command):
     if "--threads" in opts:
         assert opts["--threads"]["type"] == "threads"  # bounded by the cores there are
     if "--batch-size" in opts:  # one value for a run, a comma list for a sweep
-        want = "positive_int" if command == "kasoku train" else "int_list"
+        want = "positive_int" if command in ("kasoku train", "kasoku profile") else "int_list"
         assert opts["--batch-size"]["type"] == want
 
 
