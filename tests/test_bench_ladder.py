@@ -1,7 +1,7 @@
 """``kasoku bench`` end to end on the CPU, one sweep shared by the tests of this file: every
-run in its own worker process, results.jsonl, the table, ladder.png, a simulated OOM, and the
-numerics guard failing a deliberately broken rung. Compile rungs are left out: compiling
-takes longer here than this whole file may."""
+run in its own worker process, results.jsonl, the table, ladder.png, a simulated OOM, the
+numerics guard failing a deliberately broken rung, and each run's bottleneck verdict. Compile
+rungs are left out: compiling takes longer here than this whole file may."""
 import contextlib
 import io
 import json
@@ -93,6 +93,36 @@ def test_each_run_records_where_its_step_time_goes(sweep):
         assert 0 < k["kernel_ms_per_step"] <= k["wall_ms_per_step"]
         assert any("addmm" in t["name"] or "mm" in t["name"] for t in k["top"])
     assert all("kernels" not in r["figures"] for r in records if r["status"] == "oom")
+
+
+def test_each_run_records_its_bottleneck_and_the_table_shows_it(sweep):
+    from kasoku.bench.report import short_rule
+    from kasoku.perf.profile.verdict import RULES
+    _, text, records, _ = sweep
+    # a verdict names its rule, with the rule's family first where it has one
+    rules = ({r.name for r in RULES} | {"balanced"}
+             | {f"{r.family} ({r.name})" for r in RULES if getattr(r, "family", "")})
+    table = text[text.index("rung "):]
+    rows = {line.split("  ")[0]: line for line in table.splitlines()}
+    for r in records:
+        if r["status"] != "ok":
+            assert "verdict" not in r and "profile" not in r["figures"]
+            continue
+        p = r["figures"]["profile"]
+        assert p["device"] == "cpu" and p["steps"] == 5 and p["step_ms"] > 0, p
+        assert p["profiled"]["step_ms"] > 0 and p["batch_size"] == r["batch_size"]
+        assert p["has_conv"] is False and "verdict" not in p
+        assert 0 < len(p["top_operators"]) <= 5
+        # kasoku's eager step takes the window's marks; the plain loop is one compute phase
+        assert set(p["phases_host_ms"]) >= ({"data", "compute"} if r["rung"] == "plain"
+                                            else {"data", "forward", "backward", "update"})
+        v = r["verdict"]
+        assert v["rule"] in rules and v["line"].startswith(v["rule"] + ": "), v
+        assert short_rule(v["rule"]) in rows[r["rung"]], rows[r["rung"]]
+    # under the table, each rung's verdict line at its largest judged batch size (16)
+    for rung in ("plain", "fp32", "+bf16", BROKEN):
+        rec = next(x for x in records if x["rung"] == rung and x["batch_size"] == 16)
+        assert f"  {rung} (bs 16): {rec['verdict']['line']}" in table, table
 
 
 def test_oom_is_recorded_and_the_other_sizes_measured(sweep):

@@ -53,20 +53,73 @@ def _cell(record: dict | None, plain: dict | None) -> str:
     return text
 
 
+def _rule(record: dict) -> str | None:
+    """The bottleneck verdict's rule of a run ("compute-bound"), None when none was judged."""
+    return (record.get("verdict") or {}).get("rule")
+
+
+def short_rule(rule: str) -> str:
+    """A rule as the table's column shows it: without its family ("memory-bound" for
+    "device-bound (memory-bound)"; the lines under the table keep the whole rule)."""
+    name = rule.partition(" (")[2]
+    return name[:-1] if name.endswith(")") else rule
+
+
+def bottleneck(runs: list[dict]) -> str:
+    """The bottleneck column of one rung, from its runs in batch-size order: the verdict's
+    rule (``short_rule``); where it changes with the batch size, each rule with its sizes
+    ("host-bound (32, 64) / memory-bound (128)"); "-" when no run was judged."""
+    sizes: dict[str, list[str]] = {}
+    for r in runs:
+        if _rule(r):
+            sizes.setdefault(short_rule(_rule(r)), []).append(str(r["batch_size"]))
+    if len(sizes) <= 1:
+        return next(iter(sizes), "-")
+    return " / ".join(f"{rule} ({', '.join(bs)})" for rule, bs in sizes.items())
+
+
+def verdict_lines(records: list[dict]) -> list[str]:
+    """What goes under the table: ``RUNG (bs N): LINE`` for each rung and rule it got, at the
+    largest batch size of that rule (the others are in results.jsonl); for a rung never
+    judged, why (its profiled window failed, or its verdict could not be judged)."""
+    rungs, sizes, cells = _grid(records)
+    lines = []
+    for rung in rungs:
+        runs = [cells[(rung, bs)] for bs in sizes if (rung, bs) in cells]
+        latest = {_rule(r): r for r in runs if _rule(r)}  # sizes ascend: the largest wins
+        for r in latest.values():
+            lines.append(f"{rung} (bs {r['batch_size']}): {r['verdict']['line']}")
+        if latest:
+            continue
+        for r in reversed(runs):
+            error = ((r["figures"].get("profile") or {}).get("error")
+                     or (r.get("verdict") or {}).get("error"))
+            if r["status"] == "ok" and error:
+                lines.append(f"{rung} (bs {r['batch_size']}): no verdict: {error}")
+                break
+    return lines
+
+
 def print_ladder(records: list[dict], title: str | None = None, file=None) -> None:
     """Rung rows x batch-size columns: median rate, speed-up over ``plain`` at the same batch
-    size, MFU; then the numerics verdict of the rung."""
+    size, MFU; then the bottleneck (``bottleneck``) and the numerics verdict of the rung.
+    Under the table, each rung's verdict line (``verdict_lines``)."""
     rungs, sizes, cells = _grid(records)
     rows = []
     for rung in rungs:
-        verdicts = {cells[(rung, bs)].get("numerics", {}).get("status")
-                    for bs in sizes if (rung, bs) in cells}
+        runs = [cells[(rung, bs)] for bs in sizes if (rung, bs) in cells]
+        verdicts = {r.get("numerics", {}).get("status") for r in runs}
         numerics = "FAIL" if "FAIL" in verdicts else "ok" if "ok" in verdicts else "n/a"
         rows.append([rung, *[_cell(cells.get((rung, bs)), cells.get(("plain", bs)))
-                             for bs in sizes], numerics])
-    headers = ["rung", *[f"bs {bs}" for bs in sizes], "numerics"]
+                             for bs in sizes], bottleneck(runs), numerics])
+    headers = ["rung", *[f"bs {bs}" for bs in sizes], "bottleneck", "numerics"]
     title = (title or "") + f"  [cells: {unit(records)} median, x speed-up vs plain, MFU]"
     print_table(headers, rows, title=title.strip(), file=file)
+    lines = verdict_lines(records)
+    if lines:
+        print("bottleneck verdicts (a profiled window of each run):", file=file)
+        for line in lines:
+            print(f"  {line}", file=file)
 
 
 def rung_colors(n: int) -> list:

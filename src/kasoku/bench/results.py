@@ -19,7 +19,15 @@ A line (schema ``kasoku.bench/1``)::
     figures:  samples_per_s {median, min, max, n}, step_time_ms {median, min, max},
               steps_per_window, warmup_s, first_step_s, final_loss, mem_peak_gib,
               mem_peak_kind, model_flops_per_step, flops_method, compute_dtype,
-              peak_flops_per_s, peak (the probe's record), mfu, mfu_note
+              peak_flops_per_s, peak (the probe's record), mfu, mfu_note;
+              kernels (with --kernels); profile: the figures of the run's profiled window
+              (``kasoku.perf.profile.trace.analyse``: device, step_ms, data_pct, busy_pct
+              and idle_*_pct on a GPU, operator_pct on a CPU, by_kind_ms, top 5 kernels
+              and operators...; step shares restated for the unprofiled step, the
+              profiled ones under ``profiled``), or {"error": its last line}
+    verdict:  (ok runs with a profile) the bottleneck verdict of
+              ``kasoku.perf.profile.verdict``: rule, reason, line, lever {text, expect, args,
+              speedup}, experiments, secondary; or {"error": ...} when it could not be judged
     numerics: status ("ok" | "FAIL" | "n/a"), losses (the first K), loss (step K),
               mean_loss, reference_mean_loss, rel_diff, tolerance, steps, reason
     notes:    levers skipped or adjusted on this device, and why

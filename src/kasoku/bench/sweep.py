@@ -6,6 +6,10 @@ on. The matmul peaks MFU needs are measured once per (device, dtype) in a proces
 before the runs. The fp32 reference rung runs first at each batch size, so every other run's
 numerics verdict is known when its line is written: lines reach ``results.jsonl`` as runs end,
 and an interrupted sweep keeps what it measured.
+
+Each run also profiles a short window (``profile_steps``) whose figures it records; the
+bottleneck verdict (``kasoku.perf.profile.verdict``) is judged here, once the run's MFU is
+known, and recorded beside them, so the ladder says why each rung is as fast as it is.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from kasoku.bench.worker import WorkerRequest, request_to_json
 from kasoku.errors import ConfigError
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
+from kasoku.perf.profile.verdict import judge
 from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload
 
@@ -63,6 +68,8 @@ class SweepConfig:
     """The workload's dataset: adds the loader rung (``kasoku.bench.fed``)."""
     loader: str | None = None
     """The loader rung's loader spec (None: kasoku's pick, ``fed.fastest_loader``)."""
+    profile_steps: int = 6
+    """Steps of each run's profiled window, judged for its bottleneck verdict (0: none)."""
 
 
 @dataclass
@@ -112,6 +119,7 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
             rec["figures"].update(model_flops_per_step=flops[bs].total,
                                   flops_method=flops[bs].method)
             _add_mfu(rec, peaks.get(compute_dtype(rung)))
+            _add_verdict(rec, rung)
             rec.update(schema=SCHEMA, sweep_id=sweep_id)
             append_result(cfg.out, rec)
             records.append(rec)
@@ -167,6 +175,7 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
                         numerics_steps=cfg.numerics_steps, seed=cfg.seed, threads=cfg.threads,
                         pool_batches=cfg.pool_batches, numerics_only=numerics_only,
                         kernels=0 if numerics_only else cfg.kernels,
+                        profile_steps=0 if numerics_only else cfg.profile_steps,
                         data=str(cfg.data) if rung.loader else None)
     cmd = [sys.executable, "-m", "kasoku.bench.worker", request_to_json(req)]
     t0 = time.perf_counter()
@@ -277,6 +286,26 @@ def _add_mfu(rec: dict, peak: dict | None) -> None:
     figures.update(peak_flops_per_s=rate, peak=peak, mfu=value, mfu_note=note)
 
 
+def _add_verdict(rec: dict, rung: Rung) -> None:
+    """``rec["verdict"]``: the bottleneck verdict of the run's profiled window
+    (``figures["profile"]``), judged with the context the run cannot know alone (its MFU) or
+    that the record holds already (levers, batch size, loader). A run that failed, or whose
+    window failed, gets none; a verdict that cannot be judged records ``{"error": ...}``."""
+    profile = rec["figures"].get("profile")
+    if rec["status"] != "ok" or not profile or "error" in profile:
+        return
+    f = rec["figures"]
+    context = {"config": rec.get("config"), "batch_size": rec["batch_size"],
+               "loader": rung.loader or "synthetic on-device", "mfu": f.get("mfu")}
+    if profile.get("device") == "cpu" and f.get("compute_dtype") == "fp32":
+        context["peak_fraction"] = f.get("mfu")  # the CPU rule says "of its fp32 peak"
+    try:
+        rec["verdict"] = judge({**profile, **context}).to_dict()
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        # A figure the rule's sentence needs is missing: the run's rate still stands.
+        rec["verdict"] = {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _progress(rec: dict) -> str:
     if rec["status"] != "ok":
         return f"{rec['status'].upper()}: {rec.get('error')}  ({rec['wall_s']:.1f} s)"
@@ -285,6 +314,8 @@ def _progress(rec: dict) -> str:
     text = (f"{s['median']:,.0f} {rec.get('unit', 'samples')}/s (min {s['min']:,.0f}, "
             f"max {s['max']:,.0f}, "
             f"n {s['n']}), warm-up {f['warmup_s']:.1f} s, {rec['wall_s']:.1f} s in all")
+    if (rec.get("verdict") or {}).get("rule"):
+        text += f", {rec['verdict']['rule']}"
     if rec["numerics"].get("status") == "FAIL":
         text += "  NUMERICS FAIL"
     k = f.get("kernels")

@@ -9,8 +9,11 @@ inside the timed spans: ``kasoku.bench.fed``); apply the rung;
 numerics (the first K steps on the fixed batches, whose losses the sweep compares with the fp32
 rung's, see ``kasoku.bench.numerics``); warm-up (absorbing compilation, cuDNN autotuning and
 graph capture: the first step is timed on its own, ``warmup_s`` covers both phases); then
-``windows`` timed windows of ``steps`` steps. ``--numerics-only`` stops after the numerics
-phase. ``--probe-peak DTYPES`` instead measures matmul peaks (``kasoku.perf.peak``).
+``windows`` timed windows of ``steps`` steps; then, optionally, the kernel-time split
+(``kernels``) and a profiled window (``profile_steps``: ``kasoku.perf.profile.window``) whose
+analysis the sweep judges for the rung's bottleneck verdict. ``--numerics-only`` stops after
+the numerics phase. ``--probe-peak DTYPES`` instead measures matmul peaks
+(``kasoku.perf.peak``).
 
 Test hooks (environment): ``KASOKU_BENCH_SIMULATE_OOM=64[,128]`` raises an out-of-memory
 error at those batch sizes; ``KASOKU_BENCH_SIMULATE_DIVERGENCE=LABEL[,LABEL]`` multiplies the
@@ -24,12 +27,14 @@ import json
 import os
 import resource
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass
 
 import torch
 
 from kasoku.accel.config import AccelConfig
+from kasoku.accel.memory_format import has_conv2d
 from kasoku.bench import plain
 from kasoku.bench.numerics import DEFAULT_STEPS
 from kasoku.bench.pool import batch_spec, cycle, make_pool
@@ -41,6 +46,10 @@ from kasoku.workloads import create_workload
 OOM_ENV = "KASOKU_BENCH_SIMULATE_OOM"
 DIVERGE_ENV = "KASOKU_BENCH_SIMULATE_DIVERGENCE"
 DIVERGE_LR_SCALE = 1e4
+PROFILE_WARMUP = 2
+"""Profiler warm-up steps before the profiled ones (the profiler's own start-up lands there)."""
+PROFILE_TOP = 5
+"""Top kernels and top operators kept in the record (a line per run must stay short)."""
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
@@ -66,6 +75,9 @@ class WorkerRequest:
     0: none."""
     data: str | None = None
     """The workload's dataset folder, for a rung fed by a loader (``rung.loader``)."""
+    profile_steps: int = 6
+    """Steps of the profiled window after the windows (and after ``kernels``), analysed into
+    ``figures["profile"]`` for the sweep's bottleneck verdict; 0: none."""
 
 
 def run(req: WorkerRequest) -> dict:
@@ -174,13 +186,81 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
         split = profile_steps(lambda: runner(batches(req.kernels, start)), device,
                               steps=req.kernels)
         figures["kernels"] = split.to_dict(top=10)
+    if req.profile_steps:
+        start = done + req.steps * req.windows + req.kernels
+        figures["profile"] = _profile(req, runner, batches, start, device, has_conv2d(model),
+                                      figures["step_time_ms"]["median"])
+
+
+def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.device,
+             has_conv: bool, step_ms: float) -> dict:
+    """The analysed profiled window (``profile_window``) with what the verdict needs of the
+    run (batch size, convolutions, the CPU's bf16 units) and the shares of the step restated
+    for the unprofiled step of ``step_ms`` (the windows' median), as ``kasoku profile`` does:
+    the profiler slows the host, not the kernels. ``{"error": last line}`` when it fails: the
+    rung's rate stands without its explanation."""
+    try:
+        from kasoku.perf.profile.session import cpu_has_bf16, unprofiled_shares
+        context = {"batch_size": req.batch_size, "has_conv": has_conv,
+                   "cpu_bf16": cpu_has_bf16()}
+        figures = profile_window(runner, batches, start, device, req.profile_steps, context,
+                                 req.batch_size)
+        unprofiled_shares(figures, {"samples_per_step": req.batch_size,
+                                     "samples_per_s": req.batch_size / (step_ms / 1e3),
+                                     "phases": {"time/data%": figures.get("data_pct", 0.0)}})
+    except Exception as exc:  # noqa: BLE001 - recorded, the rung is measured already
+        traceback.print_exc(file=sys.stderr)
+        return {"error": _last_line(exc)}
+    return figures
+
+
+def profile_window(runner, batches, start: int, device: torch.device, steps: int,
+                   context: dict, samples_per_step: int) -> dict:
+    """Run ``PROFILE_WARMUP + steps`` steps on ``batches(1, start + i)`` under the profiler
+    and return the trace's figures (``Window.analyse``) plus ``context``, without the verdict
+    (the sweep judges with the MFU, known only there) and with the top lists cut to
+    ``PROFILE_TOP``. The trace lives in a temporary folder, deleted after the analysis.
+
+    Each step is marked as the analysis cuts it: ``data`` while the batch is taken (a loader
+    rung loads it then), then the step's own marks (forward, backward, update, other) where
+    its eager step takes them, else one ``compute``."""
+    from kasoku.perf.profile.phases import NoClock, markable, no_mark
+    from kasoku.perf.profile.window import Window
+    inner = markable(getattr(runner, "step_fn", None))
+    with tempfile.TemporaryDirectory(prefix="kasoku-bench-profile-") as tmp:
+        window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP)
+        clock = window.start(NoClock())  # the trace's spans only: nothing else to time
+        if inner is not None:
+            inner.mark = clock.mark
+        try:
+            i, last = start, False
+            while not last:
+                clock.mark("data")
+                batch = list(batches(1, i))  # a loader rung pulls its batch here, in data
+                if inner is None:
+                    clock.mark("compute")
+                runner(batch)
+                i += 1
+                last = window.step()
+        finally:
+            window.stop()
+            if inner is not None:
+                inner.mark = no_mark
+        figures = window.analyse(context, samples_per_step)
+    figures.pop("verdict", None)
+    for key in ("top_kernels", "top_operators"):
+        if key in figures:
+            figures[key] = figures[key][:PROFILE_TOP]
+    return figures
 
 
 def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
     """The rung's training steps as a ``Runner`` (``kasoku.bench.timing``): one step per
     batch it is given, returning the last loss. The plain rung is the hand-written loop of
     ``kasoku.bench.plain``; every other rung is ``accelerate``'s step for its config. Notes
-    of levers skipped on this device are appended to ``notes``."""
+    of levers skipped on this device are appended to ``notes``. A kasoku rung's runner
+    carries its step function as ``step_fn`` (where a profiled window attaches its phase
+    marks); the plain loop takes none."""
     from kasoku.optim import make_optimizer
     r = wl.recipe
     if rung.is_plain:
@@ -206,6 +286,7 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
             observation = step_fn(acc_model, batch, optimizer)
         return observation["main/loss"]
 
+    run_steps.step_fn = step_fn
     return run_steps
 
 

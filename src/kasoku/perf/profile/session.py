@@ -80,7 +80,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
-        _unprofiled_shares(figures, result)
+        unprofiled_shares(figures, result)
         from kasoku.perf.profile.verdict import judge
         figures.pop("verdict")
         result["figures"] = figures
@@ -120,7 +120,7 @@ def _measure(u, cfg: ProfileConfig) -> dict:
             "phases": u.phases.take(), "phases_split": u.phases_split}
 
 
-def _unprofiled_shares(figures: dict, result: dict) -> None:
+def unprofiled_shares(figures: dict, result: dict) -> None:
     """Restate the shares of the step for the run without the profiler, which slows the host
     (every operator it records costs microseconds) but hardly the kernels: the step time and
     data wait come from the unprofiled steps (phase clock), the device's busy time from the
@@ -153,12 +153,12 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "batch_size": trainer.run_info["batch_size"],
                "has_conv": any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
                "unprofiled_samples_per_s": result["samples_per_s"],
-               "cpu_bf16": _cpu_has_bf16()}
+               "cpu_bf16": cpu_has_bf16()}
     context.update(_mfu(workload, trainer, accel, result))
     return context
 
 
-def _cpu_has_bf16() -> bool:
+def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16; Linux flags)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
