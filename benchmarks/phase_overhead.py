@@ -57,7 +57,6 @@ def main() -> int:
 
     def span(which: str) -> float:
         u.phases = clocks[which]
-        u._marked_fn = None  # re-attach the step's marks to this clock
         sync(device)
         t0 = time.perf_counter()
         before = u.samples
@@ -68,7 +67,6 @@ def main() -> int:
 
     for which in ("off", "on"):  # compilation, capture, autotuning: excluded
         u.phases = clocks[which]
-        u._marked_fn = None
         for _ in range(args.warmup):
             u.update()
     rates = {"off": [], "on": []}

@@ -107,7 +107,8 @@ class Updater:
 
     ``phases`` times every step's phases (``kasoku.perf.profile.phases.PhaseClock``: data
     wait, copy, forward, backward, update, other); LogReport logs them. ``phase_timing=False``
-    times nothing.
+    times nothing. Assigning another clock to ``phases`` (a profiled window's) gives the step
+    that clock's marks from the next step on.
     """
 
     def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,
@@ -119,8 +120,8 @@ class Updater:
         # A chunk of K batches is [K, B, ...]: its samples are the first two dimensions.
         self._sample_dims = 2 if getattr(loader, "batches_per_call", 1) > 1 else 1
         self._elapsed_before, self._started_at = 0.0, None
-        self.phases = PhaseClock(device) if phase_timing else NoClock()
         self._marked_fn, self._marks_inside = None, False
+        self.phases = PhaseClock(device) if phase_timing else NoClock()
 
     def update(self) -> None:
         self.previous_iteration = self.iteration
@@ -146,6 +147,15 @@ class Updater:
         # A loader that hands out several batches per call (``batches_per_call``, for a step
         # that runs one optimizer step per batch) says how many the chunk held.
         self.iteration += getattr(self.loader, "last_chunk_batches", 1)
+
+    @property
+    def phases(self):
+        return self._phases
+
+    @phases.setter
+    def phases(self, clock) -> None:
+        self._phases = clock
+        self._marked_fn = None  # the step takes the new clock's marks at its next call
 
     def _attach_marks(self) -> None:
         """Give the step function's eager step (if it has one) this updater's clock."""

@@ -1,7 +1,8 @@
 """Where a step's time goes: profiles of training steps and what they say.
 
-Today: ``kernels``, the device (or CPU operator) time of profiled steps split by kind --
-convolutions and matrix products, Triton (compiled) code, the optimizer, copies -- as ``kasoku
-bench --kernels`` records it. The trace analysis, the phase timers and the bottleneck verdict
-of ``kasoku profile`` are to be built here, on torch.profiler.
+``phases`` (the always-on phase clock of every training step), ``window`` (torch.profiler over
+a few steps, with the phases as host spans), ``trace`` (the analysis of its Chrome trace),
+``verdict`` (the rules table: which bottleneck, which lever), ``session`` (``kasoku profile``
+and its ``--confirm`` A/B), ``timeline`` and ``html`` (the picture and the report), ``kernels``
+(device or operator time by kind of kernel, for ``kasoku bench --kernels``).
 """

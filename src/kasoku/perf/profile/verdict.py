@@ -148,9 +148,19 @@ def _memory_lever(f: dict) -> Lever:
                  f"{kinds.get(top, 0.0):.1f} ms/step)", "none", (), None)
 
 
-def _device_experiments(lever: Callable[[dict], Lever]):
-    """Synthetic data does not help a device-bound step; the lever does, or, with none left,
-    neither does a larger batch (the device is full)."""
+def _host_reason(f: dict) -> str:
+    host_slower = f.get("host_ms", 0.0) > f.get("device_ms", 0.0)
+    return (f"the GPU is idle {_pct(100 - f['busy_pct'])} of the step "
+            f"({_pct(f['idle_host_pct'])} waiting for launches), "
+            f"{f['launches_per_step']:.0f} launches/step"
+            + (f", host {f['host_ms']:.2f} ms > device {f['device_ms']:.2f} ms per step"
+               if host_slower else ""))
+
+
+def _proof(lever: Callable[[dict], Lever]):
+    """The experiments of a step bound by the host or the device: synthetic data does not
+    help it; the lever does, or, with none left, neither does a larger batch (the device is
+    full)."""
     def experiments(f: dict) -> list[Experiment]:
         chosen = lever(f)
         last = Experiment(chosen.text.split(": ")[-1], chosen.args, True) if chosen.args \
@@ -200,18 +210,7 @@ RULES: list[Rule] = [
              f.get("idle_host_pct", 0.0) >= t["idle_host_pct"]
              or (f.get("busy_pct", 100.0) < t["busy_pct"]
                  and f.get("host_ms", 0.0) > f.get("device_ms", 0.0))),
-         lambda f: (f"the GPU is idle {_pct(100 - f['busy_pct'])} of the step "
-                    f"({_pct(f['idle_host_pct'])} waiting for launches), "
-                    f"{f['launches_per_step']:.0f} launches/step, host {f['host_ms']:.2f} ms "
-                    f"> device {f['device_ms']:.2f} ms per step"
-                    if f.get("host_ms", 0.0) > f.get("device_ms", 0.0) else
-                    f"the GPU is idle {_pct(100 - f['busy_pct'])} of the step "
-                    f"({_pct(f['idle_host_pct'])} waiting for launches), "
-                    f"{f['launches_per_step']:.0f} launches/step"),
-         _host_lever,
-         lambda f: [Experiment("synthetic data on the device", _synthetic(f), False),
-                    *([Experiment(_host_lever(f).text.split(": ")[-1], _host_lever(f).args,
-                                  True)] if _host_lever(f).args else [])]),
+         _host_reason, _host_lever, _proof(_host_lever)),
     Rule("compute-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
          lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) >= t["matmul_pct"],
@@ -219,7 +218,7 @@ RULES: list[Rule] = [
                     f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in convolutions and "
                     f"matrix products" + (f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu")
                                           else "")),
-         _compute_lever, _device_experiments(_compute_lever), "device-bound"),
+         _compute_lever, _proof(_compute_lever), "device-bound"),
     Rule("memory-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
          lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) < t["matmul_pct"],
@@ -227,7 +226,7 @@ RULES: list[Rule] = [
                     f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in matrix products: "
                     f"the rest moves memory" + (f", MFU {100 * f['mfu']:.0f}%"
                                                 if f.get("mfu") else "")),
-         _memory_lever, _device_experiments(_memory_lever), "device-bound"),
+         _memory_lever, _proof(_memory_lever), "device-bound"),
     Rule("dispatch-bound", {"operator_pct": 60.0},
          lambda f, t: f.get("device") == "cpu" and f.get("operator_pct", 100.0)
          < t["operator_pct"],

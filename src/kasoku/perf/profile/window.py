@@ -142,7 +142,7 @@ def _compiles() -> int:
         from torch._dynamo.utils import counters
     except ImportError:
         return 0
-    return int(sum(counters.get("stats", {}).get(k, 0) for k in ("unique_graphs",)))
+    return int(counters.get("stats", {}).get("unique_graphs", 0))
 
 
 def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
@@ -153,20 +153,15 @@ def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
     window = Window(updater.device, out, steps, warmup)
     clock = updater.phases
     updater.phases = window.start(clock)
-    updater._marked_fn = None  # attach the tracing clock's marks to the step
     try:
-        while not _one(window, updater):
-            pass
+        last = False
+        while not last:
+            updater.update()
+            last = window.step()
     finally:
         window.stop()
         updater.phases = clock
-        updater._marked_fn = None
     return window.analyse(context, samples_per_step)
-
-
-def _one(window: Window, updater) -> bool:
-    updater.update()
-    return window.step()
 
 
 class ProfileWindow:
@@ -189,7 +184,6 @@ class ProfileWindow:
             self.window = Window(u.device, trainer.out / self.folder, self.steps, self.warmup)
             self._clock = u.phases
             u.phases = self.window.start(self._clock)
-            u._marked_fn = None
         elif self.window is not None and self.window.step():
             self._restore(u)
             self.figures = self.window.analyse({"batch_size": _batch_size(u)})
@@ -200,7 +194,6 @@ class ProfileWindow:
 
     def _restore(self, u) -> None:
         u.phases = self._clock
-        u._marked_fn = None
 
     def finalize(self, trainer) -> None:
         if self.window is not None:
