@@ -208,14 +208,18 @@ def test_cpu_compute_bound_and_bf16_hardware():
     assert f["device"] == "cpu" and f["operator_pct"] == pytest.approx(90, abs=1)
     v = judge(f)
     assert v.rule == "compute-bound" and v.lever.args == ()
+    assert "no bf16 matrix hardware" in v.lever.text
     assert judge({**f, "cpu_bf16": True}).lever.args == ("--precision", "bf16")
+    in_bf16 = judge({**f, "cpu_bf16": True, "config": {"precision": "bf16"}}).lever
+    assert in_bf16.args == () and "in use already" in in_bf16.text
 
 
 def test_cpu_dispatch_bound():
     f = figures(Builder().steps(4, 1000, cpu_step(op_us=300, ops=30)), device="cpu", config={})
     v = judge(f)
     assert v.rule == "dispatch-bound" and v.lever.args == ("--batch-size", "200")
-    assert "30 per step" in v.reason
+    assert "30 per step" in v.reason and "--compile" in v.lever.text
+    assert "--compile" not in judge({**f, "config": {"compile": True}}).lever.text
 
 
 def test_cpu_input_bound():

@@ -174,14 +174,15 @@ def _cpu_compute_lever(f: dict) -> Lever:
     if f.get("cpu_bf16") and cfg.get("precision", "fp32") == "fp32":
         return Lever("bf16 matrix units of this CPU: --precision bf16", "~1.5x",
                      ("--precision", "bf16"), 1.5)
-    return Lever("no cheap lever left on this CPU (no bf16 matrix hardware); a GPU, or more "
-                 "cores (--threads)", "none", (), None)
+    why = "its bf16 units in use already" if f.get("cpu_bf16") else "no bf16 matrix hardware"
+    return Lever(f"no cheap lever left on this CPU ({why}); a GPU, or more cores (--threads)",
+                 "none", (), None)
 
 
 def _dispatch_lever(f: dict) -> Lever:
-    return Lever(f"more work per operator: {' '.join(_batch_x2(f))} (or --compile to fuse "
-                 f"operators)", "more samples per second at the same overhead per step",
-                 _batch_x2(f), None)
+    fuse = "" if _cfg(f).get("compile") else " (or --compile to fuse operators)"
+    return Lever(f"more work per operator: {' '.join(_batch_x2(f))}{fuse}",
+                 "more samples per second at the same overhead per step", _batch_x2(f), None)
 
 
 def _pct(x) -> str:
