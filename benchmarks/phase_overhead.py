@@ -44,6 +44,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--sample-every", type=int, help="time one step in N (default: the clock's)")
+    p.add_argument("--sample-period", type=float,
+                   help="time at most one step per this many seconds (default: the clock's)")
     args = p.parse_args()
     accel = gpu_ladder()[-1].config if args.top_rung else AccelConfig()
     wl = create_workload(args.workload)
@@ -53,7 +55,8 @@ def main() -> int:
                         progress=False, overwrite=True, out="/tmp/kasoku-phase-overhead")
     trainer = build_trainer(wl, data, train, accel)
     u, device = trainer.updater, trainer.updater.device
-    clocks = {"off": NoClock(), "on": PhaseClock(device, sample_every=args.sample_every)}
+    clocks = {"off": NoClock(), "on": PhaseClock(device, sample_every=args.sample_every,
+                                                    sample_period_s=args.sample_period)}
 
     def span(which: str) -> float:
         u.phases = clocks[which]
@@ -80,6 +83,7 @@ def main() -> int:
         "workload": args.workload, "device": str(device), "batch_size": trainer.run_info["batch_size"], "loader": args.loader,
         "config": dataclasses.asdict(accel), "steps_per_round": args.steps,
         "sample_every": clocks["on"].sample_every,
+        "sample_period_s": clocks["on"].sample_period_s,
         "rounds": args.rounds, "samples_per_s_off": off, "samples_per_s_on": on,
         "overhead_pct": 100 * (off - on) / off,
         "overhead_pct_paired": statistics.median(

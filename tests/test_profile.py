@@ -155,6 +155,21 @@ def test_kasoku_profile_confirm_runs_fresh_processes(tmp_path, capsys):
         assert row["ratio"] > 0
 
 
+def test_python_adds_a_host_sampling_profile_of_the_step(tmp_path, capsys):
+    pytest.importorskip("pyinstrument")
+    out = tmp_path / "prof"
+    code = main(["profile", "mnist-mlp", "--synthetic", "--synthetic-size", "2000",
+                 "--batch-size", "50", "--skip", "2", "--measure-steps", "3", "--steps", "20",
+                 "--warmup", "1", "--out", str(out), "--python"])
+    assert code == 0
+    assert "host Python profile (pyinstrument)" in capsys.readouterr().out
+    text = (out / "python.txt").read_text()
+    assert "Updater.update" in text and "StandardStep.__call__" in text  # the step's frames
+    assert (out / "python.html").read_text().lstrip().lower().startswith("<!doctype html")
+    report = (out / "report.html").read_text()
+    assert 'href="python.html"' in report and "StandardStep.__call__" in report
+
+
 def test_profile_refuses_bad_settings_in_one_line(tmp_path, capsys):
     assert main(["profile", "mnist-mlp", "--steps", "0"]) == 2
     err = capsys.readouterr().err

@@ -93,5 +93,7 @@ def summary(result: dict) -> str:
         ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
         lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
                      f"  {row.get('outcome') or row.get('error', '')}")
+    if result.get("python_profile"):
+        lines.append(f"host Python profile (pyinstrument): {result['python_profile']}")
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")
     return "\n".join(lines)

@@ -38,17 +38,20 @@ td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.88
 .confirmed { color: #1a7f1a; font-weight: 600; }
 .refuted { color: #c01818; font-weight: 600; }
 img#timeline { max-width: 100%; border: 1px solid #ddd; }
+pre { font-size: 12px; overflow-x: auto; background: #f7f7f7; padding: 0.5em; }
 """
 
 
 def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict | None,
-                 timeline_png: Path | None, ladder: list[dict] | None, settings: dict) -> Path:
+                 timeline_png: Path | None, ladder: list[dict] | None, settings: dict,
+                 python_profile: Path | None = None) -> Path:
     """Write the report to ``path`` and return it as a ``Path``. ``verdict``:
     ``Verdict.to_dict()``; ``figures``: ``trace.analyse``'s dict plus the context keys
     (``mfu`` a fraction, ``mem_peak_gib``, ...); ``phases``: ``phases.summarize``'s dict
     (None: not timed); ``timeline_png``: embedded when given and present; ``ladder``: the
     rows of ``--confirm`` (``label``, ``samples_per_s``, ``ratio``, ``expected``,
-    ``outcome``); ``settings``: shown as key/value pairs."""
+    ``outcome``); ``settings``: shown as key/value pairs; ``python_profile``: pyinstrument's
+    HTML page, linked, with its text form (the ``.txt`` beside it) shown."""
     parts = [f"<h1>{_esc(title)}</h1>", _verdict(verdict)]
     if ladder:
         parts += ["<h2>What was tried</h2>", _ladder(ladder)]
@@ -69,6 +72,8 @@ def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict
                   _table(["operator", "ms/step"],
                          [(o["name"], _num(o["ms_per_step"])) for o in figures["top_operators"]],
                          name_col=0)]
+    if python_profile is not None:
+        parts += _python(Path(python_profile), Path(path).parent)
     parts += ["<h2>Settings</h2>",
               _table(["setting", "value"], [(k, _value(v)) for k, v in settings.items()],
                      numbers=False)]
@@ -79,6 +84,15 @@ def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _python(page: Path, where: Path) -> list[str]:
+    text = page.with_suffix(".txt")
+    shown = text.read_text(encoding="utf-8") if text.exists() else ""
+    href = page.name if page.parent == where else page.as_uri()
+    return ["<h2>Host Python profile (pyinstrument)</h2>",
+            f'<p><a href="{_esc(href)}">the interactive profile</a></p>',
+            f"<pre>{_esc(shown)}</pre>"]
 
 
 def _esc(value) -> str:

@@ -11,8 +11,11 @@ the next.
 
 - CPU: marks read the monotonic clock (``time.perf_counter``).
 - CUDA: marks record CUDA events on the current stream, read back a step or more later with
-  ``Event.query()`` (never a synchronize in the hot path); one step in 16 is timed
-  (``PhaseClock.CUDA_SAMPLE_EVERY``), which keeps the cost under 1% on a 1 ms step. A phase's time is then the time the
+  ``Event.query()`` (never a synchronize in the hot path). Not every step is timed: a timed
+  step costs tens of microseconds of host time, so at most one step in 16
+  (``PhaseClock.CUDA_SAMPLE_EVERY``) and at most one per 20 ms of wall-clock time
+  (``CUDA_SAMPLE_PERIOD_S``) is, which keeps the cost well under 1% of a 1 ms step and of a
+  0.1 ms one (a CUDA-graph step). A phase's time is then the time the
   *device* spent between two marks, gaps included: a device that waits while the host is
   inside the loader sees a long ``data`` phase; one busy with the previous step while the
   host waits does not (the wait is hidden, as it costs no throughput); a host too slow to
@@ -65,14 +68,22 @@ class PhaseClock:
     """
 
     CUDA_SAMPLE_EVERY = 16
-    """On CUDA one step in this many is timed: a timed step records about eight events and
-    reads them back, tens of microseconds of host time, several % of a 1 ms step when every
+    """On CUDA at most one step in this many is timed: a timed step records about eight events
+    and reads them back, tens of microseconds of host time, 11% of a 1.2 ms step when every
     step is timed (measured: benchmarks/phase_overhead.py, docs/benchmarks.md)."""
 
-    def __init__(self, device, sample_every: int | None = None):
+    CUDA_SAMPLE_PERIOD_S = 0.02
+    """...and at most one per this many seconds of wall-clock time, so that short steps (a
+    0.1 ms CUDA-graph step) are not timed more often in time than long ones."""
+
+    def __init__(self, device, sample_every: int | None = None,
+                 sample_period_s: float | None = None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.sample_every = sample_every or (self.CUDA_SAMPLE_EVERY if self.cuda else 1)
+        self.sample_period_s = (sample_period_s if sample_period_s is not None
+                                else self.CUDA_SAMPLE_PERIOD_S if self.cuda else 0.0)
+        self._next_count, self._next_time = self.sample_every, 0.0  # step 0 is timed
         self._totals: dict[str, float] = collections.defaultdict(float)  # seconds
         self._steps = 0
         self._run_totals: dict[str, float] = collections.defaultdict(float)
@@ -111,7 +122,13 @@ class PhaseClock:
                 self._pending.append((self._marks, self._record()))
                 self._marks = []
                 self._drain()
-            self._on = self._count % self.sample_every == 0
+            self._on = False
+            if self._count >= self._next_count:
+                now = time.perf_counter()
+                if now >= self._next_time:
+                    self._on = True
+                    self._next_count = self._count + self.sample_every
+                    self._next_time = now + self.sample_period_s
             return
         if self._phase is not None:
             now = time.perf_counter()

@@ -284,5 +284,6 @@ def _write(out: Path, result: dict) -> None:
         result["report"] = str(write_report(
             out / "report.html", title=f"kasoku profile: {result['workload']}",
             verdict=result["verdict"], figures=figures, phases=result["phases"],
-            timeline_png=png, ladder=result.get("ladder"), settings=result["settings"]))
+            timeline_png=png, ladder=result.get("ladder"), settings=result["settings"],
+            python_profile=result.get("python_profile")))
     (out / "profile.json").write_text(json.dumps(result, indent=1, default=str))
