@@ -104,8 +104,10 @@ def test_data_wait_smaller_than_launch_wait_is_host_bound():
                                           launch_gap_us=50))
     f = figures(t, device="cuda", config={})
     assert f["data_pct"] == pytest.approx(20, abs=2) and f["idle_host_pct"] > 40
-    assert judge(f).rule == "host-bound"
-    assert "input-bound" not in judge(f).secondary
+    v = judge(f)
+    assert v.rule == "host-bound"
+    assert not any(s.startswith("input-bound") for s in v.secondary)
+    assert v.secondary == ["20% of the step waiting for data"]  # named, below the rule
 
 
 def test_host_bound_with_graph_suggests_larger_batch():
@@ -254,3 +256,13 @@ def test_every_rule_is_exercised():
 def test_a_trace_without_steps_is_refused():
     with pytest.raises(ValueError, match="at least 2"):
         trace.analyse(trace.parse([]))
+
+
+def test_a_second_cause_is_named_with_its_numbers():
+    f = {"device": "cuda", "data_pct": 40.0, "comm_pct": 25.0, "idle_host_pct": 12.0,
+         "busy_pct": 50.0, "loader": "serial", "batch_size": 64}
+    v = judge(f)
+    assert v.rule == "input-bound"
+    assert v.secondary == ["communication-bound: collectives (all-reduce) take 25% of the step",
+                           "12% of the step the device waiting for launches"]
+    assert judge(dict(f, comm_pct=5.0, idle_host_pct=3.0)).secondary == []

@@ -87,6 +87,8 @@ def summary(result: dict) -> str:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")
     lines.append(f"verdict: {v['line']}")
+    for also in v.get("secondary") or []:
+        lines.append(f"  also: {also}")
     for row in result.get("ladder") or []:
         rate = row.get("samples_per_s")
         shown = f"{rate:10.1f}/s" if rate else "     n/a   "

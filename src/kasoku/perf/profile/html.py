@@ -142,7 +142,7 @@ def _verdict(v: dict) -> str:
     cls = " class=\"balanced\"" if v.get("rule") == "balanced" else ""
     out = [f"<div id=\"verdict\"{cls}>{_esc(v.get('line', ''))}</div>"]
     if v.get("secondary"):
-        out.append(f"<p class=\"secondary\">also: {_esc(', '.join(v['secondary']))}</p>")
+        out.append(f"<p class=\"secondary\">also: {_esc('; '.join(v['secondary']))}</p>")
     return "\n".join(out)
 
 

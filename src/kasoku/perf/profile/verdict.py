@@ -5,7 +5,8 @@ time per step", "IO overlaps now, but the CPU still can't keep up") made a rule.
 ``RULES`` is the table: each ``Rule`` has its thresholds as data, a test over the figures of
 ``kasoku.perf.profile.trace.analyse`` (plus the run's context: its levers, loader, MFU), the
 sentence it says and the lever it suggests. The first rule whose test passes is the verdict;
-the others that pass are listed as secondary. ``--confirm`` runs the rule's experiments
+the others that pass are listed as secondary, with any other cause that takes at least
+``SECONDARY_PCT`` of the step (``SHARES``). ``--confirm`` runs the rule's experiments
 (``Experiment``): each a change of the command line and what throughput should do.
 """
 from __future__ import annotations
@@ -247,6 +248,16 @@ RULES: list[Rule] = [
 ]
 
 
+SECONDARY_PCT = 10.0
+"""A cause below the verdict's thresholds is still named (as secondary) from this share of the
+step on."""
+
+SHARES = (("input-bound", "data_pct", "waiting for data"),
+          ("host-bound", "idle_host_pct", "the device waiting for launches"),
+          ("communication-bound", "comm_pct", "in collectives"))
+"""The shares of the step that name a cause: (the rule it belongs to, figure, words)."""
+
+
 def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
     levers as ``AccelConfig`` fields; ``loader``; ``batch_size``; ``mfu``; ``has_conv``;
@@ -258,6 +269,11 @@ def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
                        Lever("see the phases and top kernels", "unknown"))
     first = passed[0]
     name = f"{first.family} ({first.name})" if first.family else first.name
+    secondary = [f"{r.name}: {r.say(figures)}" for r in passed[1:] if r.name != first.name]
+    named = {first.name} | {r.name for r in passed}
+    for rule, key, words in SHARES:
+        share = figures.get(key, 0.0)
+        if rule not in named and share >= SECONDARY_PCT:
+            secondary.append(f"{_pct(share)} of the step {words}")
     return Verdict(name, first.say(figures), first.lever(figures),
-                   first.experiments(figures),
-                   [r.name for r in passed[1:] if r.name != first.name])
+                   first.experiments(figures), secondary)
