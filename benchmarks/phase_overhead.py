@@ -55,21 +55,30 @@ def main() -> int:
                         progress=False, overwrite=True, out="/tmp/kasoku-phase-overhead")
     trainer = build_trainer(wl, data, train, accel)
     u, device = trainer.updater, trainer.updater.device
-    clocks = {"off": NoClock(), "on": PhaseClock(device, sample_every=args.sample_every,
-                                                    sample_period_s=args.sample_period)}
+    def clock(which: str):
+        return NoClock() if which == "off" else PhaseClock(
+            device, sample_every=args.sample_every, sample_period_s=args.sample_period)
+
+    phases = []  # each "on" span's phases: a fresh clock per span, so no span's step
+    # includes the time of the "off" span before it
 
     def span(which: str) -> float:
-        u.phases = clocks[which]
+        u.phases = clocks = clock(which)
         sync(device)
         t0 = time.perf_counter()
         before = u.samples
         for _ in range(args.steps):
             u.update()
         sync(device)  # note: the span's device work inside the timing
-        return (u.samples - before) / (time.perf_counter() - t0)
+        rate = (u.samples - before) / (time.perf_counter() - t0)
+        if which == "on":
+            clocks.step()
+            sync(device)
+            phases.append(clocks.take())
+        return rate
 
     for which in ("off", "on"):  # compilation, capture, autotuning: excluded
-        u.phases = clocks[which]
+        u.phases = clock(which)
         for _ in range(args.warmup):
             u.update()
     rates = {"off": [], "on": []}
@@ -82,13 +91,13 @@ def main() -> int:
     print(json.dumps({
         "workload": args.workload, "device": str(device), "batch_size": trainer.run_info["batch_size"], "loader": args.loader,
         "config": dataclasses.asdict(accel), "steps_per_round": args.steps,
-        "sample_every": clocks["on"].sample_every,
-        "sample_period_s": clocks["on"].sample_period_s,
+        "sample_every": clock("on").sample_every,
+        "sample_period_s": clock("on").sample_period_s,
         "rounds": args.rounds, "samples_per_s_off": off, "samples_per_s_on": on,
         "overhead_pct": 100 * (off - on) / off,
         "overhead_pct_paired": statistics.median(
             100 * (a - b) / a for a, b in zip(rates["off"], rates["on"])),
-        "rates": rates, "phases": clocks["on"].take(), "torch": torch.__version__}))
+        "rates": rates, "phases": phases[-1], "torch": torch.__version__}))
     return 0
 
 

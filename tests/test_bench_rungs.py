@@ -66,6 +66,23 @@ def test_cpu_ladder_and_levers_that_do_not_apply():
     assert rungs == gpu_ladder() and notes == []
 
 
+def test_an_mlp_on_the_gpu_ladder_runs_every_rung_it_can():
+    """The conv-only levers are dropped, so no rung is refused by check_config (fused_bn
+    without channels_last was: seen on an H200 with mnist-mlp)."""
+    from kasoku.accel.compose import check_config
+    rungs, notes = resolve(gpu_ladder(), "cuda", has_conv=False)
+    labels = [r.label for r in rungs]
+    assert "+fused-bn" not in labels and "+fast-stem" not in labels
+    assert "+combo-kernels" in labels and "+cuda-graph" in labels
+    for rung in rungs:
+        if rung.config is not None:
+            check_config(rung.config)
+            assert not (rung.config.fused_bn or rung.config.fast_stem
+                        or rung.config.channels_last or rung.config.matmul_1x1)
+    for lever in ("fused_bn", "fast_stem", "channels_last", "matmul_1x1", "wgrad_stream"):
+        assert sum(n.startswith(f"{lever} does not apply") for n in notes) == 1, notes
+
+
 def test_parse_config():
     c = parse_config("precision=bf16,channels_last,compile=max-autotune")
     assert c == AccelConfig(precision="bf16", channels_last=True, compile=True,

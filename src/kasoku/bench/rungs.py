@@ -222,6 +222,13 @@ def _applicable(config: AccelConfig, device_type: str, has_conv: bool):
     if config.wgrad_stream and not has_conv:
         config = replace(config, wgrad_stream=False)
         dropped.append(("wgrad_stream", "the model has no 2-d convolutions"))
+    if config.fused_bn and not has_conv:
+        config = replace(config, fused_bn=False)
+        dropped.append(("fused_bn", "the model has no 2-d convolutions (no batch norm + ReLU "
+                                    "on their activations)"))
+    if config.fast_stem and not has_conv:
+        config = replace(config, fast_stem=False)
+        dropped.append(("fast_stem", "the model has no 2-d convolutions"))
     if config.channels_last and not has_conv:
         config = replace(config, channels_last=False)
         dropped.append(("channels_last", "the model has no 2-d convolutions"))
