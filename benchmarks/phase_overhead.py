@@ -5,6 +5,13 @@ and off, alternating, in one process.
     python benchmarks/phase_overhead.py imagenet-resnet50 --device cuda --synthetic \
         --synthetic-size 512 --loader device --batch-size 256 --top-rung
 
+``--clock-cost`` measures the clock alone instead: the host time its calls for one step (a
+step's six marks and its end) take, with no training step between them, timed steps and
+untimed ones together over many steps, minus the same calls on a clock that times nothing.
+That is what the timers add to each step, free of the run-to-run noise of a throughput A/B:
+
+    python benchmarks/phase_overhead.py mnist-mlp --device cuda --clock-cost
+
 Each round times ``--steps`` steps with the clock off, then on (CUDA: events and one
 synchronize around the span; CPU: perf_counter); warm-up (compilation, graph capture) first and
 excluded. Prints one JSON line: throughput medians over ``--rounds`` rounds, off and on, the
@@ -46,7 +53,11 @@ def main() -> int:
     p.add_argument("--sample-every", type=int, help="time one step in N (default: the clock's)")
     p.add_argument("--sample-period", type=float,
                    help="time at most one step per this many seconds (default: the clock's)")
+    p.add_argument("--clock-cost", action="store_true",
+                   help="time the clock's own calls per step, without training")
     args = p.parse_args()
+    if args.clock_cost:
+        return clock_cost(torch.device(args.device), args.sample_every, args.sample_period)
     accel = gpu_ladder()[-1].config if args.top_rung else AccelConfig()
     wl = create_workload(args.workload)
     data = DataConfig(root=args.data, synthetic=args.synthetic,
@@ -98,6 +109,47 @@ def main() -> int:
         "overhead_pct_paired": statistics.median(
             100 * (a - b) / a for a, b in zip(rates["off"], rates["on"])),
         "rates": rates, "phases": phases[-1], "torch": torch.__version__}))
+    return 0
+
+
+def clock_cost(device, sample_every, sample_period, steps: int = 100_000) -> int:
+    """Print the host microseconds per step the clock's calls cost (medians of 5 runs): on an
+    untimed step, on a timed one, and what that makes per step and in % for steps of a few
+    lengths, given one timed step in max(sample_every, sample_period / step time)."""
+    marks = ("data", "h2d", "forward", "backward", "update", "other")
+
+    def per_step(make) -> float:
+        runs = []
+        for _ in range(5):
+            clock = make()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                clock.step()
+                for m in marks:
+                    clock.mark(m)
+                if clock.steps > 1000:
+                    clock.take()
+            sync(device)
+            runs.append(1e6 * (time.perf_counter() - t0) / steps)
+        return statistics.median(runs)
+
+    default = PhaseClock(device, sample_every=sample_every, sample_period_s=sample_period)
+    off = per_step(NoClock)
+    untimed = per_step(lambda: PhaseClock(device, sample_every=10**9)) - off
+    timed = per_step(lambda: PhaseClock(device, sample_every=1, sample_period_s=0.0)) - off
+    if device.type != "cuda":  # every step is timed on a CPU
+        untimed = timed
+    by_step = {}
+    for ms in (0.1, 0.2, 1.3, 8.0, 33.0):
+        every = (max(default.sample_every, default.sample_period_s / (1e-3 * ms))
+                 if device.type == "cuda" else 1)
+        us = untimed + (timed - untimed) / every
+        by_step[f"{ms} ms"] = {"timed_1_in": round(every, 1), "clock_us": us,
+                               "overhead_pct": 100 * us / (1e3 * ms)}
+    print(json.dumps({"device": str(device), "sample_every": default.sample_every,
+                      "sample_period_s": default.sample_period_s, "off_us": off,
+                      "untimed_step_us": untimed, "timed_step_us": timed,
+                      "by_step_time": by_step, "torch": torch.__version__}))
     return 0
 
 

@@ -143,6 +143,24 @@ def test_memory_bound_suggests_compile():
         [("synthetic", False), ("batch", False)]
 
 
+def test_busy_with_tiny_kernels_is_latency_bound():
+    # 180 kernels of 5 us back to back: busy 90%, but none long enough to fill the GPU
+    # (a small MLP's step captured as a CUDA graph).
+    t = Builder().steps(5, 1000, gpu_step(n_kernels=180, kernel_us=5))
+    f = figures(t, device="cuda", config={"cuda_graph": True, "compile": True}, mfu=0.01)
+    assert f["busy_pct"] == pytest.approx(90, abs=2)
+    v = judge(f)
+    assert v.rule == "device-bound (latency-bound)"
+    assert "180 kernels per step average 5.0 us" in v.reason
+    assert v.lever.args == ("--batch-size", "200")
+    assert [(e.args[0], e.faster) for e in v.experiments] == [("--synthetic", False),
+                                                             ("--batch-size", True)]
+    # The same busy share in 50 us kernels is a device that is full.
+    t = Builder().steps(5, 1000, gpu_step(n_kernels=18, kernel_us=50))
+    assert judge(figures(t, device="cuda", config={"cuda_graph": True, "compile": True})
+                 ).rule == "device-bound (compute-bound)"
+
+
 def test_communication_bound():
     def body(b, t0):
         gpu_step(n_kernels=4, kernel_us=100)(b, t0)
@@ -250,7 +268,8 @@ def test_every_rule_is_exercised():
     """The table and this file move together: a new rule needs a scenario above."""
     assert sorted({r.name for r in RULES}) == ["communication-bound", "compute-bound",
                                                  "dispatch-bound", "host-bound",
-                                                 "input-bound", "memory-bound"]
+                                                 "input-bound", "latency-bound",
+                                                 "memory-bound"]
 
 
 def test_a_trace_without_steps_is_refused():

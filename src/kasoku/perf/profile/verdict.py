@@ -39,7 +39,8 @@ class Experiment:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    """input-bound, host-bound, compute-bound, memory-bound, communication-bound, ..."""
+    """input-bound, host-bound, latency-bound, compute-bound, memory-bound,
+    communication-bound, ..."""
     thresholds: dict
     test: Callable[[dict, dict], bool]
     """``test(figures, thresholds)``."""
@@ -186,6 +187,11 @@ def _dispatch_lever(f: dict) -> Lever:
                  "more samples per second at the same overhead per step", _batch_x2(f), None)
 
 
+def _mean_kernel_us(f: dict) -> float:
+    n = f.get("kernels_per_step", 0.0)
+    return 1e3 * f.get("device_ms", 0.0) / n if n else 0.0
+
+
 def _pct(x) -> str:
     return f"{x:.0f}%"
 
@@ -213,6 +219,20 @@ RULES: list[Rule] = [
              or (f.get("busy_pct", 100.0) < t["busy_pct"]
                  and f.get("host_ms", 0.0) > f.get("device_ms", 0.0))),
          _host_reason, _host_lever, _proof(_host_lever)),
+    Rule("latency-bound", {"busy_pct": 75.0, "mean_kernel_us": 10.0},
+         # busy, but with kernels so short that each is mostly its own start-up and tail:
+         # the device is not full, whatever the busy share says.
+         lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
+         and 0 < _mean_kernel_us(f) < t["mean_kernel_us"],
+         lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, but its "
+                    f"{f['kernels_per_step']:.0f} kernels per step average "
+                    f"{_mean_kernel_us(f):.1f} us, too short to fill it"
+                    + (f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu") else "")),
+         lambda f: Lever(f"more work per kernel: {' '.join(_batch_x2(f))}",
+                         "up to ~2x samples/s", _batch_x2(f), None),
+         lambda f: [Experiment("synthetic data on the device", _synthetic(f), False),
+                    Experiment(f"batch x2 ({_batch_x2(f)[1]})", _batch_x2(f), True)],
+         "device-bound"),
     Rule("compute-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
          lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) >= t["matmul_pct"],
