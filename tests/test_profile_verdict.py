@@ -79,7 +79,7 @@ def test_input_bound_gpu():
     v = judge(f)
     assert v.rule == "input-bound"
     assert "--loader multiprocess" in v.lever.text
-    assert v.experiments[0].args == ("--synthetic", "--synthetic-size", "512", "--loader",
+    assert v.experiments[0].args == ("--synthetic", "--synthetic-size", "600", "--loader",
                                      "device")
     assert v.experiments[0].faster
 

@@ -87,8 +87,11 @@ def _cfg(f: dict) -> dict:
 
 def _synthetic(f: dict) -> tuple[str, ...]:
     """Arguments that feed the step synthetic batches from the device (no loading, no copy):
-    a set small enough to be held whole (two batches, at least 512 samples)."""
-    size = max(512, 2 * int(f.get("batch_size") or 1))
+    a set small enough to be held whole, of whole batches (at least two and 512 samples: an
+    epoch's last, partial batch would run outside a CUDA graph, measured 2x slower on a
+    0.26 ms MNIST step)."""
+    batch = int(f.get("batch_size") or 1)
+    size = batch * max(2, -(-512 // batch))
     return ("--synthetic", "--synthetic-size", str(size), "--loader", "device")
 
 
