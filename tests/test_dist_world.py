@@ -29,5 +29,5 @@ def test_commands_of_one_process_refuse_to_run_as_one_of_several(monkeypatch, ca
         require_single_process(World(1, 2, 1), "kasoku train")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["train", "sine-lstm", "--no-progress"]) == 2
+    assert main(["bench", "sine-lstm"]) == 2
     assert "start it without torchrun" in capsys.readouterr().err

@@ -6,6 +6,8 @@ model, levers, loader, the standard extensions), run. Everything a lever needs i
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -18,7 +20,12 @@ from kasoku.config import DataConfig, TrainConfig
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import check_loader_settings, create_loader
 from kasoku.device import resolve_device
-from kasoku.dist import World, require_single_process
+from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.dist import World
+from kasoku.dist import ddp
+from kasoku.dist.config import DistConfig
+from kasoku.dist.ddp import local_world_size
+from kasoku.dist.launch import restart_count, under_launcher
 from kasoku.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.optim import make_optimizer
 from kasoku.train import Trainer, load_snapshot
@@ -29,18 +36,36 @@ from kasoku.workloads import Workload, create_workload
 
 def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                   accel: AccelConfig | None = None, out: Path | None = None,
-                  seed: int | None = None) -> Trainer:
+                  seed: int | None = None, world: World | None = None,
+                  dist_cfg: DistConfig | None = None) -> Trainer:
     """Data, model, optimizer, schedule, the levers of ``accel``, the loader and the standard
     extensions of ``kasoku train``, writing to ``out`` (default ``train.out``); ``seed``
-    replaces ``train.seed`` (a resume builds with its snapshot's)."""
+    replaces ``train.seed`` (a resume builds with its snapshot's).
+
+    ``world``/``dist_cfg``: this process is one worker of a data-parallel run whose process
+    group is joined (``kasoku.dist.ddp.join``): the model is wrapped in DDP before it is
+    compiled, each loader yields this worker's shard, evaluation sums over all workers, and
+    only worker 0 logs, prints and plots (every worker takes part in a snapshot; worker 0
+    writes it). ``train.batch_size`` is per worker."""
     train.check()
     recipe, accel = workload.recipe, accel or AccelConfig()
+    world = world or World()
+    parallel = dist_cfg is not None
     epochs = train.epochs if train.epochs is not None else recipe.epochs
     batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
     lr = train.lr if train.lr is not None else recipe.lr
+    warmup_epochs = recipe.warmup_epochs
+    if parallel and dist_cfg.scale_lr and world.world_size > 1:
+        # The recipe's rate is for its batch; the global batch is world x the per-worker one.
+        lr = linear_scaling_lr(lr, batch_size * world.world_size, base_batch=batch_size)
+        warmup_epochs = max(warmup_epochs, min(goyal_warmup_epochs(
+            batch_size * world.world_size, base_batch=batch_size), epochs / 2))
     device = resolve_device(train.device)
     seed = seed if seed is not None else 0 if train.seed is None else train.seed
     threads = train.threads or (workload.cpu_threads if device.type == "cpu" else None)
+    if parallel and device.type == "cpu" and not threads:
+        # The workers of one machine share its cores.
+        threads = max(1, (os.cpu_count() or 1) // local_world_size())
     if threads:
         torch.set_num_threads(threads)
     prewarm(accel, device, recipe.optimizer, recipe.weight_decay)  # overlaps loading the data
@@ -50,22 +75,31 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
                   f"samples: each step takes all of them")
     metric_fn = workload.metric_fn if workload.has_accuracy else None
+    model = workload.build_model()
+    if world.world_size > 1:
+        # The same weights everywhere (DDP also broadcasts worker 0's), then a random stream of
+        # each worker's own (dropout masks differ between shards).
+        torch.manual_seed(seed + 1_000_003 * world.rank)
     accelerated = accelerate(
-        workload.build_model(), workload.loss_fn, metric_fn, accel, device,
+        model, workload.loss_fn, metric_fn, accel, device,
         lambda params, impl: make_optimizer(recipe.optimizer, params, lr, impl=impl,
                                             momentum=recipe.momentum,
-                                            weight_decay=recipe.weight_decay))
+                                            weight_decay=recipe.weight_decay),
+        distribute=(lambda m: ddp.wrap(m, dist_cfg, device)) if parallel else None)
     model = accelerated.model
+    shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
     # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
     loader = wrap_for_device(create_loader(
         train.loader, train_set, batch_size, device, seed=seed,
-        batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch), device)
+        batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **shard),
+        device)
+    run_info = {"workload": workload.name, "batch_size": batch_size}
     trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
                       metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
                       out=out or train.out or default_out(workload.name),
                       step_fn=accelerated.step_fn, overwrite=train.overwrite,
-                      run_info={"workload": workload.name, "batch_size": batch_size})
-    for extension in [*accelerated.extensions, *_schedules(recipe, epochs)]:
+                      run_info=run_info, writer=world.is_main, handle_signals=not parallel)
+    for extension in [*accelerated.extensions, *_schedules(recipe, epochs, warmup_epochs)]:
         trainer.extend(extension)
     if val_set is not None:
         # Evaluation needs no small batches; with the dataset resident on the device, a few
@@ -73,18 +107,33 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         # a recipe may take more at once (mnist-mlp: all 10,000).
         val_batch = recipe.eval_batch_size or \
             max(batch_size, 1000 if train.loader == "device" else 100)
+        # Each worker evaluates its share of the samples, none twice (no padding); the
+        # Evaluator sums over the workers. The model unwrapped: evaluation needs no DDP.
+        val_shard = dict(shard, pad=False) if shard else {}
         val_loader = wrap_for_device(create_loader(
             train.loader, val_set, val_batch, device, shuffle=False, repeat=False,
-            prefetch=train.prefetch), device)
-        trainer.extend(ext.Evaluator(val_loader, model, workload.loss_fn, metric_fn=metric_fn,
-                                     device=device))
-    _extend_reports(trainer, workload, train, has_val=val_set is not None)
+            prefetch=train.prefetch, **val_shard), device)
+        trainer.extend(ext.Evaluator(val_loader, ddp.unwrap(model), workload.loss_fn,
+                                     metric_fn=metric_fn, device=device))
+    if world.is_main:
+        _extend_reports(trainer, workload, train, has_val=val_set is not None)
+    else:  # the other workers take part in snapshots (their RNG states) and write nothing
+        trainer.extend(ext.FailOnNonNumber(), trigger=_log_trigger(train))
+        trainer.extend(ext.Snapshot(), trigger=_snapshot_trigger(train))
     return trainer
+
+
+def _log_trigger(train: TrainConfig):
+    return (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
+
+
+def _snapshot_trigger(train: TrainConfig):
+    return (train.snapshot_interval, "iteration") if train.snapshot_interval else (1, "epoch")
 
 
 def _extend_reports(trainer: Trainer, workload: Workload, train: TrainConfig,
                     has_val: bool) -> None:
-    log_trigger = (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
+    log_trigger = _log_trigger(train)
     trainer.extend(ext.LogReport(trigger=log_trigger))
     trainer.extend(ext.PrintReport(_print_entries(workload, has_val)))
     trainer.extend(ext.SkippedReport())
@@ -101,14 +150,12 @@ def _extend_reports(trainer: Trainer, workload: Workload, train: TrainConfig,
                                       y_range=(0, 1), title=f"{workload.name}: accuracy",
                                       xlabel="epoch", ylabel="accuracy"),
                        trigger=log_trigger)
-    snap_trigger = (train.snapshot_interval, "iteration") if train.snapshot_interval \
-        else (1, "epoch")
-    trainer.extend(ext.Snapshot(), trigger=snap_trigger)
+    trainer.extend(ext.Snapshot(), trigger=_snapshot_trigger(train))
     if train.progress:
         trainer.extend(ext.ProgressBar(unit=workload.sample_unit))
 
 
-def _schedules(recipe, epochs: float) -> list:
+def _schedules(recipe, epochs: float, warmup_epochs: float) -> list:
     if recipe.schedule == "none":
         inner = None
     elif recipe.schedule == "cosine":
@@ -117,8 +164,8 @@ def _schedules(recipe, epochs: float) -> list:
         inner = ext.StepLR(step_size_epochs=max(1, int(epochs * 0.3)), gamma=0.1)
     else:
         raise ConfigError(f"unknown schedule {recipe.schedule!r}; use none, step or cosine")
-    if recipe.warmup_epochs > 0:
-        return [ext.LinearWarmup(recipe.warmup_epochs, inner=inner)]
+    if warmup_epochs > 0:
+        return [ext.LinearWarmup(warmup_epochs, inner=inner)]
     return [inner] if inner is not None else []
 
 
@@ -138,6 +185,16 @@ def _resumed_settings(trainer: Trainer, train: TrainConfig, state: dict) -> None
     augmentation come from the snapshot), said once."""
     if train.lr is not None:
         _set_base_lr(trainer, train.lr)
+    saved_world = int((state.get("loader") or {}).get("world_size", 1))
+    world = World.from_env().world_size if under_launcher() else 1
+    if saved_world != world:
+        batch = trainer.run_info["batch_size"]
+        warn_once(f"the snapshot was taken with {saved_world} worker"
+                  f"{'s' * (saved_world != 1)}, this run has {world}: it goes on from the "
+                  f"same sample of epoch {trainer.updater.epoch_detail:.4g}, but with a global "
+                  f"batch of {batch * world} instead of {batch * saved_world}, so it is not "
+                  f"the run {saved_world} workers would have made (the batches, their order "
+                  f"over the workers and the random streams differ)")
     saved = (state.get("loader") or {}).get("seed")
     if train.seed is not None and saved is not None and train.seed != saved:
         warn_once(f"--seed {train.seed} is not used: a resumed run keeps its snapshot's seed "
@@ -166,18 +223,26 @@ def _set_base_lr(trainer: Trainer, lr: float) -> None:
 
 
 def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
-                   accel: AccelConfig | None = None) -> Trainer:
+                   accel: AccelConfig | None = None, dist_cfg: DistConfig | None = None
+                   ) -> Trainer:
     """Train workload ``name`` (a registered name or ``FILE.py:NAME``) into ``train.out`` (a
     new folder under ``runs/`` when None); ``resume``: None, ``"auto"``, a run folder or a
-    snapshot file. Returns the trainer (its LogReport holds the figures)."""
+    snapshot file. Returns the trainer (its LogReport holds the figures).
+
+    In a process started by a launcher (``kasoku.dist.launch.under_launcher``: kasoku's own
+    ``--gpus``/``--procs``, torchrun, a scheduler) this is one worker of a data-parallel run,
+    configured by ``dist_cfg``; a worker group the launcher restarted resumes from the run's
+    latest snapshot."""
     # Settings are checked before a folder is made: a mistake leaves nothing behind.
-    require_single_process(World.from_env(), "kasoku train")
     accel = accel or AccelConfig()
     train.check()
     check_config(accel)
     check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
     device = resolve_device(train.device)
     workload = create_workload(name)
+    if under_launcher():
+        return _train_worker(workload, data, train, resume, accel, dist_cfg or DistConfig(),
+                             device)
     existed = train.out is not None and Path(train.out).exists()
     # What building says (a lever skipped here, a setting ignored) comes after the line that
     # names the run; a mistake found while building is the only line printed.
@@ -211,6 +276,11 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     if snapshot is not None:
         trainer.resumed_from(snapshot)
         _resumed_settings(trainer, train, state)
+    _run_and_close(trainer)
+    return trainer
+
+
+def _run_and_close(trainer: Trainer) -> None:
     try:
         trainer.run()
     finally:
@@ -219,7 +289,55 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
-    return trainer
+
+
+def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
+                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device) -> Trainer:
+    """One worker of a data-parallel run (see ``train_workload``)."""
+    world = World.from_env()
+    wants_gpu = dist_cfg.gpus is not None or (dist_cfg.procs is None and device.type == "cuda")
+    device = ddp.worker_device(world, "cuda" if wants_gpu else "cpu")
+    train = dataclasses.replace(train, device=str(device))
+    if not world.is_main:  # one voice: worker 0's
+        warnings.simplefilter("ignore", KasokuWarning)
+        train = dataclasses.replace(train, progress=False)
+    restarts = restart_count()
+    if restarts:
+        resume = "auto"  # the launcher restarted the group: on from the latest snapshot
+    ddp.join(world, device, dist_cfg.dist_timeout)
+    try:
+        located = None
+        if world.is_main:
+            if data.synthetic and data.root is not None:
+                warn_once(f"--synthetic: the data in --data {data.root} is not read")
+            located = resolve_run(workload.name, train.out, resume, train.overwrite)
+        out, snapshot = ddp.broadcast_object(located)
+        state = load_snapshot(snapshot) if snapshot is not None else None
+        seed = (state.get("loader") or {}).get("seed") if state is not None else None
+        trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, world=world,
+                                dist_cfg=dist_cfg)
+        if state is not None:
+            trainer.load_state_dict(state, source=snapshot)
+        if world.is_main:
+            source = "synthetic" if data.synthetic else \
+                "generated" if workload.generated_data else data.root
+            batch = trainer.run_info["batch_size"]
+            kind = "GPUs" if device.type == "cuda" else "processes"
+            print(f"# {workload.name}  data: {source}  {world.world_size} {kind} "
+                  f"({ddp.backend_for(device)}), batch {batch} per worker, "
+                  f"{batch * world.world_size} in all  out: {out}"
+                  + (f"  (restart {restarts})" if restarts else ""),
+                  file=sys.stderr, flush=True)
+        if snapshot is not None:
+            if world.is_main:
+                trainer.resumed_from(snapshot)
+            else:
+                trainer.last_snapshot_iteration = trainer.updater.iteration
+            _resumed_settings(trainer, train, state)
+        _run_and_close(trainer)
+        return trainer
+    finally:
+        ddp.leave()
 
 
 def _say_again(caught: list) -> None:

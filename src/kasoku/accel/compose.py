@@ -97,13 +97,18 @@ def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> No
 
 def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
                cfg: AccelConfig, device,
-               make_optimizer: Callable[[list, str | None], torch.optim.Optimizer]
+               make_optimizer: Callable[[list, str | None], torch.optim.Optimizer],
+               distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None
                ) -> Accelerated:
     """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
     it must update (fp32 masters for fp16-pure), the step function, the notes, and the
     extensions to register. Invalid combinations raise ``ConfigError``; a lever that cannot
     apply on this device or model is skipped with one warning and a note.
+
+    ``distribute``: wraps the model for data-parallel training (``kasoku.dist.ddp.wrap``),
+    applied after the layout, dtype and kasoku's layers and before compilation, which then
+    sees DDP's buckets (PyTorch's order: DDP first, then ``torch.compile``).
 
     This is the one place that reads ``cfg``: each lever gets only its own settings."""
     check_config(cfg)
@@ -126,6 +131,12 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_matmul_1x1(model, notes)
     if cfg.wgrad_stream:  # after matmul_1x1, whose layers it routes to the second stream too
         model = apply_wgrad_stream(model, device, notes)
+    if distribute is not None:
+        if cfg.cuda_graph:
+            raise ConfigError("--cuda-graph with several workers is not supported yet: DDP's "
+                              "all-reduce runs outside a captured step; leave out "
+                              "--cuda-graph (--compile still applies)")
+        model = distribute(model)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     if cfg.compile:

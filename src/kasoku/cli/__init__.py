@@ -22,17 +22,18 @@ EXIT_FAILED = 1
 
 
 def build_parser() -> a.Parser:
-    from kasoku.cli import bench, data, listing, profile, train
+    from kasoku.cli import allreduce_bench, bench, data, listing, profile, train
     parser = a.Parser(prog="kasoku",
                       description="Measure, explain and accelerate deep-learning training.")
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=a.Parser,
-                                metavar="{list,train,profile,bench,data}")
+                                metavar="{list,train,profile,bench,data,allreduce-bench}")
     listing.add_parser(sub)
     train.add_parser(sub)
     profile.add_parser(sub)
     bench.add_parser(sub)
     data.add_parser(sub)
+    allreduce_bench.add_parser(sub)
     return parser
 
 
@@ -65,10 +66,34 @@ def _run(args) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
         return getattr(exc, "exit_code", 130)
+    except Exception as exc:
+        from kasoku.dist.launch import under_launcher
+        if not under_launcher():
+            raise
+        # A worker of a data-parallel run: one line naming it, not a traceback from each.
+        from kasoku.dist.ddp import describe_failure
+        from kasoku.dist.world import World
+        timeout = getattr(args, "dist_timeout", None) or 300.0
+        print(f"kasoku: error: {describe_failure(exc, World.from_env().rank, timeout)}",
+              file=sys.stderr, flush=True)
+        return EXIT_FAILED
 
 
 def _error(exc: BaseException) -> None:
-    print(f"kasoku: error: {_one_line(str(exc))}", file=sys.stderr, flush=True)
+    print(f"kasoku: error: {_worker()}{_one_line(str(exc))}", file=sys.stderr, flush=True)
+
+
+def _worker() -> str:
+    """``worker R: `` in a worker of a data-parallel run of several, else nothing."""
+    from kasoku.dist.launch import under_launcher
+    if not under_launcher():
+        return ""
+    from kasoku.dist.world import World
+    try:
+        world = World.from_env()
+    except ConfigError:
+        return ""
+    return f"worker {world.rank}: " if world.world_size > 1 else ""
 
 
 def _one_line(text: str) -> str:

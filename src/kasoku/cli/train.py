@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
+from kasoku.cli.dist import add_dist_arguments, dist_config_from_args
 from kasoku.config import DataConfig, TrainConfig
 
 WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
@@ -60,23 +61,42 @@ def add_parser(sub) -> None:
                    .replace("%", "%%")},
         "prefetch": {"metavar": "N"}})
     add_accel_arguments(p)
+    add_dist_arguments(p)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    from kasoku.dist.launch import launch, under_launcher
     from kasoku.run import train_workload
     from kasoku.train import TrainingInterrupted
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
+    dist = dist_config_from_args(args)
+    accel = accel_config_from_args(args)
+    if dist.asked and not under_launcher():
+        return launch(_worker_argv(args, train), dist)
     try:
-        train_workload(args.workload, data, train, resume=args.resume,
-                       accel=accel_config_from_args(args))
+        train_workload(args.workload, data, train, resume=args.resume, accel=accel,
+                       dist_cfg=dist)
     except TrainingInterrupted as exc:
         command = " ".join(["kasoku", *_without(args.argv, "--resume"), "--resume",
                             str(exc.snapshot.parent)])
         print(f"to continue this run: {command}", file=sys.stderr)
         raise
     return 0
+
+
+def _worker_argv(args, train: TrainConfig) -> list[str]:
+    """The workers' command line: this one, with the run folder fixed (``--out``), so that
+    every worker, and every restart of them, trains in the same one."""
+    argv = list(args.argv)
+    if train.out is None:
+        from kasoku.train.run_dir import default_out
+        from kasoku.workloads import create_workload
+        if args.resume not in (None, "auto"):
+            return argv  # the run goes on in its snapshot's folder
+        argv += ["--out", str(default_out(create_workload(args.workload).name))]
+    return argv
 
 
 def _without(argv: list[str], flag: str) -> list[str]:

@@ -34,23 +34,31 @@ class SerialLoader:
     Sharding: rank ``r`` of ``world_size`` takes every ``world_size``-th index of the epoch's
     permutation, starting at ``r``; the permutation is padded by wrapping around so every
     rank gets ``ceil(len(dataset) / world_size)`` samples (as ``DistributedSampler`` does).
-    ``drop_last`` drops the last incomplete batch of a rank's epoch.
+    ``drop_last`` drops the last incomplete batch of a rank's epoch. ``pad=False`` (for
+    evaluation): no wrap-around, rank ``r`` takes indices ``r, r + world_size, ...`` and the
+    ranks' shares differ by at most one sample, each sample seen once in all.
+
+    A state taken with another number of ranks (a run resumed on more or fewer workers) is
+    continued from the same sample position of its epoch: the ranks together had consumed the
+    first ``position x batch_size x world_size`` samples of the epoch's permutation, and go on
+    from there (rounded down to a whole step of the new layout).
     """
 
     def __init__(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, repeat: bool = True, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, pad: bool = True):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if world_size <= 0 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.dataset, self.batch_size, self.shuffle = dataset, int(batch_size), shuffle
         self.seed, self.drop_last, self.repeat = int(seed), drop_last, repeat
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad = rank, world_size, pad
         self.dataset_len = len(dataset)
         if self.dataset_len == 0:
             raise ValueError(f"{dataset!r} is empty: a loader needs at least one sample")
-        self.samples_per_rank = math.ceil(self.dataset_len / world_size)
+        self.samples_per_rank = math.ceil(self.dataset_len / world_size) if pad else \
+            len(range(rank, self.dataset_len, world_size))
         rounding = math.floor if drop_last else math.ceil
         self.batches_per_epoch = rounding(self.samples_per_rank / self.batch_size)
         if self.batches_per_epoch == 0:
@@ -122,6 +130,8 @@ class SerialLoader:
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
+        if not self.pad:
+            return order[self.rank::self.world_size]
         total = self.samples_per_rank * self.world_size
         if total > n:
             order = order.repeat(math.ceil(total / n))[:total]
@@ -146,7 +156,8 @@ class SerialLoader:
         dataset length, world size or drop_last differ: its position would mean other samples."""
         mine = self.state_dict()
         wrong = [f"{k}: snapshot {state[k]!r}, now {mine[k]!r}"
-                 for k in _STRUCTURE_KEYS if k in state and state[k] != mine[k]]
+                 for k in _STRUCTURE_KEYS if k in state and state[k] != mine[k]
+                 and k != "world_size"]
         if wrong:
             raise ValueError("cannot resume this loader from a state of another data layout ("
                              + "; ".join(wrong) + "); resume with the settings of the snapshot")
@@ -154,6 +165,15 @@ class SerialLoader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self.is_new_epoch = bool(state.get("is_new_epoch", False))
         self._order = None
+        saved_world = int(state.get("world_size", self.world_size))
+        if saved_world != self.world_size:
+            self.position = self.rescaled_position(self.position, saved_world)
+
+    def rescaled_position(self, position: int, saved_world: int) -> int:
+        """The position of this layout at which the samples a ``saved_world``-rank layout had
+        consumed at ``position`` are consumed (rounded down: a few samples may come twice)."""
+        consumed = position * self.batch_size * saved_world
+        return min(consumed // (self.batch_size * self.world_size), self.batches_per_epoch)
 
     def __repr__(self) -> str:
         return (f"SerialLoader({self.dataset!r}, batch_size={self.batch_size}, "

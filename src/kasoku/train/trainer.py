@@ -74,20 +74,27 @@ class Trainer:
     holding another run's files (``kasoku.train.run_dir.RUN_FILES``) is refused when the run
     starts fresh, unless ``overwrite``: a second run never writes over a first one's log.
     ``phase_timing``: time every step's phases (``kasoku.perf.profile.phases``; LogReport logs
-    them as ``time/...``).
+    them as ``time/...``). ``writer``: whether this process owns ``out`` (False in the workers
+    of a data-parallel run other than worker 0, which neither check nor clear it).
+    ``handle_signals``: SIGINT/SIGTERM finish the step and write a snapshot (off in a
+    data-parallel worker: the launcher stops the workers, and the periodic snapshots are what
+    a restart resumes from).
+
+    The model may be wrapped (``DistributedDataParallel``): snapshots hold the module inside
+    (``module``), so they load in runs with any number of workers.
     """
 
     def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
                  device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
                  step_fn=None, run_info: dict | None = None, overwrite: bool = False,
-                 phase_timing: bool = True):
+                 phase_timing: bool = True, writer: bool = True, handle_signals: bool = True):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer, self.train_loader = optimizer, train_loader
         self.loss_fn, self.metric_fn, self.scheduler = loss_fn, metric_fn, scheduler
         self.stop_trigger = get_trigger(stop_trigger)
         self.out = Path(out)
-        self.overwrite = overwrite
+        self.overwrite, self.writer, self.handle_signals = overwrite, writer, handle_signals
         self.run_info = dict(run_info or {})
         self.last_snapshot_iteration: int | None = None
         """The iteration of the latest snapshot written (or resumed from), None before one."""
@@ -102,6 +109,12 @@ class Trainer:
         self._entries: dict[str, _Entry] = {}
         if scheduler is not None:
             self.extend(_SchedulerStep(scheduler), trigger=(1, "iteration"), name="scheduler")
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The model without its data-parallel wrapper (``model`` when it has none)."""
+        from kasoku.dist.ddp import unwrap
+        return unwrap(self.model)
 
     step_fn = property(lambda self: self.updater.step_fn,
                        lambda self, fn: setattr(self.updater, "step_fn", fn))
@@ -150,14 +163,15 @@ class Trainer:
             self.resumed_from(resume)
         own = self._ran or (self._loaded_from is not None
                             and self._loaded_from.parent.resolve() == self.out.resolve())
-        if not own:
+        if not own and self.writer:
             prepare_out(self.out, overwrite=self.overwrite,
                         advice="continue it with run(resume=SNAPSHOT), give another out, or "
                                "pass overwrite=True to replace it")
         self._ran = True
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.writer:
+            self.out.mkdir(parents=True, exist_ok=True)
         entries = self.extensions
-        with _SignalFlag() as signals:
+        with _SignalFlag(active=self.handle_signals) as signals:
             self._run_guarded(entries, signals)
 
     def resumed_from(self, snapshot) -> None:
@@ -224,12 +238,13 @@ class Trainer:
         """Everything exact resume needs; weights_only-safe (see ``kasoku.train.snapshot``)."""
         return {"format": SNAPSHOT_FORMAT,
                 "run": dict(self.run_info),
-                "model": self.model.state_dict(),
+                "model": self.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
                 "loader": self.train_loader.state_dict(),
                 "updater": self.updater.state_dict(),
                 "rng": capture_rng_state(),
+                "rng_by_worker": _rng_by_worker(),
                 "extensions": {name: e.extension.state_dict() for name, e in self._entries.items()
                                if hasattr(e.extension, "state_dict")}}
 
@@ -248,9 +263,9 @@ class Trainer:
             raise SnapshotError(f"{source} belongs to another run ({'; '.join(differ)}); "
                                 f"resume with that run's settings, or start a new run "
                                 f"without --resume")
-        _check_shapes(self.model.state_dict(), state["model"], source)
+        _check_shapes(self.module.state_dict(), state["model"], source)
         try:
-            self.model.load_state_dict(state["model"])
+            self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.train_loader.load_state_dict(state["loader"])
         except (RuntimeError, ValueError, KeyError) as exc:
@@ -261,7 +276,7 @@ class Trainer:
         self.updater.load_state_dict(state["updater"])
         self._loaded_from = Path(source) if isinstance(source, (str, Path)) \
             and Path(source).is_file() else None
-        restore_rng_state(state["rng"])
+        restore_rng_state(_my_rng(state))
         saved = state.get("extensions", {})
         for name, entry in self._entries.items():
             if name in saved and hasattr(entry.extension, "load_state_dict"):
@@ -270,6 +285,25 @@ class Trainer:
         if unknown:
             warnings.warn(f"snapshot holds state of extensions not registered now: {unknown}; "
                           f"it is ignored", KasokuWarning, stacklevel=2)
+
+
+def _rng_by_worker() -> list | None:
+    """Every worker's RNG states, in rank order, in a data-parallel run (None alone): a
+    collective, so every worker takes the snapshot's state at the same iteration."""
+    from kasoku.dist import ddp
+    return ddp.gather_objects(capture_rng_state()) if ddp.active() else None
+
+
+def _my_rng(state: dict) -> dict:
+    """This worker's RNG states from a snapshot: its own when the snapshot has one per worker
+    of this run's number of workers, else worker 0's."""
+    from kasoku.dist import ddp
+    by_worker = state.get("rng_by_worker")
+    if by_worker and ddp.active():
+        import torch.distributed as dist
+        if len(by_worker) == dist.get_world_size():
+            return by_worker[dist.get_rank()]
+    return state["rng"]
 
 
 def _check_shapes(mine: dict, saved: dict, source) -> None:
@@ -294,9 +328,10 @@ class _SignalFlag:
     install handlers, so elsewhere this is inert."""
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, active: bool = True):
         self.received: int | None = None
         self._previous: dict = {}
+        self.active = active
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
@@ -306,7 +341,7 @@ class _SignalFlag:
               f"snapshot (signal again to stop at once)", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "_SignalFlag":
-        if threading.current_thread() is threading.main_thread():
+        if self.active and threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
                 self._previous[s] = signal.signal(s, self._handle)
         return self

@@ -16,7 +16,9 @@ class Evaluator:
     ``loader_or_dataset``: a dataset (wrapped in a non-shuffled, non-repeating
     ``SerialLoader`` of ``batch_size``), a non-repeating ``SerialLoader`` (rewound before each
     pass), or any iterable of ``(inputs, targets)`` batches that can be iterated again.
-    ``device``: None means the trainer's. The sums stay on the device (no host sync here).
+    ``device``: None means the trainer's. The sums stay on the device (no host sync here),
+    except in a data-parallel run: there each worker passes over its share of the data and
+    the sums are added over the workers (one all-reduce).
     """
     trigger = (1, "epoch")
     priority = PRIORITY_WRITER
@@ -66,7 +68,15 @@ class Evaluator:
                 metric = metric.float() * n
                 metric_sum = metric if metric_sum is None else metric_sum + metric
             count += n
+        from kasoku.dist import ddp
+        if ddp.active():  # each worker saw its share of the samples: the sums of all
+            zero = torch.zeros((), device=device)
+            sums = ddp.sum_over_workers([zero if loss_sum is None else loss_sum,
+                                         zero if metric_sum is None else metric_sum,
+                                         torch.tensor(float(count))])
+            loss_sum, metric_sum = sums[0], (None if self.metric_fn is None else sums[1])
+            count = int(sums[2].item())
         if count == 0:
             raise ValueError(f"the Evaluator's data {self.loader!r} yielded no batch")
-        return {"main/loss": loss_sum / count,
-                "main/accuracy": None if metric_sum is None else metric_sum / count}
+        return {"main/loss": (loss_sum / count).float(),
+                "main/accuracy": None if metric_sum is None else (metric_sum / count).float()}

@@ -64,8 +64,12 @@ class Snapshot:
         stale, self._written = self._written[:-self.keep], self._written[-self.keep:]
         stale = [trainer.out / name for name in stale]
         # The list is updated before the state is taken so the snapshot knows about itself.
+        state = trainer.state_dict()  # in a data-parallel run, every worker takes part
+        if not getattr(trainer, "writer", True):  # worker 0 writes it
+            trainer.last_snapshot_iteration = u.iteration
+            return path
         copies = []
-        state = _host_copy(trainer.state_dict(), copies)
+        state = _host_copy(state, copies)
         trainer.last_snapshot_iteration = u.iteration
         copied = None
         if copies:  # device tensors: their copies are queued on these devices' streams
