@@ -74,7 +74,7 @@ def main() -> int:
     # includes the time of the "off" span before it
 
     def span(which: str) -> float:
-        u.phases = clocks = clock(which)
+        u.phases = timer = clock(which)
         sync(device)
         t0 = time.perf_counter()
         before = u.samples
@@ -83,9 +83,9 @@ def main() -> int:
         sync(device)  # note: the span's device work inside the timing
         rate = (u.samples - before) / (time.perf_counter() - t0)
         if which == "on":
-            clocks.step()
+            timer.step()
             sync(device)
-            phases.append(clocks.take())
+            phases.append(timer.take())
         return rate
 
     for which in ("off", "on"):  # compilation, capture, autotuning: excluded

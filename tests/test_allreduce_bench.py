@@ -11,6 +11,7 @@ import torch
 
 from kasoku.cli import main
 from kasoku.dist import allreduce_bench as arb
+from kasoku.dist.allreduce_worker import FAIL_ENV
 from kasoku.errors import ConfigError
 
 
@@ -91,7 +92,7 @@ def test_procs_1_and_2_over_gloo(tmp_path, capsys):
 
 
 def test_a_failed_worker_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv(arb.FAIL_ENV, "1")
+    monkeypatch.setenv(FAIL_ENV, "1")
     out = tmp_path / "arb"
     assert main(["allreduce-bench", "--procs", "2", "--sizes", "4K", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -125,7 +125,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
     while not snapshot.exists() and job.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     workers = _children(job.pid)
-    assert len(workers) == 2, workers
+    assert job.poll() is None and len(workers) == 2, (workers, job.poll())
     os.kill(workers[-1], signal.SIGKILL)
     _, err = job.communicate(timeout=180)
     assert job.returncode == 0, err[-3000:]
@@ -213,6 +213,7 @@ def _log(run: Path) -> list[dict]:
 
 
 def _children(pid: int) -> list[int]:
+    """The worker processes the launcher ``pid`` started."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -220,6 +221,12 @@ def _children(pid: int) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            if int(stat.rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            try:  # the workers, not a short-lived helper the launcher or torch may start
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"kasoku" in argv and b"train" in argv:
                 out.append(int(entry.name))
     return sorted(out)

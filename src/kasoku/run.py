@@ -268,9 +268,8 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     if failure is not None:
         _say_again(said)
         raise failure
-    source = "synthetic" if data.synthetic else \
-        "generated" if workload.generated_data else data.root
-    print(f"# {workload.name}  data: {source}  device: {device}  out: {out}",
+    print(f"# {workload.name}  data: {_data_source(workload, data)}  device: {device}  "
+          f"out: {out}",
           file=sys.stderr, flush=True)
     _say_again(said)
     if snapshot is not None:
@@ -278,6 +277,12 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
         _resumed_settings(trainer, train, state)
     _run_and_close(trainer)
     return trainer
+
+
+def _data_source(workload: Workload, data: DataConfig):
+    """What the run's first line says the data is."""
+    return "synthetic" if data.synthetic else \
+        "generated" if workload.generated_data else data.root
 
 
 def _run_and_close(trainer: Trainer) -> None:
@@ -319,11 +324,10 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
         if state is not None:
             trainer.load_state_dict(state, source=snapshot)
         if world.is_main:
-            source = "synthetic" if data.synthetic else \
-                "generated" if workload.generated_data else data.root
             batch = trainer.run_info["batch_size"]
             kind = "GPUs" if device.type == "cuda" else "processes"
-            print(f"# {workload.name}  data: {source}  {world.world_size} {kind} "
+            print(f"# {workload.name}  data: {_data_source(workload, data)}  "
+                  f"{world.world_size} {kind} "
                   f"({ddp.backend_for(device)}), batch {batch} per worker, "
                   f"{batch * world.world_size} in all  out: {out}"
                   + (f"  (restart {restarts})" if restarts else ""),

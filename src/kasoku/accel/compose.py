@@ -133,9 +133,9 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_wgrad_stream(model, device, notes)
     if distribute is not None:
         if cfg.cuda_graph:
-            raise ConfigError("--cuda-graph with several workers is not supported yet: DDP's "
-                              "all-reduce runs outside a captured step; leave out "
-                              "--cuda-graph (--compile still applies)")
+            raise ConfigError("--cuda-graph with data-parallel workers (--gpus, --procs) is not "
+                              "supported yet: DDP's all-reduce runs outside a captured step; "
+                              "leave out --cuda-graph (--compile still applies)")
         model = distribute(model)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).

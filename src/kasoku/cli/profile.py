@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.cli.train import DATA_FLAGS, TRAIN_FLAGS, WORKLOAD_HELP
+from kasoku.cli.train import TRAIN_FLAGS, WORKLOAD_HELP
 from kasoku.config import DataConfig, TrainConfig
 
 PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},

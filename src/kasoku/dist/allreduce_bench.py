@@ -24,9 +24,9 @@ decisions (what they show depends on NCCL's version). Every ``NCCL_*`` variable 
 recorded (``nccl_env``).
 
 Launching: ``run_allreduce_bench`` starts each world size with PyTorch's elastic launcher
-(``torch.distributed.launcher.api.elastic_launch``, what ``torchrun --standalone`` runs: a c10d
-rendezvous on a free local port, a fresh run id). The entrypoint is a binary, ``python -m
-kasoku.dist.allreduce_bench REQUEST_JSON``, not a Python function: each worker is a fresh
+(``torch.distributed.launcher.api.elastic_launch``, what ``torchrun`` runs; its settings from
+``kasoku.dist.launch.launch_config``, as ``kasoku train --gpus`` has them). The entrypoint is
+a binary, ``python -m kasoku.dist.allreduce_worker REQUEST_JSON``, not a Python function: each worker is a fresh
 interpreter that pickles nothing and re-imports no ``__main__`` (a function entrypoint is
 spawned through multiprocessing, which re-runs the caller's main module and fails for
 functions it cannot import by name), and the same command runs under ``torchrun`` or a
@@ -35,27 +35,18 @@ environment (``init_process_group`` from ``RANK``/``WORLD_SIZE``/``MASTER_*``; N
 GPU ``LOCAL_RANK``). Rank 0 writes one JSON line per size to the request's ``results`` file as
 soon as it is measured; the launching process appends them to ``OUT/results.jsonl`` (schema
 ``kasoku.allreduce_bench/1``), prints the table and draws ``busbw.png``.
-
-Test hook (environment): ``KASOKU_ALLREDUCE_SIMULATE_FAILURE=RANK`` makes that rank fail after
-the process group is up, so the failure path can be tested.
 """
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
-import logging
 import os
 import shutil
-import signal
-import statistics
 import sys
 import tempfile
-import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kasoku.dist.launch import first_failure, launch_config, quiet_launcher
 from kasoku.errors import ConfigError, warn_once
 
 SCHEMA = "kasoku.allreduce_bench/1"
@@ -71,9 +62,6 @@ DEFAULT_MAX_SIZE = {"cuda": 256 * MiB, "cpu": 64 * MiB}
 over gloo takes 0.2-0.4 s between 2 processes on a 2-core VM: the 105 of a size would add
 half a minute per world size)."""
 BACKEND_CHOICE = "backend's choice"
-FAIL_ENV = "KASOKU_ALLREDUCE_SIMULATE_FAILURE"
-SHUTDOWN_TIMEOUT_S = 5
-"""Seconds the launcher gives the other workers to stop after one fails, before SIGKILL."""
 
 
 @dataclass(frozen=True)
@@ -227,7 +215,7 @@ def run_allreduce_bench(cfg: AllReduceConfig, plan: Plan, out: Path, file=None) 
                 _launch(n, request, log_dir=Path(tmp) / "logs", keep_in=out)
             finally:  # what was measured before a failure is kept
                 done = _read_lines(Path(request["results"]))
-                _append(out / RESULTS_FILE, done)
+                append_records(out / RESULTS_FILE, done)
                 records += done
     return records
 
@@ -244,23 +232,18 @@ def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> Non
     and named in the ``BenchFailed`` raised."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    options = dict(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
-                   run_id=f"kasoku-allreduce-{uuid.uuid4().hex[:12]}", rdzv_backend="c10d",
-                   rdzv_endpoint="localhost:0", rdzv_configs={"timeout": 120},
-                   max_restarts=0,  # a benchmark retried after a failure measures nothing new
-                   monitor_interval=0.1,
-                   logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ERR))
-    if "shutdown_timeout" in LaunchConfig.__dataclass_fields__:  # not in older torch
-        options["shutdown_timeout"] = SHUTDOWN_TIMEOUT_S
+    # No restart: a benchmark retried after a failure measures nothing new.
+    config = launch_config(world_size, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir),
+                                                                   redirects=Std.ERR))
     what = f"all-reduce with {world_size} process{'es' * (world_size != 1)}"
     try:
-        with _launcher_side_effects_undone():
-            elastic_launch(LaunchConfig(**options), sys.executable)(
-                "-m", "kasoku.dist.allreduce_bench", json.dumps(request))
+        with quiet_launcher():
+            elastic_launch(config, sys.executable)(
+                "-m", "kasoku.dist.allreduce_worker", json.dumps(request))
     except ChildFailedError as exc:
-        rank, failure = _root_failure(exc.failures)
+        rank, failure = first_failure(exc.failures)
         message = failure.message
         if isinstance(message, dict):  # written by the worker's torch error recorder
             message = message.get("message", "")
@@ -280,17 +263,6 @@ def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> Non
                           f"{text[:300]}") from None
 
 
-def _root_failure(failures: dict) -> tuple:
-    """``(rank, failure)`` of the worker that failed first: by its error file's time to the
-    nanosecond (the launcher's own choice compares whole seconds, and the peers' "connection
-    reset" errors land in the same second as the cause)."""
-    def when(item):
-        path = item[1].error_file
-        return (os.stat(path).st_mtime_ns if os.path.isfile(path) else float("inf"),
-                item[1].timestamp, item[0])
-    return min(failures.items(), key=when)
-
-
 def _keep_stderr(log_dir: Path, local_rank: int, to: Path) -> Path | None:
     """Copy worker ``local_rank``'s stderr file from the launcher's ``log_dir``
     (``RUN/attempt_N/RANK/stderr.log``) to ``to``; None when there is none."""
@@ -302,171 +274,17 @@ def _keep_stderr(log_dir: Path, local_rank: int, to: Path) -> Path | None:
     return to
 
 
-@contextlib.contextmanager
-def _launcher_side_effects_undone():
-    """The elastic launcher installs signal handlers raising its ``SignalException`` (kept
-    after it returns), sets ``TORCHELASTIC_SIGNALS_TO_HANDLE`` and logs its settings and each
-    worker's exit: around one launch, the launcher's log is quieted, and afterwards the
-    handlers and the variable are restored; a signal that stopped the launch becomes a
-    ``KeyboardInterrupt`` carrying the exit code 128 + N."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-    saved = {s: signal.getsignal(s) for s in (getattr(signal, n, None) for n in names)
-             if s is not None}
-    env_key = "TORCHELASTIC_SIGNALS_TO_HANDLE"
-    env_before = os.environ.get(env_key)
-    # Each of the launcher's modules sets its own logger's level: quieting the parent alone
-    # does nothing. kasoku says in one line what failed.
-    logs = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-            if name.startswith("torch.distributed.elastic")]
-    levels = [log.level for log in logs]
-    for log in logs:
-        log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    except SignalException as exc:
-        stop = KeyboardInterrupt(str(exc))
-        stop.exit_code = 128 + int(exc.sigval)
-        raise stop from None
-    finally:
-        for log, level in zip(logs, levels):
-            log.setLevel(level)
-        for sig, handler in saved.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-        if env_before is None:
-            os.environ.pop(env_key, None)
-        else:
-            os.environ[env_key] = env_before
-
-
 def _read_lines(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _append(path: Path, records: list[dict]) -> None:
+def append_records(path: Path, records: list[dict]) -> None:
     if records:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-
-
-# --- in each worker process ------------------------------------------------------------------
-
-def worker(request: dict) -> None:
-    """Measure ``request["sizes"]`` in this process, one rank of a job the launcher's
-    environment describes; rank 0 appends a record per size to ``request["results"]``."""
-    import torch
-    import torch.distributed as dist
-
-    backend = request["backend"]
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    group = {"timeout": dt.timedelta(seconds=request["timeout_s"])}
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)  # before the group: NCCL binds to this device
-        device = torch.device("cuda", local_rank)
-        group["device_id"] = device  # the communicator is made now, not in the first size
-    else:
-        device = torch.device("cpu")
-        # One compute thread per process, as torchrun sets: idle OpenMP threads spinning
-        # after the check's kernels would take cores from gloo's own threads.
-        torch.set_num_threads(1)
-    dist.init_process_group(backend, **group)
-    try:
-        rank, n = dist.get_rank(), dist.get_world_size()
-        if os.environ.get(FAIL_ENV, "").strip() == str(rank):
-            raise RuntimeError(f"simulated failure of rank {rank} ({FAIL_ENV})")
-        shared = _shared_fields(request, device, n) if rank == 0 else {}
-        for size in request["sizes"]:
-            times_us, wrong = measure_size(size, request, device, n)
-            if rank == 0:
-                _append(Path(request["results"]), [_record(shared, size, times_us, wrong, n)])
-    except Exception as exc:
-        # Recorded before the group closes: closing it fails the peers' collectives, and the
-        # launcher names the error recorded first as the cause.
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-        handler = get_error_handler()
-        handler.initialize()
-        handler.record_exception(exc)
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def measure_size(size_bytes: int, request: dict, device, world_size: int):
-    """``(times_us, wrong)``: per timed batch, the slowest rank's microseconds per
-    all-reduce of ``size_bytes`` bytes; and the elements, over all ranks, that the check
-    all-reduce got wrong. Every rank must call it with the same arguments."""
-    import torch
-    import torch.distributed as dist
-
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        request["dtype"]]
-    buf = torch.ones(size_bytes // ELEMENT_BYTES[request["dtype"]], dtype=dtype, device=device)
-    dist.all_reduce(buf)  # n ones summed: exact in every dtype for n <= 256
-    wrong = (buf != world_size).sum().to(torch.float64)
-    buf.zero_()
-    for _ in range(request["warmup"]):
-        dist.all_reduce(buf)
-    times = torch.tensor([_timed_batch(buf, request["iters"]) / request["iters"]
-                          for _ in range(request["reps"])], dtype=torch.float64, device=device)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # done when the slowest rank is done
-    dist.all_reduce(wrong)
-    return times.tolist(), int(wrong.item())
-
-
-def _timed_batch(buf, iters: int) -> float:
-    """Microseconds of ``iters`` all-reduces of ``buf`` on this rank, started together."""
-    import torch
-    import torch.distributed as dist
-    dist.barrier()
-    if buf.is_cuda:
-        torch.cuda.synchronize()  # the barrier's own kernel is not timed
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        for _ in range(iters):
-            dist.all_reduce(buf)  # the current stream waits for NCCL's: end follows the last
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(buf)
-    return (time.perf_counter() - t0) * 1e6
-
-
-def _shared_fields(request: dict, device, world_size: int) -> dict:
-    """What every record of this launch says besides its size's figures: the settings and
-    where they were measured."""
-    import torch
-    from kasoku.perf.sysinfo import environment
-    nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}
-    nccl = None
-    if request["backend"] == "nccl":
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    algorithm = f"NCCL_ALGO={nccl_env['NCCL_ALGO']}" if request["backend"] == "nccl" and \
-        nccl_env.get("NCCL_ALGO") else BACKEND_CHOICE
-    env = environment(device)
-    return {"schema": SCHEMA, "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
-            "world_size": world_size, "backend": request["backend"],
-            "device_type": device.type, "device_name": env["device_name"],
-            "dtype": request["dtype"], "algorithm": algorithm, "nccl_version": nccl,
-            "nccl_env": nccl_env, "timing": "cuda events" if device.type == "cuda"
-            else "perf_counter", "warmup": request["warmup"], "iters": request["iters"],
-            "reps": request["reps"], "env": env}
-
-
-def _record(shared: dict, size_bytes: int, times_us: list[float], wrong: int,
-            world_size: int) -> dict:
-    time_us = statistics.median(times_us)
-    algbw, busbw = bandwidths(size_bytes, time_us, world_size)
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    figures = {"size_bytes": size_bytes, "count": size_bytes // ELEMENT_BYTES[shared["dtype"]],
-               "time_us": time_us, "times_us": times_us, "algbw_gbps": algbw,
-               "busbw_gbps": busbw, "wrong": wrong, "time": now}
-    return {**{k: v for k, v in shared.items() if k != "env"}, **figures, "env": shared["env"]}
 
 
 # --- the table and the chart ---------------------------------------------------------------
@@ -526,16 +344,3 @@ def plot_busbw(records: list[dict], path: Path) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
     return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    """A worker: ``python -m kasoku.dist.allreduce_bench REQUEST_JSON`` under the launcher."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m kasoku.dist.allreduce_bench REQUEST_JSON (started "
-                         "by kasoku allreduce-bench, or torchrun)")
-    worker(json.loads(argv[0]))
-
-
-if __name__ == "__main__":
-    main()

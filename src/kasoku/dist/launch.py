@@ -14,10 +14,13 @@ The rendezvous is static (torchrun's ``--master-addr``/``--node-rank`` form): at
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
+import uuid
 
 from kasoku.dist.config import DistConfig
 
@@ -41,34 +44,41 @@ def restart_count(environ=None) -> int:
     return int(text) if text.isdigit() else 0
 
 
+def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
+                  rdzv_endpoint: str | None = None, max_restarts: int = 0, **options):
+    """The elastic launcher's ``LaunchConfig`` for ``nproc_per_node`` workers per machine: a
+    static rendezvous (torchrun's ``--master-addr`` form) at ``rdzv_endpoint``, hosted by
+    ``node_rank`` 0, or on one machine at a free local port; ``options``: more of its
+    fields (``logs_specs``, ...)."""
+    from torch.distributed.launcher.api import LaunchConfig
+    endpoint = rdzv_endpoint or f"localhost:{_free_port()}"
+    # Its store's key prefix: the same on every machine of a job; a fresh one per launch on one.
+    run_id = "kasoku" if rdzv_endpoint else f"kasoku-{uuid.uuid4().hex[:12]}"
+    fields = dict(min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
+                  max_restarts=max_restarts, monitor_interval=0.1, rdzv_backend="static",
+                  rdzv_endpoint=endpoint, rdzv_configs={"rank": node_rank}, run_id=run_id,
+                  **options)
+    if "shutdown_timeout" in LaunchConfig.__dataclass_fields__:  # not in older torch
+        fields["shutdown_timeout"] = SHUTDOWN_TIMEOUT_S
+    return LaunchConfig(**fields)
+
+
 def launch(argv: list[str], cfg: DistConfig) -> int:
     """Run ``python -m kasoku ARGV`` in ``cfg.workers`` processes on this machine (the job
     spanning ``cfg.nnodes`` machines), restarted up to ``cfg.max_restarts`` times. Returns the
     exit code: 0, or the failed worker's (its one-line error already printed by the worker);
     prints one line naming the worker that failed first."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    # A static rendezvous, as torchrun's --master-addr form, on one machine as on several.
-    endpoint = cfg.rdzv_endpoint or f"localhost:{_free_port()}"
-    rdzv = {"rdzv_backend": "static", "rdzv_endpoint": endpoint,
-            "rdzv_configs": {"rank": cfg.node_rank}, "run_id": "kasoku"}
-    options = dict(min_nodes=cfg.nnodes, max_nodes=cfg.nnodes, nproc_per_node=cfg.workers,
-                   max_restarts=cfg.max_restarts, monitor_interval=0.1, **rdzv)
-    if "shutdown_timeout" in LaunchConfig.__dataclass_fields__:
-        options["shutdown_timeout"] = SHUTDOWN_TIMEOUT_S
-    config = LaunchConfig(**options)
-    # The launcher's own log lines (its settings, each worker's exit) would bury the workers'
-    # one-line errors; kasoku says what failed itself.
-    # Each of its modules sets its own logger's level, so each is quieted.
-    for name in ["torch.distributed.elastic", *list(logging.root.manager.loggerDict)]:
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+    config = launch_config(cfg.workers, nnodes=cfg.nnodes, node_rank=cfg.node_rank,
+                           rdzv_endpoint=cfg.rdzv_endpoint, max_restarts=cfg.max_restarts)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each worker sets its own thread count
     try:
-        elastic_launch(config, sys.executable)("-m", "kasoku", *argv)
+        with quiet_launcher():
+            elastic_launch(config, sys.executable)("-m", "kasoku", *argv)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank, failure = first_failure(exc.failures)
         code = failure.exitcode
         tries = f" after {cfg.max_restarts} restart{'s' * (cfg.max_restarts != 1)}" \
             if cfg.max_restarts else ""
@@ -77,12 +87,65 @@ def launch(argv: list[str], cfg: DistConfig) -> int:
         print(f"kasoku: error: worker {rank} failed ({how}){tries}, so the job stopped; "
               f"its error is above", file=sys.stderr, flush=True)
         return code if code in (1, 2) else 1
+    except KeyboardInterrupt:
+        raise
     except Exception as exc:  # the rendezvous itself: a bad endpoint, a machine that never came
         text = " ".join(str(exc).split()) or type(exc).__name__
         print(f"kasoku: error: the workers could not start: {type(exc).__name__}: "
               f"{text[:300]}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def first_failure(failures: dict) -> tuple:
+    """``(rank, failure)`` of the worker that failed first: by its error file's time to the
+    nanosecond (the launcher's own choice compares whole seconds, and the peers' "connection
+    reset" errors land in the same second as the cause)."""
+    def when(item):
+        path = item[1].error_file
+        return (os.stat(path).st_mtime_ns if os.path.isfile(path) else float("inf"),
+                item[1].timestamp, item[0])
+    return min(failures.items(), key=when)
+
+
+
+@contextlib.contextmanager
+def quiet_launcher():
+    """The elastic launcher installs signal handlers raising its ``SignalException`` (kept
+    after it returns), sets ``TORCHELASTIC_SIGNALS_TO_HANDLE`` and logs its settings and each
+    worker's exit: around one launch, the launcher's log is quieted, and afterwards the
+    handlers and the variable are restored; a signal that stopped the launch becomes a
+    ``KeyboardInterrupt`` carrying the exit code 128 + N."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    saved = {s: signal.getsignal(s) for s in (getattr(signal, n, None) for n in names)
+             if s is not None}
+    env_key = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+    env_before = os.environ.get(env_key)
+    # Each of the launcher's modules sets its own logger's level: quieting the parent alone
+    # does nothing. kasoku says in one line what failed.
+    logs = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+            if name.startswith("torch.distributed.elastic")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    except SignalException as exc:
+        stop = KeyboardInterrupt(str(exc))
+        stop.exit_code = 128 + int(exc.sigval)
+        raise stop from None
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        if env_before is None:
+            os.environ.pop(env_key, None)
+        else:
+            os.environ[env_key] = env_before
+
 
 
 def _free_port() -> int:
