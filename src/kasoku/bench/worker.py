@@ -254,13 +254,14 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
     return figures
 
 
-def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
+def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], distribute=None):
     """The rung's training steps as a ``Runner`` (``kasoku.bench.timing``): one step per
     batch it is given, returning the last loss. The plain rung is the hand-written loop of
     ``kasoku.bench.plain``; every other rung is ``accelerate``'s step for its config. Notes
     of levers skipped on this device are appended to ``notes``. A kasoku rung's runner
     carries its step function as ``step_fn`` (where a profiled window attaches its phase
-    marks); the plain loop takes none."""
+    marks) and its model as ``model``; the plain loop takes none. ``distribute``: as
+    ``accelerate`` takes it (``kasoku scale``'s data-parallel steps)."""
     from kasoku.optim import make_optimizer
     r = wl.recipe
     if rung.is_plain:
@@ -276,7 +277,8 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
     # No metric: the plain rung computes none, and each rung must do the same arithmetic for
     # its rate to be read against plain's (the accuracy is the trainer's reporting, not part
     # of the training step being timed).
-    acc = accelerate(model, wl.loss_fn, None, rung.config, device, build_optimizer)
+    acc = accelerate(model, wl.loss_fn, None, rung.config, device, build_optimizer,
+                     distribute=distribute)
     notes.extend(acc.notes)
     acc.model.train()
     step_fn, acc_model, optimizer = acc.step_fn, acc.model, acc.optimizer
@@ -287,6 +289,7 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str]):
         return observation["main/loss"]
 
     run_steps.step_fn = step_fn
+    run_steps.model = acc_model
     return run_steps
 
 

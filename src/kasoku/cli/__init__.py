@@ -22,7 +22,7 @@ EXIT_FAILED = 1
 
 
 def build_parser() -> a.Parser:
-    from kasoku.cli import allreduce_bench, bench, data, listing, profile, train
+    from kasoku.cli import allreduce_bench, bench, data, listing, profile, scale, train
     parser = a.Parser(prog="kasoku",
                       description="Measure, explain and accelerate deep-learning training.")
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
@@ -34,6 +34,7 @@ def build_parser() -> a.Parser:
     bench.add_parser(sub)
     data.add_parser(sub)
     allreduce_bench.add_parser(sub)
+    scale.add_parser(sub)
     return parser
 
 

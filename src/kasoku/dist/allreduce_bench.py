@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kasoku.dist.launch import first_failure, launch_config, quiet_launcher
+from kasoku.dist.launch import WorkersFailed, run_module
 from kasoku.errors import ConfigError, warn_once
 
 SCHEMA = "kasoku.allreduce_bench/1"
@@ -226,52 +225,14 @@ def _span(sizes) -> str:
 
 
 def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> None:
-    """``python -m kasoku.dist.allreduce_bench REQUEST`` in ``world_size`` processes, through
-    PyTorch's elastic launcher on this machine (torchrun --standalone's rendezvous). The
-    workers' stderr goes to files in ``log_dir``; a failed worker's is copied to ``keep_in``
-    and named in the ``BenchFailed`` raised."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
-    # No restart: a benchmark retried after a failure measures nothing new.
-    config = launch_config(world_size, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir),
-                                                                   redirects=Std.ERR))
+    """``python -m kasoku.dist.allreduce_worker REQUEST`` in ``world_size`` processes
+    (``kasoku.dist.launch.run_module``); a failure is a ``BenchFailed``."""
     what = f"all-reduce with {world_size} process{'es' * (world_size != 1)}"
     try:
-        with quiet_launcher():
-            elastic_launch(config, sys.executable)(
-                "-m", "kasoku.dist.allreduce_worker", json.dumps(request))
-    except ChildFailedError as exc:
-        rank, failure = first_failure(exc.failures)
-        message = failure.message
-        if isinstance(message, dict):  # written by the worker's torch error recorder
-            message = message.get("message", "")
-        code = failure.exitcode
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        cause = " ".join(str(message).split())[:400] if message and "errors.html" not in \
-            str(message) else "no error recorded"
-        kept = _keep_stderr(log_dir, failure.local_rank, keep_in / f"stderr-{world_size}procs-"
-                            f"rank{rank}.log")
-        raise BenchFailed(f"{what}: rank {rank} failed ({how}): {cause}"
-                          + (f"; its stderr: {kept}" if kept else "")) from None
-    except (KeyboardInterrupt, BenchFailed):
-        raise
-    except Exception as exc:  # the rendezvous itself, or the workers could not be started
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        raise BenchFailed(f"{what}: the workers could not start: {type(exc).__name__}: "
-                          f"{text[:300]}") from None
-
-
-def _keep_stderr(log_dir: Path, local_rank: int, to: Path) -> Path | None:
-    """Copy worker ``local_rank``'s stderr file from the launcher's ``log_dir``
-    (``RUN/attempt_N/RANK/stderr.log``) to ``to``; None when there is none."""
-    found = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"))
-    if not found:
-        return None
-    to.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(found[-1], to)
-    return to
+        run_module("kasoku.dist.allreduce_worker", json.dumps(request), world_size, log_dir,
+                   keep_in, what, tag=f"{world_size}procs")
+    except WorkersFailed as exc:
+        raise BenchFailed(str(exc)) from None
 
 
 def _read_lines(path: Path) -> list[dict]:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
 import uuid
+from pathlib import Path
 
 from kasoku.dist.config import DistConfig
 
@@ -95,6 +97,60 @@ def launch(argv: list[str], cfg: DistConfig) -> int:
               f"{text[:300]}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+class WorkersFailed(RuntimeError):
+    """A worker of a measurement launch failed or the workers could not start: the message is
+    one line naming what was launched, the rank and its error."""
+
+
+def run_module(module: str, request: str, world_size: int, log_dir: Path, keep_in: Path,
+               what: str, tag: str) -> None:
+    """``python -m MODULE REQUEST`` in ``world_size`` processes on this machine, through the
+    elastic launcher (a fresh local rendezvous, no restart: a measurement retried after a
+    failure measures nothing new). The workers' stderr goes to files in ``log_dir``, their
+    stdout to the terminal; a failed worker's stderr is copied to ``keep_in`` and named in
+    the ``WorkersFailed`` raised (as ``stderr-TAG-rankR.log``), whose message starts with
+    ``what``."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    config = launch_config(world_size, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir),
+                                                                   redirects=Std.ERR))
+    try:
+        with quiet_launcher():
+            elastic_launch(config, sys.executable)("-m", module, request)
+    except ChildFailedError as exc:
+        rank, failure = first_failure(exc.failures)
+        message = failure.message
+        if isinstance(message, dict):  # written by the worker's torch error recorder
+            message = message.get("message", "")
+        code = failure.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        cause = " ".join(str(message).split())[:400] if message and "errors.html" not in \
+            str(message) else "no error recorded"
+        kept = _keep_stderr(Path(log_dir), failure.local_rank,
+                            Path(keep_in) / f"stderr-{tag}-rank{rank}.log")
+        raise WorkersFailed(f"{what}: rank {rank} failed ({how}): {cause}"
+                            + (f"; its stderr: {kept}" if kept else "")) from None
+    except (KeyboardInterrupt, WorkersFailed):
+        raise
+    except Exception as exc:  # the rendezvous itself, or the workers could not be started
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise WorkersFailed(f"{what}: the workers could not start: {type(exc).__name__}: "
+                            f"{text[:300]}") from None
+
+
+def _keep_stderr(log_dir: Path, local_rank: int, to: Path) -> Path | None:
+    """Copy worker ``local_rank``'s stderr file from the launcher's ``log_dir``
+    (``RUN/attempt_N/RANK/stderr.log``) to ``to``; None when there is none."""
+    found = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"))
+    if not found:
+        return None
+    to.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(found[-1], to)
+    return to
 
 
 def first_failure(failures: dict) -> tuple:

@@ -1,0 +1,135 @@
+"""``kasoku scale``: argv -> ``ScaleConfig`` and the worker counts ->
+``kasoku.dist.scale.run_scale``; prints the table and the explanation, draws the chart.
+
+    kasoku scale imagenet-resnet50 --gpus 1,2,4 --batch-size 256
+    kasoku scale mnist-mlp --procs 1,2
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from kasoku.cli import args as a
+from kasoku.cli.bench import _rung_spec
+from kasoku.cli.train import WORKLOAD_HELP
+
+GPU_DEFAULTS = {"steps": 20, "warmup": 15}
+CPU_DEFAULTS = {"steps": 20, "warmup": 5}
+CPU_DEFAULT_RUNG = "+fused"
+"""On a CPU: the fastest rung that needs no compiler (each worker count would compile anew)."""
+
+
+def add_parser(sub) -> None:
+    from kasoku.dist.config import ALLREDUCE_DTYPES, DistConfig
+    p = sub.add_parser(
+        "scale", help="data-parallel scaling: throughput on 1, 2, 4... workers, and what "
+        "limits it",
+        description="Train a workload on synthetic batches with 1, 2, 4... data-parallel "
+        "workers (PyTorch's DDP; a process per GPU over NCCL, or CPU processes over gloo), "
+        "each count in its own launch of PyTorch's elastic launcher, the batch per worker "
+        "fixed. Per count: throughput, scaling efficiency over one worker without DDP, the "
+        "step time without DDP, the all-reduce time not hidden behind the backward pass, "
+        "and one line on what limits the scaling. Appends OUT/results.jsonl, draws "
+        "OUT/scale.png; exits 1 when a worker fails.")
+    p.add_argument("workload", help=WORKLOAD_HELP)
+    world = p.add_mutually_exclusive_group()
+    world.add_argument("--gpus", type=a.int_list, metavar="N[,N...]",
+                       help="worker counts on GPUs, a process per GPU over NCCL (default with "
+                       "CUDA: 1 and every visible GPU)")
+    world.add_argument("--procs", type=a.int_list, metavar="N[,N...]",
+                       help="worker counts of CPU processes over gloo, each with cores / N "
+                       "threads (default without CUDA: 1,2)")
+    p.add_argument("--batch-size", type=a.int_list, metavar="N[,N...]",
+                   help="batch size per worker, or several to compare (default: the "
+                   "workload's recipe)")
+    p.add_argument("--config", type=_rung_spec, metavar="SPEC",
+                   help="the step's levers: a ladder label (plain, amp, +compile, ...) or "
+                   "settings as `kasoku train` names them, e.g. precision=bf16,channels_last "
+                   f"(default: the device's top rung on a GPU, {CPU_DEFAULT_RUNG} on a CPU)")
+    p.add_argument("--steps", type=a.positive_int,
+                   help="steps per timed window (default 20)")
+    p.add_argument("--windows", type=a.positive_int, default=5,
+                   help="timed windows per measurement; the median is reported (default 5)")
+    p.add_argument("--warmup", type=a.nonnegative_int,
+                   help="warm-up steps before the windows, not timed (default: 15 GPU, 5 CPU)")
+    p.add_argument("--threads", type=a.threads,
+                   help="CPU threads per worker (default: the cores / the worker count)")
+    p.add_argument("--seed", type=a.seed, default=0, help="seed for weights and batches")
+    a.add_fields(p, DistConfig, {
+        "bucket_mb": {"metavar": "MB"}, "static_graph": None,
+        "allreduce_dtype": {"choices": ALLREDUCE_DTYPES},
+        "dist_timeout": {"metavar": "SECONDS"}})
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="folder for results.jsonl (appended) and scale.png (default: a new "
+                   "folder runs/scale-WORKLOAD-DATE-TIME)")
+    p.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    """Plan, measure, report. Returns 0, or 1 when a worker failed; a request this machine
+    cannot run raises ``ConfigError`` before any folder is made."""
+    from kasoku.dist import World, require_single_process
+    from kasoku.dist.allreduce_bench import plan_worlds
+    from kasoku.dist.scale import (CHART_FILE, RESULTS_FILE, WorkersFailed, plot_scale,
+                                   print_results, run_scale)
+    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.workloads import create_workload
+
+    # It launches its own processes: started as one of several, each would launch a set.
+    require_single_process(World.from_env(), "kasoku scale")
+    wl = create_workload(args.workload)
+    gpus, procs = args.gpus, args.procs
+    if not gpus and not procs:
+        import torch
+        if torch.cuda.is_available():
+            gpus = sorted({1, torch.cuda.device_count()})
+        else:
+            procs = [1, 2]
+    plan = plan_worlds(gpus=gpus, procs=procs)
+    cfg = scale_config(args, wl, plan.device_type)
+    out = make_out_dir(args.out, "the results and the chart") if args.out else \
+        default_out(wl.name, kind="scale")
+    batch_sizes = args.batch_size or [wl.recipe.batch_size]
+    failed = None
+    for b in batch_sizes:
+        one = dataclasses.replace(cfg, batch_size=b)
+        try:
+            records = run_scale(one, plan.backend, plan.world_sizes, out)
+        except WorkersFailed as exc:
+            print(f"kasoku: error: {exc}", file=sys.stderr, flush=True)
+            failed = exc
+            break
+        print_results(records)
+        if not args.no_chart:
+            name = CHART_FILE if len(batch_sizes) == 1 else f"scale-batch{b}.png"
+            print(f"chart: {plot_scale(records, out / name)}")
+    print(f"results: {out / RESULTS_FILE}")
+    return 1 if failed else 0
+
+
+def scale_config(args, wl, device_type: str):
+    """The ``ScaleConfig`` of parsed arguments (the batch size set per run)."""
+    from kasoku.bench.rungs import default_ladder, resolve, rung_from_spec
+    from kasoku.dist.config import DistConfig
+    from kasoku.dist.scale import ScaleConfig
+    from kasoku.accel.memory_format import has_conv2d
+
+    dist = a.config_from(args, DistConfig, gpus=None, procs=None)  # the counts are lists here
+    dist.check()
+    if args.config:
+        rung = rung_from_spec(args.config, device_type)
+    elif device_type == "cuda":
+        rung = default_ladder("cuda")[-1]
+    else:
+        rung = rung_from_spec(CPU_DEFAULT_RUNG, "cpu")
+    (rung,), _ = resolve([rung], device_type, has_conv2d(wl.build_model()))
+    defaults = GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS
+    return ScaleConfig(workload=wl.name, label=rung.label, config=rung.config_dict(),
+                       batch_size=wl.recipe.batch_size, steps=args.steps or defaults["steps"],
+                       windows=args.windows,
+                       warmup=args.warmup if args.warmup is not None else defaults["warmup"],
+                       seed=args.seed, threads=args.threads, bucket_mb=dist.bucket_mb,
+                       static_graph=dist.static_graph, allreduce_dtype=dist.allreduce_dtype,
+                       timeout_s=dist.dist_timeout)
