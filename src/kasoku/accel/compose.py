@@ -13,13 +13,18 @@ from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.fused_bn import apply_fused_bn
-from kasoku.accel.graph import apply_cuda_graph
+from kasoku.accel.graph import WARMUP_STEPS, apply_cuda_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, has_conv2d
 from kasoku.accel.multistep import ShortChunkCheck, apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.errors import ConfigError
+
+DDP_WARMUP_STEPS = 11
+"""Eager DDP steps before a step is captured, as PyTorch's CUDA-graph notes ask: DDP rebuilds
+its buckets and records its runtime statistics during its first iterations, which a graph
+must not hold."""
 
 
 @dataclass
@@ -131,12 +136,20 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_matmul_1x1(model, notes)
     if cfg.wgrad_stream:  # after matmul_1x1, whose layers it routes to the second stream too
         model = apply_wgrad_stream(model, device, notes)
+    graph_stream = None
     if distribute is not None:
-        if cfg.cuda_graph:
-            raise ConfigError("--cuda-graph with data-parallel workers (--gpus, --procs) is not "
-                              "supported yet: DDP's all-reduce runs outside a captured step; "
-                              "leave out --cuda-graph (--compile still applies)")
-        model = distribute(model)
+        if cfg.cuda_graph and device.type == "cuda":
+            # PyTorch's notes for DDP in a captured backward: DDP is built on a side stream,
+            # the one the step warms up and is captured on (the gradient accumulators its
+            # reducer hooks keep the stream they were made on), and the step runs
+            # DDP_WARMUP_STEPS eagerly first.
+            graph_stream = torch.cuda.Stream(device)
+            graph_stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(graph_stream):
+                model = distribute(model)
+            torch.cuda.current_stream(device).wait_stream(graph_stream)
+        else:
+            model = distribute(model)
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     if cfg.compile:
@@ -161,7 +174,9 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     # The graph last: it must hold the whole step, input conversion and loss scaling included.
     if cfg.cuda_graph:
         step_fn = apply_cuda_graph(step_fn, device, optimizer, notes,
-                                   steps_per_call=cfg.steps_per_call)
+                                   steps_per_call=cfg.steps_per_call, stream=graph_stream,
+                                   warmup_steps=DDP_WARMUP_STEPS if distribute is not None
+                                   else WARMUP_STEPS)
     if graphed and cfg.steps_per_call > 1:
         extensions.append(ShortChunkCheck(cfg.steps_per_call))
     return Accelerated(model, optimizer, step_fn, notes, extensions, cfg.steps_per_call)

@@ -63,7 +63,14 @@ class Conv1x1Matmul(nn.Conv2d):
         if not matmul_able(conv):
             raise ValueError(f"cannot compute {conv} as a matrix product: needs a 1x1 kernel, "
                              f"no padding, groups or dilation, the same stride on both axes")
-        return recast(conv, cls)
+        layer = recast(conv, cls)
+        # A 1x1 kernel in channels_last has the same memory as a contiguous one, but other
+        # strides on its size-1 axes; the product's weight gradient comes back contiguous.
+        # DDP's gradient buckets copy the parameter's strides and warn (and copy) at every
+        # step when the gradient's differ: give the weight the strides its gradient has.
+        w = layer.weight.data
+        layer.weight.data = w.as_strided(w.shape, torch.empty(w.shape, device="meta").stride())
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or not x.is_contiguous(memory_format=torch.channels_last):

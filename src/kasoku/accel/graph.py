@@ -43,13 +43,16 @@ WARMUP_STEPS = 3
 
 def apply_cuda_graph(step_fn: Callable, device, optimizer=None,
                      notes: list[str] | None = None, warmup_steps: int = WARMUP_STEPS,
-                     steps_per_call: int = 1) -> Callable:
+                     steps_per_call: int = 1, stream: torch.cuda.Stream | None = None
+                     ) -> Callable:
     """Wrap ``step_fn`` in a ``CudaGraphStep`` (apply last: the graph holds everything the
     step does). With ``optimizer``, prepare it now (tensor learning rates, ``capturable``) so
     schedules registered afterwards see tensor rates from their first call; a non-capturable
     optimizer raises ``ConfigError``. ``steps_per_call``: optimizer steps per call of
-    ``step_fn`` (``MultiStep``), so that warm-up counts steps. On a device other than CUDA the
-    lever is warned about once, noted, and the step returned unchanged."""
+    ``step_fn`` (``MultiStep``), so that warm-up counts steps. ``stream``: the side stream to
+    warm up and capture on (one the caller already used, e.g. to build DDP; default: a new
+    one). On a device other than CUDA the lever is warned about once, noted, and the step
+    returned unchanged."""
     device = torch.device(device)
     if device.type != "cuda":
         skip(notes, f"cuda_graph: CUDA graphs need a CUDA device; the step runs eagerly on "
@@ -60,7 +63,7 @@ def apply_cuda_graph(step_fn: Callable, device, optimizer=None,
     # A call of a multi-step chunk is already that many eager steps: warm up in steps, not
     # calls (3 chunks of 50 would be 150 eager steps before the first replay).
     per_call = max(1, int(steps_per_call))
-    return CudaGraphStep(step_fn, device, -(-warmup_steps // per_call))
+    return CudaGraphStep(step_fn, device, -(-warmup_steps // per_call), stream=stream)
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -113,14 +116,15 @@ class CudaGraphStep:
     ``step_fn``; see the module docstring for the warm-up, the static buffers and the
     eager fallback. ``replays`` and ``eager_steps`` count what ran."""
 
-    def __init__(self, step_fn: Callable, device, warmup_steps: int = WARMUP_STEPS):
+    def __init__(self, step_fn: Callable, device, warmup_steps: int = WARMUP_STEPS,
+                 stream: torch.cuda.Stream | None = None):
         if warmup_steps < 1:
             raise ValueError(f"a CUDA graph needs at least one warm-up step, got {warmup_steps}")
         self.step_fn, self.device = step_fn, _indexed(torch.device(device))
         self.warmup_steps = warmup_steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.replays = self.eager_steps = 0
-        self._stream: torch.cuda.Stream | None = None
+        self._stream: torch.cuda.Stream | None = stream
         self._last_signature = None
         self._static_batch: tuple = ()
         self._static_obs: dict = {}
@@ -173,7 +177,9 @@ class CudaGraphStep:
         optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread (a prefetching loader) may allocate during capture.
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # Captured on the warm-up stream, as make_graphed_callables does: the handles and
+        # workspaces the warm-up created there are the ones the captured kernels use.
+        with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
             self._static_obs = self.step_fn(model, self._static_batch, optimizer)
         self._static_grads = [(p, p.grad) for p in model.parameters()]
         self.graph = graph
