@@ -171,6 +171,30 @@ def test_communication_bound():
     assert judge(f).rule == "communication-bound"
 
 
+def test_communication_bound_confirms_with_a_doubled_batch():
+    def body(b, t0):
+        gpu_step(n_kernels=4, kernel_us=100)(b, t0)
+        c = b.launch(t0 + 20)
+        b.kernel(c, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 420, 500)
+    v = judge(figures(Builder().steps(5, 1000, body), device="cuda", config={}))
+    assert [(e.label, e.args, e.faster) for e in v.experiments] == [
+        ("batch x2 per worker", ("--batch-size", "200"), True)]
+
+
+def test_gloo_collectives_on_their_threads_count_on_a_cpu():
+    """gloo runs the all-reduce on its own threads, recorded as ``gloo:all_reduce`` spans;
+    overlapping spans of two threads count once."""
+    def body(b, t0):
+        cpu_step(op_us=400, ops=4)(b, t0)
+        for tid, start in ((8, 300), (9, 350)):
+            b.events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce",
+                             "ts": t0 + start, "dur": 400, "tid": tid})
+    f = figures(Builder().steps(5, 1000, body), device="cpu", config={})
+    assert f["comm_pct"] == pytest.approx(45, abs=1)  # 300..750 of each 1,000 us step
+    assert f["comm_ms"] == pytest.approx(0.45, abs=0.01)
+    assert judge(f).rule == "communication-bound"
+
+
 def test_graph_replay_gaps_are_not_launch_waits():
     """All kernels of one replay carry the graph launch's correlation id: their gaps are
     inside the graph (other), not waits for the host -- the case HTA misreads."""

@@ -16,8 +16,11 @@ PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "skip": {"type": a.nonnegative_int, "metavar": "N"},
                  "measure_steps": {"type": a.positive_int, "metavar": "N"},
                  "confirm": None, "python": None}
+PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph",
+                "allreduce_dtype", "sync_bn")
+"""The data-parallel options a profile takes (one machine; no restarts)."""
 _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
-              if k in ("device", "batch_size", "lr", "seed", "threads")}
+              if k in ("device", "batch_size", "lr", "optimizer", "seed", "threads")}
 
 
 def add_parser(sub) -> None:
@@ -42,24 +45,74 @@ def add_parser(sub) -> None:
         "prefetch": {"metavar": "N"}})
     add_accel_arguments(p)
     a.add_fields(p.add_argument_group("profile"), ProfileConfig, PROFILE_FLAGS)
+    from kasoku.cli.dist import DIST_FLAGS
+    from kasoku.dist.config import DistConfig
+    group = p.add_argument_group(
+        "data-parallel", "profile worker 0 of N workers (PyTorch's DistributedDataParallel) "
+        "as kasoku train --gpus/--procs runs them; --batch-size is per worker")
+    a.add_fields(group, DistConfig, {k: v for k, v in DIST_FLAGS.items() if k in PROFILE_DIST})
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    from kasoku.cli.dist import dist_config_from_args
+    from kasoku.dist import World
+    from kasoku.dist.launch import under_launcher
     from kasoku.perf.profile.session import ProfileConfig, profile_workload
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     train.progress = False
     cfg = a.config_from(args, ProfileConfig)
+    dist = dist_config_from_args(args)
+    if dist.asked and not under_launcher():
+        return _launch(args, dist, cfg)
     result = profile_workload(args.workload, data, train, accel_config_from_args(args), cfg,
                               out=args.out, measure_only=args.measure_only,
-                              argv=args.argv)
+                              argv=args.argv, dist_cfg=dist)
+    if dist.asked and not World.from_env().is_main:
+        return 0  # worker 0 speaks for all
     if args.measure_only:
         print(json.dumps(result, default=str))
         return 0
     print(summary(result))
     return 0
+
+
+def _launch(args, dist, cfg) -> int:
+    """Start the workers (each runs this command as one of them), then, with ``--confirm``,
+    run the A/B from here: each side launches its own workers."""
+    from kasoku.accel.compose import check_config
+    from kasoku.dist.launch import launch
+    from kasoku.perf.profile.session import confirm_saved
+    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.workloads import create_workload
+    check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
+    wl = create_workload(args.workload)
+    if args.measure_only:
+        return launch(list(args.argv), dist)
+    out = make_out_dir(args.out, "the profile") if args.out else \
+        default_out(wl.name, kind="profile")
+    argv = [*args.argv, "--out", str(out)] if not args.out else list(args.argv)
+    code = launch(argv, dist)
+    if code or not cfg.confirm:
+        return code
+    result = confirm_saved(out, list(args.argv))
+    print("\n".join([f"confirm ({result['verdict']['rule']}):", *ladder_lines(result),
+                      f"report: {result.get('report')}"]))
+    return 0
+
+
+def ladder_lines(result: dict) -> list[str]:
+    """The ``--confirm`` rows: label, samples/s, ratio, what was predicted, the outcome."""
+    lines = []
+    for row in result.get("ladder") or []:
+        rate = row.get("samples_per_s")
+        shown = f"{rate:10.1f}/s" if rate else "     n/a   "
+        ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
+        lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
+                     f"  {row.get('outcome') or row.get('error', '')}")
+    return lines
 
 
 def summary(result: dict) -> str:
@@ -88,12 +141,7 @@ def summary(result: dict) -> str:
     lines.append(f"verdict: {v['line']}")
     for also in v.get("secondary") or []:
         lines.append(f"  also: {also}")
-    for row in result.get("ladder") or []:
-        rate = row.get("samples_per_s")
-        shown = f"{rate:10.1f}/s" if rate else "     n/a   "
-        ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
-        lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
-                     f"  {row.get('outcome') or row.get('error', '')}")
+    lines += ladder_lines(result)
     if result.get("python_profile"):
         lines.append(f"host Python profile (pyinstrument): {result['python_profile']}")
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")

@@ -43,18 +43,27 @@ class ProfileConfig:
 
 
 def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Path | None = None,
-                     measure_only: bool = False, argv: list[str] | None = None) -> dict:
+                     measure_only: bool = False, argv: list[str] | None = None,
+                     dist_cfg=None) -> dict:
     """Profile workload ``name`` with the settings of ``kasoku train`` (``data``, ``train``,
     ``accel``); returns the result dict written to ``out/profile.json``. ``measure_only``:
     steps 1 and 2 only, the result printed as one JSON line (a side of ``confirm``).
-    ``argv``: the command line, for ``confirm`` to vary."""
+    ``argv``: the command line, for ``confirm`` to vary.
+
+    ``dist_cfg`` (a ``DistConfig`` asking for workers, in a process the launcher started):
+    this process is one worker of a data-parallel run, every worker steps and is profiled
+    in lockstep, and worker 0 judges, writes and prints (the other workers' traces go to
+    ``out/workerR``); ``confirm`` is left to the launching process."""
     from kasoku.accel.compose import check_config
     from kasoku.data.registry import check_loader_settings
     from kasoku.dist import World, require_single_process
-    from kasoku.run import build_trainer, loaders_of
+    from kasoku.run import build_trainer
     from kasoku.train.run_dir import default_out, make_out_dir
     from kasoku.workloads import create_workload
-    require_single_process(World.from_env(), "kasoku profile")
+    world = World.from_env()
+    parallel = dist_cfg is not None and dist_cfg.asked
+    if not parallel:
+        require_single_process(world, "kasoku profile")
     train.check()
     check_config(accel)
     check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
@@ -63,7 +72,43 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     workload = create_workload(name)
     out = make_out_dir(Path(out), "the profile") if out is not None \
         else default_out(workload.name, kind="profile")
-    trainer = build_trainer(workload, data, train, accel, out=out)
+    if parallel:
+        train = _join(world, train, dist_cfg)
+        if not world.is_main:
+            out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
+    try:
+        trainer = build_trainer(workload, data, train, accel, out=out,
+                                world=world if parallel else None,
+                                dist_cfg=dist_cfg if parallel else None)
+        return _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
+                        argv, speak=world.is_main or not parallel,
+                        workers=world.world_size if parallel else 1)
+    finally:
+        if parallel:
+            from kasoku.dist import ddp
+            ddp.leave()
+
+
+def _join(world, train, dist_cfg):
+    """Join the data-parallel job as ``world`` says; ``train`` on this worker's device."""
+    import dataclasses
+    import warnings
+    from kasoku.dist import ddp
+    from kasoku.errors import KasokuWarning
+    device = ddp.worker_device(world, "cuda" if dist_cfg.gpus is not None else "cpu")
+    train = dataclasses.replace(train, device=str(device))
+    if not world.is_main:  # one voice: worker 0's
+        warnings.simplefilter("ignore", KasokuWarning)
+    ddp.join(world, device, dist_cfg.dist_timeout)
+    return train
+
+
+def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Path,
+             measure_only: bool, argv, speak: bool, workers: int = 1) -> dict:
+    """Steps 1-4 of the module doc on a built trainer; ``speak``: print, confirm and write
+    (worker 0 of a data-parallel run, or the only process); ``workers``: how many train
+    (the rates are this worker's)."""
+    from kasoku.run import loaders_of
     u = trainer.updater
     try:
         result = {"workload": workload.name, "device": str(u.device), "out": str(out),
@@ -73,9 +118,13 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
         result.update(_measure(u, cfg))
         if measure_only:
             return result
-        print(f"# {workload.name}  device: {u.device}  out: {out}", file=sys.stderr)
-        print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s, "
-              f"{format_phases(result['phases'])}", file=sys.stderr)
+        result["workers"] = workers
+        if speak:
+            print(f"# {workload.name}  device: {u.device}  out: {out}"
+                  + (f"  workers: {workers} (rates per worker)" if workers > 1 else ""),
+                  file=sys.stderr)
+            print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s, "
+                  f"{format_phases(result['phases'])}", file=sys.stderr)
         from kasoku.perf.profile.window import profile_updater
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
@@ -92,10 +141,27 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
             close = getattr(loader, "close", None)
             if close is not None:
                 close()
-    if cfg.confirm and argv is not None:
+    if not speak:
+        return result
+    if cfg.confirm and argv is not None and not _under_launcher():
         result["ladder"] = confirm(argv, result)
     _write(out, result)
     return result
+
+
+def confirm_saved(out: Path, argv: list[str]) -> dict:
+    """``confirm`` for a data-parallel profile, from the process that launched its workers
+    (worker 0 wrote ``out/profile.json``): each side launches its own workers. The report is
+    written again with the ladder; returns the result."""
+    result = json.loads((Path(out) / "profile.json").read_text())
+    result["ladder"] = confirm(argv, result)
+    _write(Path(out), result)
+    return result
+
+
+def _under_launcher() -> bool:
+    from kasoku.dist.launch import under_launcher
+    return under_launcher()
 
 
 def _measure(u, cfg: ProfileConfig) -> dict:

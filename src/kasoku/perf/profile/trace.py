@@ -24,7 +24,9 @@ What is computed (``analyse``), per step:
   kernels and top operators (host self time);
 - each phase's time on the host, and on a GPU the device time of the kernels it launched
   (kernels replayed from a graph are split by name: forward, backward, update -- approximate);
-- on a CPU (no device rows) the phases and the operators' self time by kind.
+- on a CPU (no device rows) the phases and the operators' self time by kind, and the time
+  gloo's threads spend in collectives (``gloo:*`` spans, merged; they run beside the step's
+  own thread, so this is their share of the step, not all of it waited for).
 
 HTA (Holistic Trace Analysis) computes a similar idle-time split but misreads graph replays,
 gives no verdict and pulls in a notebook stack; this is the few hundred lines kasoku needs.
@@ -77,6 +79,8 @@ class Trace:
     syncs: list[Span] = field(default_factory=list)
     ops: list[Span] = field(default_factory=list)
     """Host operators (``cpu_op``)."""
+    collectives: list[Span] = field(default_factory=list)
+    """gloo's collectives on its own threads (``gloo:all_reduce``, ...)."""
 
 
 def load(path) -> Trace:
@@ -100,6 +104,8 @@ def parse(events: list[dict]) -> Trace:
                     (e.get("args") or {}).get("correlation"))
         if cat == "user_annotation" and name.startswith(PHASE_PREFIX):
             t.phases.append(span)
+        elif cat == "user_annotation" and name.startswith("gloo:"):
+            t.collectives.append(span)
         elif cat in DEVICE_CATS:
             t.device.append(span)
         elif cat in ("cuda_runtime", "cuda_driver"):
@@ -219,7 +225,10 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
             if name.startswith("aten::"):
                 by_kind[classify(name)] += us
         op_total = sum(by_kind.values())
+        comm = overlap(host_start, host_end,
+                       merge([(c.start, c.end) for c in trace.collectives]))
         result.update(
+            comm_ms=comm / 1e3 / n, comm_pct=100 * comm / (host_end - host_start),
             step_ms=step_us / 1e3, host_ms=step_us / 1e3,
             data_pct=100 * data_host / (host_end - host_start),
             operator_ms=op_total / 1e3 / n,

@@ -1,0 +1,33 @@
+"""``kasoku profile --procs 2``: the profile of worker 0 of a real data-parallel run (two gloo
+processes started by PyTorch's elastic launcher), with gloo's all-reduce in the trace, and
+``--confirm`` run from the launching process, each side launching its own workers."""
+from __future__ import annotations
+
+import json
+
+from kasoku.cli import main
+
+
+def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd):
+    out = tmp_path / "prof"
+    code = main(["profile", "mnist-mlp", "--synthetic", "--procs", "2", "--steps", "4",
+                 "--warmup", "1", "--skip", "3", "--measure-steps", "6", "--confirm",
+                 "--out", str(out)])
+    printed = capfd.readouterr()
+    assert code == 0, printed.err
+    result = json.loads((out / "profile.json").read_text())
+    f = result["figures"]
+    assert f["device"] == "cpu" and f["comm_pct"] > 0 and f["comm_ms"] > 0
+    assert result["settings"]["batch_size"] == 100
+    assert (out / "trace.json").is_file() and (out / "worker1" / "trace.json").is_file()
+    assert not (out / "worker1" / "profile.json").exists()  # worker 0 speaks for all
+    assert printed.out.count("verdict:") == 1
+    # The ladder: the run as given, then the verdict's experiments, each its own launch.
+    ladder = result["ladder"]
+    assert ladder[0]["label"] == "as given" and ladder[0]["samples_per_s"] > 0
+    assert len(ladder) == 1 + len(result["verdict"]["experiments"])
+    for row in ladder[1:]:
+        assert row["samples_per_s"] > 0 and row["outcome"] in ("confirmed", "refuted")
+        assert "--procs 2" in printed.err  # the sides ran with the workers
+    assert f"confirm ({result['verdict']['rule']}):" in printed.out
+    assert "Traceback" not in printed.err
