@@ -7,7 +7,7 @@ import torch
 
 from kasoku.errors import ConfigError
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb")
+OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb", "kfac")
 IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 """loop: one kernel per tensor per op; foreach: multi-tensor kernels; fused: one kernel for all
 weights (torch's ``fused=True``; SGD, momentum and Adam only); compiled: the foreach update
@@ -17,9 +17,13 @@ cannot run -- a CPU, no Triton -- the update is fused or foreach, warned once)."
 
 
 def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0, impl: str | None = None) -> torch.optim.Optimizer:
+                   weight_decay: float = 0.0, impl: str | None = None,
+                   model: torch.nn.Module | None = None, kfac=None) -> torch.optim.Optimizer:
     """``sgd`` (plain), ``momentum`` (SGD with momentum, as Chainer's MomentumSGD), ``adam``,
-    ``lars`` (You et al. 2017; ``momentum`` is its momentum) or ``lamb`` (You et al. 2019).
+    ``lars`` (You et al. 2017; ``momentum`` is its momentum), ``lamb`` (You et al. 2019) or
+    ``kfac``: K-FAC (``kasoku.kfac.KFAC``) preconditioning the gradients of ``model``'s Linear
+    and Conv2d layers in front of the optimizer ``kfac.base`` (``kfac``: a ``KFACConfig``,
+    default ``KFACConfig()``: momentum), built here with the other arguments.
     ``params``: parameters or parameter groups (dicts), as torch optimizers take them.
     Weight decay is L2 added to the gradient for sgd/momentum/adam/lars (as in the seeds) and
     decoupled for lamb (its paper); LARS and LAMB exclude biases and normalization weights
@@ -38,6 +42,8 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         raise ConfigError(f"unknown optimizer implementation {impl!r}; choose one of "
                           f"{', '.join(IMPLS)} (or leave it unset for the fastest available)")
     params = list(params)
+    if name == "kfac":
+        return _make_kfac(params, lr, momentum, weight_decay, impl, model, kfac)
     if name in ("lars", "lamb"):
         return _make_layerwise(name, params, lr, momentum, weight_decay, impl)
     cls = torch.optim.Adam if name == "adam" else torch.optim.SGD
@@ -85,6 +91,19 @@ def _make_layerwise(name: str, params: list, lr: float, momentum: float, weight_
                     exclude_bias_and_norm=True, foreach=foreach)
     return LAMB(params, lr=lr, weight_decay=weight_decay, exclude_bias_and_norm=True,
                 foreach=foreach)
+
+
+def _make_kfac(params: list, lr: float, momentum: float, weight_decay: float,
+               impl: str | None, model, cfg) -> torch.optim.Optimizer:
+    from kasoku.kfac import KFAC, KFACConfig
+    if model is None:
+        raise ConfigError("optimizer kfac preconditions the gradients of a model's Linear and "
+                          "Conv2d layers: pass the model (make_optimizer(..., model=model))")
+    cfg = cfg or KFACConfig()
+    cfg.check()
+    base = make_optimizer(cfg.base, params, lr, momentum=momentum, weight_decay=weight_decay,
+                          impl=impl)
+    return KFAC(model, base, cfg)
 
 
 def _fused_devices() -> list[str]:

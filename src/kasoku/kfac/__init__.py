@@ -1,0 +1,19 @@
+"""K-FAC (Martens & Grosse 2015; Osawa et al. 2019; KAISA, Pauloski et al. 2020-21): a
+Kronecker-factored approximation of the Fisher matrix that preconditions the gradients of
+Linear and Conv2d layers in front of a base optimizer (``--optimizer kfac``).
+
+- ``config``: ``KFACConfig`` (damping, factor decay, KL clip, update intervals, base optimizer)
+- ``factors``: one batch's ``A`` and ``G`` factors of a Linear or Conv2d layer
+- ``eigen``: eigenbases (float64 retry), the preconditioned gradient, the KL-clip scale
+- ``preconditioner``: the hooks, the running factors and the in-place preconditioning
+- ``optimizer``: ``KFAC``, the preconditioner and a base optimizer as one torch optimizer;
+  ``check_levers``
+
+kasoku's own code: kfac-pytorch (KAISA, MIT), the reference for the design and the numerics,
+is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 only.
+"""
+from kasoku.kfac.config import KFAC_BASES, KFACConfig
+from kasoku.kfac.optimizer import KFAC, check_levers
+from kasoku.kfac.preconditioner import KFACPreconditioner
+
+__all__ = ["KFAC", "KFACConfig", "KFACPreconditioner", "KFAC_BASES", "check_levers"]

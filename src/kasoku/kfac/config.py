@@ -1,0 +1,60 @@
+"""K-FAC's settings: ``KFACConfig``, whose field docstrings are ``kasoku train``'s help texts
+for the ``--kfac-*`` flags.
+
+kasoku's own code: kfac-pytorch (KAISA, MIT), the reference for the design and the numerics,
+is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kasoku.errors import ConfigError
+
+KFAC_BASES = ("momentum", "sgd", "adam")
+"""The optimizers K-FAC can feed its preconditioned gradients to (``KFACConfig.base``)."""
+
+
+@dataclass(frozen=True)
+class KFACConfig:
+    base: str = "momentum"
+    """The optimizer that takes K-FAC's preconditioned gradients: momentum (SGD with the
+    workload's momentum) | sgd | adam."""
+    damping: float = 0.001
+    """Tikhonov damping added to every product of the two factors' eigenvalues: larger is
+    closer to SGD and steadier."""
+    factor_decay: float = 0.95
+    """Weight of the old factors in their running average at each factor update, from 0 (the
+    latest batch alone) to below 1."""
+    kl_clip: float | None = 0.001
+    """KL clipping: all preconditioned gradients are scaled by min(1, sqrt(kl_clip / (lr^2 *
+    sum of preconditioned x raw gradient))). None (Python only): no clipping."""
+    factor_update_freq: int = 1
+    """Steps between factor updates; the layers' inputs and output gradients are read on those
+    steps only."""
+    inv_update_freq: int = 10
+    """Steps between eigendecompositions of the factors (each waits for the device)."""
+
+    def check(self) -> None:
+        """Refuse values no run can use (``ConfigError`` naming the flag)."""
+        if self.base not in KFAC_BASES:
+            raise ConfigError(f"--kfac-base must be one of {', '.join(KFAC_BASES)}, got "
+                              f"{self.base!r}")
+        if not _finite(self.damping) or self.damping <= 0:
+            raise ConfigError(f"--kfac-damping must be a positive, finite number, got "
+                              f"{self.damping!r}")
+        if not _finite(self.factor_decay) or not 0 <= self.factor_decay < 1:
+            raise ConfigError(f"--kfac-factor-decay must be from 0 to below 1 (1 would never "
+                              f"update the factors), got {self.factor_decay!r}")
+        if self.kl_clip is not None and (not _finite(self.kl_clip) or self.kl_clip <= 0):
+            raise ConfigError(f"--kfac-kl-clip must be a positive, finite number (or None in "
+                              f"Python: no clipping), got {self.kl_clip!r}")
+        for flag, value in (("--kfac-factor-update-freq", self.factor_update_freq),
+                            ("--kfac-inv-update-freq", self.inv_update_freq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)

@@ -1,0 +1,60 @@
+"""K-FAC's eigen-decomposition method: the factors' eigenbases, the preconditioned gradient,
+and the KL-clipping scale.
+
+With ``A = Q_A diag(l_A) Q_A^T`` and ``G = Q_G diag(l_G) Q_G^T``, the damped Fisher block is
+``G (x) A + damping I = (Q_G (x) Q_A) diag(l_G (x) l_A + damping) (Q_G (x) Q_A)^T``, so its
+solve against the gradient matrix ``g`` (``[out, in (+1)]``) is two small products each way::
+
+    V = Q_G [(Q_G^T g Q_A) / (l_G l_A^T + damping)] Q_A^T
+
+(kfac-pytorch's eigen layers; the damping sits on the eigenvalue products, not on each
+factor). Eigenvalues are clamped at 0: rounding can make those of a semi-definite factor
+slightly negative.
+
+kasoku's own code: kfac-pytorch (KAISA, MIT), the reference for the design and the numerics,
+is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 only.
+"""
+from __future__ import annotations
+
+import torch
+
+from kasoku.errors import warn_once
+from kasoku.train.extensions import NonFiniteError
+
+
+class EighError(NonFiniteError):
+    """``eigh`` failed in float32 and again in float64: the factor is not a finite symmetric
+    matrix (training diverged; the command line says so in one line, as for a loss of nan)."""
+
+
+def eigh(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(eigenvalues >= 0, eigenvectors)`` of the symmetric float32 ``factor``, in float32.
+    When float32's ``eigh`` fails (it does not converge on some ill-conditioned factors), it
+    is retried in float64 and the result cast back, with a warning once per process. Note:
+    on CUDA, ``eigh`` checks for failure on the host (a sync point)."""
+    try:
+        values, vectors = torch.linalg.eigh(factor)
+    except torch.linalg.LinAlgError:
+        warn_once("K-FAC: eigh of a factor failed in float32; retried in float64 (a factor "
+                  "this ill-conditioned may want a larger --kfac-damping)")
+        try:
+            values, vectors = torch.linalg.eigh(factor.double())
+        except torch.linalg.LinAlgError as exc:
+            raise EighError(f"{exc}".strip().splitlines()[0]) from None
+        values, vectors = values.to(factor.dtype), vectors.to(factor.dtype)
+    return values.clamp(min=0.0), vectors
+
+
+def precondition(grad: torch.Tensor, qa: torch.Tensor, la: torch.Tensor, qg: torch.Tensor,
+                 lg: torch.Tensor, damping: float) -> torch.Tensor:
+    """``V`` of the module doc for the gradient matrix ``grad`` (``[out, in (+1)]``, float32)."""
+    v = qg.t() @ grad @ qa
+    v = v / (torch.outer(lg, la) + damping)
+    return qg @ v @ qa.t()
+
+
+def kl_scale(vg: torch.Tensor, kl_clip: float) -> torch.Tensor:
+    """``min(1, sqrt(kl_clip / |vg|))`` as a 0-dim tensor, where ``vg`` is ``sum lr^2 v . g``
+    over the preconditioned layers: the step's predicted change of the KL divergence stays
+    under ``kl_clip``. Computed on the device (no host sync); ``vg == 0`` gives 1."""
+    return (kl_clip / vg.abs()).sqrt().clamp(max=1.0)
