@@ -37,6 +37,10 @@ class TrainConfig:
     """Samples per step (default: the workload's recipe)."""
     lr: float | None = None
     """Learning rate (default: the workload's recipe)."""
+    optimizer: str | None = None
+    """sgd | momentum | adam | lars | lamb | kfac (K-FAC preconditioning Linear and Conv2d
+    layers in front of momentum SGD; see the --kfac-* settings) (default: the workload's
+    recipe)."""
     seed: int | None = None
     """Seed for the weights, the data order and augmentation (default: 0)."""
     device: str = "auto"

@@ -27,7 +27,8 @@ from kasoku.dist.config import DistConfig
 from kasoku.dist.ddp import local_world_size
 from kasoku.dist.launch import restart_count, under_launcher
 from kasoku.errors import ConfigError, KasokuWarning, warn_once
-from kasoku.optim import make_optimizer
+from kasoku.kfac import KFACConfig, check_levers
+from kasoku.optim import OPTIMIZERS, make_optimizer
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
 from kasoku.train.run_dir import default_out, resolve_run
@@ -37,10 +38,13 @@ from kasoku.workloads import Workload, create_workload
 def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                   accel: AccelConfig | None = None, out: Path | None = None,
                   seed: int | None = None, world: World | None = None,
-                  dist_cfg: DistConfig | None = None) -> Trainer:
+                  dist_cfg: DistConfig | None = None, kfac: KFACConfig | None = None
+                  ) -> Trainer:
     """Data, model, optimizer, schedule, the levers of ``accel``, the loader and the standard
     extensions of ``kasoku train``, writing to ``out`` (default ``train.out``); ``seed``
-    replaces ``train.seed`` (a resume builds with its snapshot's).
+    replaces ``train.seed`` (a resume builds with its snapshot's). The optimizer is
+    ``train.optimizer`` or else the recipe's; ``kfac`` configures optimizer kfac (default
+    ``KFACConfig()``).
 
     ``world``/``dist_cfg``: this process is one worker of a data-parallel run whose process
     group is joined (``kasoku.dist.ddp.join``): the model is wrapped in DDP before it is
@@ -54,6 +58,13 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     epochs = train.epochs if train.epochs is not None else recipe.epochs
     batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
     lr = train.lr if train.lr is not None else recipe.lr
+    optimizer = train.optimizer or recipe.optimizer
+    check_optimizer(optimizer, accel, kfac, parallel)
+    if optimizer != recipe.optimizer and train.lr is None:
+        warn_once(f"optimizer {optimizer}: the learning rate is the workload's {lr:g}, tuned "
+                  f"for its {recipe.optimizer}; pass --lr to set one for {optimizer}")
+    if kfac is not None and optimizer != "kfac":
+        warn_once(f"the K-FAC settings have no effect: the optimizer is {optimizer}, not kfac")
     warmup_epochs = recipe.warmup_epochs
     if parallel and dist_cfg.scale_lr and world.world_size > 1:
         # The recipe's rate is for its batch; the global batch is world x the per-worker one.
@@ -68,7 +79,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         threads = max(1, (os.cpu_count() or 1) // local_world_size())
     if threads:
         torch.set_num_threads(threads)
-    prewarm(accel, device, recipe.optimizer, recipe.weight_decay)  # overlaps loading the data
+    prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
     torch.manual_seed(seed)
     train_set, val_set = workload.build_datasets(data, seed=seed)
     if batch_size > len(train_set):
@@ -80,20 +91,24 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         # The same weights everywhere (DDP also broadcasts worker 0's), then a random stream of
         # each worker's own (dropout masks differ between shards).
         torch.manual_seed(seed + 1_000_003 * world.rank)
+    # K-FAC hooks the layers of ``model`` as they are when accelerate builds the optimizer:
+    # after its in-place levers (K-FAC refuses the wrapping ones, compile and DDP).
     accelerated = accelerate(
         model, workload.loss_fn, metric_fn, accel, device,
-        lambda params, impl: make_optimizer(recipe.optimizer, params, lr, impl=impl,
+        lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
                                             momentum=recipe.momentum,
-                                            weight_decay=recipe.weight_decay),
+                                            weight_decay=recipe.weight_decay,
+                                            model=model, kfac=kfac),
         distribute=(lambda m: ddp.wrap(m, dist_cfg, device)) if parallel else None)
     model = accelerated.model
+    _share_loss_scale(accelerated)
     shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
     # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
     loader = wrap_for_device(create_loader(
         train.loader, train_set, batch_size, device, seed=seed,
         batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **shard),
         device)
-    run_info = {"workload": workload.name, "batch_size": batch_size}
+    run_info = {"workload": workload.name, "batch_size": batch_size, "optimizer": optimizer}
     trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
                       metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
                       out=out or train.out or default_out(workload.name),
@@ -121,6 +136,28 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         trainer.extend(ext.FailOnNonNumber(), trigger=_log_trigger(train))
         trainer.extend(ext.Snapshot(), trigger=_snapshot_trigger(train))
     return trainer
+
+
+def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None,
+                    parallel: bool = False) -> None:
+    """Refuse an unknown optimizer, and K-FAC's bad settings and the levers it cannot run
+    with (``ConfigError`` saying what to do)."""
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if name == "kfac":
+        (kfac or KFACConfig()).check()
+        check_levers(accel, parallel=parallel)
+
+
+def _share_loss_scale(accelerated) -> None:
+    """An optimizer that reads gradients during the backward pass (K-FAC's G factors, through
+    its ``loss_scale``) sees them multiplied by fp16's loss scale: hand it the scaler's scale
+    tensor (updated in place after each step, so it is always the backward's)."""
+    from kasoku.accel.loss_scale import PrecisionState
+    for extension in accelerated.extensions:
+        if isinstance(extension, PrecisionState) and hasattr(accelerated.optimizer,
+                                                               "loss_scale"):
+            accelerated.optimizer.loss_scale = extension.scaler.scale_value
 
 
 def _log_trigger(train: TrainConfig):
@@ -223,11 +260,12 @@ def _set_base_lr(trainer: Trainer, lr: float) -> None:
 
 
 def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
-                   accel: AccelConfig | None = None, dist_cfg: DistConfig | None = None
-                   ) -> Trainer:
+                   accel: AccelConfig | None = None, dist_cfg: DistConfig | None = None,
+                   kfac: KFACConfig | None = None) -> Trainer:
     """Train workload ``name`` (a registered name or ``FILE.py:NAME``) into ``train.out`` (a
     new folder under ``runs/`` when None); ``resume``: None, ``"auto"``, a run folder or a
-    snapshot file. Returns the trainer (its LogReport holds the figures).
+    snapshot file. Returns the trainer (its LogReport holds the figures). ``kfac``: the
+    settings of optimizer kfac (``train.optimizer`` or the workload's).
 
     In a process started by a launcher (``kasoku.dist.launch.under_launcher``: kasoku's own
     ``--gpus``/``--procs``, torchrun, a scheduler) this is one worker of a data-parallel run,
@@ -240,6 +278,8 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
     device = resolve_device(train.device)
     workload = create_workload(name)
+    check_optimizer(train.optimizer or workload.recipe.optimizer, accel, kfac,
+                    parallel=under_launcher())
     if under_launcher():
         return _train_worker(workload, data, train, resume, accel, dist_cfg or DistConfig(),
                              device)
@@ -257,7 +297,7 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
             # sets depend on it), whatever --seed says.
             state = load_snapshot(snapshot) if snapshot is not None else None
             seed = (state.get("loader") or {}).get("seed") if state is not None else None
-            trainer = build_trainer(workload, data, train, accel, out=out, seed=seed)
+            trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, kfac=kfac)
             if state is not None:  # refuses another run's snapshot before it trains
                 trainer.load_state_dict(state, source=snapshot)
         except BaseException as exc:

@@ -85,6 +85,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number from 0 to below 1 (a decay: 1 would never move)."""
+    try:
+        value = float(text)
+    except ValueError:
+        _fail(f"must be a number, got {text!r}")
+    if not 0 <= value < 1:
+        _fail(f"must be a number from 0 to below 1, got {text!r}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """``32,64,128``: whole numbers >= 1, comma-separated."""
     items = [item for item in text.split(",") if item.strip()]

@@ -9,6 +9,8 @@ from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.dist import add_dist_arguments, dist_config_from_args
 from kasoku.config import DataConfig, TrainConfig
+from kasoku.kfac.config import KFAC_BASES, KFACConfig
+from kasoku.optim import OPTIMIZERS
 
 WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
                  "or a function returning one; see examples/)")
@@ -16,6 +18,7 @@ WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Wor
 TRAIN_FLAGS = {
     "device": {"type": a.device, "metavar": "{auto,cpu,cuda,cuda:N}", "default": "auto"},
     "epochs": None, "batch_size": None, "lr": None,
+    "optimizer": {"type": a.choice(OPTIMIZERS), "metavar": "{" + ",".join(OPTIMIZERS) + "}"},
     "seed": {"type": a.seed},
     "out": {"type": Path, "metavar": "DIR"},
     "overwrite": None,
@@ -30,6 +33,24 @@ DATA_FLAGS = {
     "synthetic_train_size": {"flag": "--synthetic-size", "metavar": "N"},
     "strict": {"flag": "--strict-data"},
 }
+
+
+KFAC_FLAGS = {
+    "base": {"flag": "--kfac-base", "type": a.choice(KFAC_BASES),
+             "metavar": "{" + ",".join(KFAC_BASES) + "}"},
+    "damping": {"flag": "--kfac-damping"},
+    "factor_decay": {"flag": "--kfac-factor-decay", "type": a.fraction},
+    "kl_clip": {"flag": "--kfac-kl-clip"},
+    "factor_update_freq": {"flag": "--kfac-factor-update-freq", "metavar": "STEPS"},
+    "inv_update_freq": {"flag": "--kfac-inv-update-freq", "metavar": "STEPS"},
+}
+
+
+def kfac_config_from_args(args) -> KFACConfig | None:
+    """The ``KFACConfig`` of the ``--kfac-*`` flags, or None when none was given."""
+    if all(getattr(args, name, None) is None for name in KFAC_FLAGS):
+        return None
+    return a.config_from(args, KFACConfig)
 
 
 def add_data_arguments(group) -> None:
@@ -60,6 +81,7 @@ def add_parser(sub) -> None:
                    "help": f"which loader makes the batches (default: serial). {described}"
                    .replace("%", "%%")},
         "prefetch": {"metavar": "N"}})
+    a.add_fields(p.add_argument_group("K-FAC (--optimizer kfac)"), KFACConfig, KFAC_FLAGS)
     add_accel_arguments(p)
     add_dist_arguments(p)
     p.set_defaults(handler=run)
@@ -73,11 +95,15 @@ def run(args) -> int:
     train = a.config_from(args, TrainConfig)
     dist = dist_config_from_args(args)
     accel = accel_config_from_args(args)
+    kfac = kfac_config_from_args(args)
     if dist.asked and not under_launcher():
+        if train.optimizer == "kfac":  # refused before the workers start
+            from kasoku.kfac import check_levers
+            check_levers(accel, parallel=True)
         return launch(_worker_argv(args, train), dist)
     try:
         train_workload(args.workload, data, train, resume=args.resume, accel=accel,
-                       dist_cfg=dist)
+                       dist_cfg=dist, kfac=kfac)
     except TrainingInterrupted as exc:
         command = " ".join(["kasoku", *_without(args.argv, "--resume"), "--resume",
                             str(exc.snapshot.parent)])
