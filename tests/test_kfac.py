@@ -152,6 +152,28 @@ def test_conv_factors_are_patch_outer_products_averaged_over_positions(bias, str
     torch.testing.assert_close(state["G"], g, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+@pytest.mark.parametrize("kwargs", [
+    {"kernel_size": 4, "padding": "same"},  # the odd pixel on the right and bottom
+    {"kernel_size": 3, "padding": 1, "padding_mode": "reflect"},
+    {"kernel_size": 3, "padding": (2, 1), "padding_mode": "circular", "dilation": 2,
+     "stride": 2}])
+def test_conv_patches_are_what_the_convolution_multiplies(kwargs):
+    # The weight gradient is sum over examples and positions of d p^T: it holds only for the
+    # patches the convolution really multiplies, whatever its padding.
+    from kasoku.kfac.factors import _patch_columns
+    torch.manual_seed(7)
+    conv = nn.Conv2d(3, 4, bias=False, **kwargs)
+    x = torch.randn(5, 3, 8, 9)
+    y = conv(x)
+    d = torch.randn_like(y)
+    (y * d).sum().backward()
+    cols = _patch_columns(conv, x)
+    torch.testing.assert_close(conv.weight.grad.flatten(1),
+                               d.transpose(0, 1).reshape(4, -1) @ cols.t(),
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_running_average_starts_at_the_identity():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 3))
