@@ -132,3 +132,10 @@ def test_requests_this_machine_cannot_run(tmp_path, capsys, monkeypatch, argv, m
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--gpus", "--procs"])
+def test_bench_points_to_scale_for_several_workers(capsys, flag):
+    assert main(["bench", "mnist-mlp", flag, "2"]) == 2
+    err = capsys.readouterr().err
+    assert "kasoku scale WORKLOAD --gpus" in err and "Traceback" not in err

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from kasoku.cli import args as a
@@ -78,7 +79,14 @@ def add_parser(sub) -> None:
                    help="measure nothing: print the table and redraw ladder.png from "
                    "OUT/results.jsonl (the latest run of each rung and batch size), e.g. after "
                    "a ladder split over several commands")
+    for flag in ("--gpus", "--procs"):  # said plainly rather than "unrecognized arguments"
+        p.add_argument(flag, type=_to_scale, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
+
+
+def _to_scale(text: str):
+    a._fail("kasoku bench measures one process per rung; to measure a rung on several "
+            "workers use kasoku scale WORKLOAD --gpus N[,N...] (or --procs) --config RUNG")
 
 
 def _rung_spec(text: str) -> str:
