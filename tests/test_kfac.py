@@ -440,7 +440,8 @@ def test_schedules_and_the_trainer_see_the_base_optimizers_groups():
 @pytest.mark.parametrize("settings,match", [
     ({"damping": 0.0}, "--kfac-damping"), ({"factor_decay": 1.0}, "--kfac-factor-decay"),
     ({"kl_clip": -1.0}, "--kfac-kl-clip"), ({"inv_update_freq": 0}, "--kfac-inv-update-freq"),
-    ({"factor_update_freq": 1.5}, "--kfac-factor-update-freq"), ({"base": "lamb"}, "--kfac-base")])
+    ({"factor_update_freq": 1.5}, "--kfac-factor-update-freq"), ({"base": "lamb"}, "--kfac-base"),
+    ({"factor_comm_dtype": "fp8"}, "--kfac-factor-comm-dtype")])
 def test_bad_settings_are_refused(settings, match):
     with pytest.raises(ConfigError, match=match):
         KFACConfig(**settings).check()
@@ -461,8 +462,6 @@ def test_refusals():
                         (AccelConfig(precision="fp16-pure"), "fp16-pure")):
         with pytest.raises(ConfigError, match=f"{flag} with --optimizer kfac"):
             check_levers(accel)
-    with pytest.raises(ConfigError, match="data-parallel"):
-        check_levers(AccelConfig(), parallel=True)
 
 
 # --- the command line -------------------------------------------------------------------
@@ -480,8 +479,9 @@ def test_cli_refuses_levers_and_bad_values_in_one_line(tmp_path, capsys):
     assert "--cuda-graph with --optimizer kfac" in _one_line(capsys.readouterr().err)
     assert main([*base, "--kfac-factor-decay", "1"]) == 2
     assert "--kfac-factor-decay" in _one_line(capsys.readouterr().err)
-    assert main([*base, "--procs", "2"]) == 2
-    assert "data-parallel" in _one_line(capsys.readouterr().err)
+    # Refused before any worker starts (data-parallel K-FAC itself: tests/test_kfac_dist.py).
+    assert main([*base, "--procs", "2", "--compile"]) == 2
+    assert "--compile with --optimizer kfac" in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
 
 

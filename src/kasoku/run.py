@@ -59,7 +59,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
     lr = train.lr if train.lr is not None else recipe.lr
     optimizer = train.optimizer or recipe.optimizer
-    check_optimizer(optimizer, accel, kfac, parallel)
+    check_optimizer(optimizer, accel, kfac)
     if optimizer != recipe.optimizer and train.lr is None:
         warn_once(f"optimizer {optimizer}: the learning rate is the workload's {lr:g}, tuned "
                   f"for its {recipe.optimizer}; pass --lr to set one for {optimizer}")
@@ -92,7 +92,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         # each worker's own (dropout masks differ between shards).
         torch.manual_seed(seed + 1_000_003 * world.rank)
     # K-FAC hooks the layers of ``model`` as they are when accelerate builds the optimizer:
-    # after its in-place levers (K-FAC refuses the wrapping ones, compile and DDP).
+    # after its in-place levers (it refuses compile), and inside DDP: accelerate wraps its own
+    # reference, this closure keeps the inner module.
     accelerated = accelerate(
         model, workload.loss_fn, metric_fn, accel, device,
         lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
@@ -138,15 +139,14 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     return trainer
 
 
-def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None,
-                    parallel: bool = False) -> None:
+def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None) -> None:
     """Refuse an unknown optimizer, and K-FAC's bad settings and the levers it cannot run
     with (``ConfigError`` saying what to do)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if name == "kfac":
         (kfac or KFACConfig()).check()
-        check_levers(accel, parallel=parallel)
+        check_levers(accel)
 
 
 def _share_loss_scale(accelerated) -> None:
@@ -278,11 +278,10 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
     device = resolve_device(train.device)
     workload = create_workload(name)
-    check_optimizer(train.optimizer or workload.recipe.optimizer, accel, kfac,
-                    parallel=under_launcher())
+    check_optimizer(train.optimizer or workload.recipe.optimizer, accel, kfac)
     if under_launcher():
         return _train_worker(workload, data, train, resume, accel, dist_cfg or DistConfig(),
-                             device)
+                             device, kfac)
     existed = train.out is not None and Path(train.out).exists()
     # What building says (a lever skipped here, a setting ignored) comes after the line that
     # names the run; a mistake found while building is the only line printed.
@@ -337,7 +336,8 @@ def _run_and_close(trainer: Trainer) -> None:
 
 
 def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
-                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device) -> Trainer:
+                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
+                  kfac: KFACConfig | None = None) -> Trainer:
     """One worker of a data-parallel run (see ``train_workload``)."""
     world = World.from_env()
     wants_gpu = dist_cfg.gpus is not None or (dist_cfg.procs is None and device.type == "cuda")
@@ -360,7 +360,7 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
         state = load_snapshot(snapshot) if snapshot is not None else None
         seed = (state.get("loader") or {}).get("seed") if state is not None else None
         trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, world=world,
-                                dist_cfg=dist_cfg)
+                                dist_cfg=dist_cfg, kfac=kfac)
         if state is not None:
             trainer.load_state_dict(state, source=snapshot)
         if world.is_main:

@@ -9,7 +9,7 @@ from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.dist import add_dist_arguments, dist_config_from_args
 from kasoku.config import DataConfig, TrainConfig
-from kasoku.kfac.config import KFAC_BASES, KFACConfig
+from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFACConfig
 from kasoku.optim import OPTIMIZERS
 
 WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
@@ -43,6 +43,8 @@ KFAC_FLAGS = {
     "kl_clip": {"flag": "--kfac-kl-clip"},
     "factor_update_freq": {"flag": "--kfac-factor-update-freq", "metavar": "STEPS"},
     "inv_update_freq": {"flag": "--kfac-inv-update-freq", "metavar": "STEPS"},
+    "factor_comm_dtype": {"flag": "--kfac-factor-comm-dtype", "type": a.choice(KFAC_COMM_DTYPES),
+                          "metavar": "{" + ",".join(KFAC_COMM_DTYPES) + "}"},
 }
 
 
@@ -99,7 +101,7 @@ def run(args) -> int:
     if dist.asked and not under_launcher():
         if train.optimizer == "kfac":  # refused before the workers start
             from kasoku.kfac import check_levers
-            check_levers(accel, parallel=True)
+            check_levers(accel)
         return launch(_worker_argv(args, train), dist)
     try:
         train_workload(args.workload, data, train, resume=args.resume, accel=accel,

@@ -14,6 +14,10 @@ from kasoku.errors import ConfigError
 KFAC_BASES = ("momentum", "sgd", "adam")
 """The optimizers K-FAC can feed its preconditioned gradients to (``KFACConfig.base``)."""
 
+KFAC_COMM_DTYPES = ("fp32", "bf16", "fp16")
+"""The dtypes of the factors' all-reduce over data-parallel workers
+(``KFACConfig.factor_comm_dtype``)."""
+
 
 @dataclass(frozen=True)
 class KFACConfig:
@@ -34,6 +38,9 @@ class KFACConfig:
     steps only."""
     inv_update_freq: int = 10
     """Steps between eigendecompositions of the factors (each waits for the device)."""
+    factor_comm_dtype: str = "fp32"
+    """With data-parallel workers, the dtype the batch factors are averaged in over them:
+    fp32 | bf16 | fp16 (half the bytes; the average is kept in fp32)."""
 
     def check(self) -> None:
         """Refuse values no run can use (``ConfigError`` naming the flag)."""
@@ -49,6 +56,9 @@ class KFACConfig:
         if self.kl_clip is not None and (not _finite(self.kl_clip) or self.kl_clip <= 0):
             raise ConfigError(f"--kfac-kl-clip must be a positive, finite number (or None in "
                               f"Python: no clipping), got {self.kl_clip!r}")
+        if self.factor_comm_dtype not in KFAC_COMM_DTYPES:
+            raise ConfigError(f"--kfac-factor-comm-dtype must be one of "
+                              f"{', '.join(KFAC_COMM_DTYPES)}, got {self.factor_comm_dtype!r}")
         for flag, value in (("--kfac-factor-update-freq", self.factor_update_freq),
                             ("--kfac-inv-update-freq", self.inv_update_freq)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -105,13 +105,10 @@ class KFAC(torch.optim.Optimizer):
                 f"inv_update_freq={c.inv_update_freq})")
 
 
-def check_levers(accel, parallel: bool = False) -> None:
-    """Refuse what K-FAC cannot run with (``accel``: an ``AccelConfig``; ``parallel``:
-    data-parallel workers), saying what to do instead."""
-    if parallel:
-        raise ConfigError("--optimizer kfac with data-parallel workers (--gpus, --procs) is not "
-                          "supported yet: each worker would precondition with its own factors "
-                          "and the replicas would drift apart; train in one process")
+def check_levers(accel) -> None:
+    """Refuse what K-FAC cannot run with (``accel``: an ``AccelConfig``), saying what to do
+    instead. Data-parallel workers are fine: K-FAC averages its factors over them
+    (``kasoku.kfac.distributed``)."""
     if accel.cuda_graph:
         raise ConfigError("--cuda-graph with --optimizer kfac: K-FAC's factor and inverse steps "
                           "differ from the other steps and its eigendecompositions wait for "

@@ -15,6 +15,13 @@ When things happen, on step ``t`` (``t`` counts ``step`` calls):
   averages are eigendecomposed; then every layer with an eigenbasis has its gradient replaced
   by the preconditioned one, all of them scaled by the KL clip.
 
+With data-parallel workers (a process group of more than one, ``kasoku.dist.ddp.active``), the
+batch statistics are averaged over the workers before they enter the running averages, and on
+inverse steps each worker eigendecomposes its share of the factors and sends the eigenbases to
+the others (``kasoku.kfac.distributed``): every worker holds the same factors and eigenbases,
+and preconditions DDP's averaged gradients into the same update. Give it the module inside
+``DistributedDataParallel`` (the hooks go on its layers).
+
 Each training forward pass of the whole model starts over: the statistics of a pass whose step
 never ran (a loss-scaled step skipped for an overflow) are dropped, not mixed into the next.
 So with gradient accumulation over several passes, only the last pass's factors count.
@@ -34,8 +41,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from kasoku.dist import ddp
 from kasoku.errors import ConfigError, warn_once
-from kasoku.kfac import eigen, factors
+from kasoku.kfac import distributed, eigen, factors
 from kasoku.kfac.config import KFACConfig
 
 _STATE_KEYS = ("A", "G", "QA", "LA", "QG", "LG")
@@ -144,6 +152,7 @@ class KFACPreconditioner:
         self.config.check()
         self.loss_scale = loss_scale
         self.steps = 0
+        self._owners = None  # (the factors' sizes and the workers, who decomposes what)
         held = {id(p) for p in params}
         self.layers: dict[str, KFACLayer] = {}
         grouped = []
@@ -208,12 +217,18 @@ class KFACPreconditioner:
         Call it after backward (and after unscaling the gradients), before the base
         optimizer's step."""
         cfg = self.config
+        parallel = ddp.active()
         if self.steps % cfg.factor_update_freq == 0:
+            if parallel:
+                self._average_batch_factors()
             for layer in self.layers.values():
                 layer.update_factors(cfg.factor_decay)
         if self.steps % cfg.inv_update_freq == 0:
-            for layer in self.layers.values():
-                layer.update_eigen()
+            if parallel:
+                self._share_eigenbases()
+            else:
+                for layer in self.layers.values():
+                    layer.update_eigen()
         updates, vg = [], None
         for layer in self.layers.values():
             g = layer.grad_matrix() if layer.ready else None
@@ -229,6 +244,33 @@ class KFACPreconditioner:
         for layer, v in updates:
             layer.set_grad(v if scale is None else v * scale)
         self.steps += 1
+
+    # --- data-parallel workers (kasoku.kfac.distributed) ----------------------------------
+    def _average_batch_factors(self) -> None:
+        """Replace each layer's batch statistics by their mean over the workers. Every worker
+        runs the same model on a batch of the same size, so the same layers hold statistics
+        on every worker, in the same order: the buffers match."""
+        held = [(layer, key) for layer in self.layers.values() for key in "ag"
+                if getattr(layer, f"{key}_sum") is not None]
+        if not held:
+            return
+        means = [getattr(layer, f"{key}_sum") / getattr(layer, f"{key}_count")
+                 for layer, key in held]
+        for (layer, key), mean in zip(held, distributed.average_factors(
+                means, self.config.factor_comm_dtype)):
+            setattr(layer, f"{key}_sum", mean)
+            setattr(layer, f"{key}_count", 1)
+
+    def _share_eigenbases(self) -> None:
+        layers = [layer for layer in self.layers.values()
+                  if layer.state["A"] is not None and layer.state["G"] is not None]
+        if not layers:
+            return
+        dims = [(layer.state["A"].shape[0], layer.state["G"].shape[0]) for layer in layers]
+        key = (tuple(dims), distributed.world_size())
+        if self._owners is None or self._owners[0] != key:
+            self._owners = (key, distributed.assign(dims, key[1]))
+        distributed.share_eigenbases(layers, self._owners[1])
 
     # --- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -1,0 +1,118 @@
+"""K-FAC over data-parallel workers (kasoku.kfac.distributed): the assignment of the
+eigendecompositions to workers, and real gloo workers started by ``kasoku train --procs 2``
+training as one process on the concatenated batch (factors averaged, eigenbases sent from
+their owners), in fp32 and with the factors sent in bf16, and resuming exactly."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from kasoku.kfac.distributed import assign
+from kasoku.train import load_snapshot
+
+LENET = ["cifar10-lenet5", "--synthetic", "--synthetic-size", "240", "--no-progress",
+         "--seed", "5", "--optimizer", "kfac", "--lr", "0.05", "--kfac-damping", "0.003",
+         "--kfac-inv-update-freq", "2", "--kfac-factor-decay", "0.5", "--threads", "1"]
+"""Conv2d and Linear layers; an inverse step every other step, so bases are decomposed on
+both workers and sent in the steps run (240 samples: 4 steps of 2 x 30); a low factor decay,
+so the batch factors weigh in the running ones."""
+
+
+def kasoku(*argv, timeout=120) -> subprocess.CompletedProcess:
+    """``kasoku *argv`` in a fresh process, outside any launcher (as tests/test_dist.py)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    done = subprocess.run([sys.executable, "-m", "kasoku", *map(str, argv)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-3000:]}"
+    return done
+
+
+def assert_same(a: dict, b: dict, **tol) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], **tol, msg=lambda m: f"{k}: {m}")
+
+
+# --- the assignment ---------------------------------------------------------------------
+def test_assignment_is_deterministic_and_balanced():
+    dims = [(76, 6), (151, 16), (1921, 120), (121, 84), (85, 10), (1001, 1000), (785, 1000)]
+    owners = assign(dims, 2)
+    assert owners == assign(list(dims), 2)  # no state, no randomness: the same on every rank
+    assert all(0 <= r < 2 for pair in owners for r in pair)
+    work = [0, 0]
+    for pair, ranks in zip(dims, owners):
+        for d, r in zip(pair, ranks):
+            work[r] += d ** 3
+    # Greedy largest-first: no worker is behind the other by more than the largest job.
+    assert abs(work[0] - work[1]) <= max(d for pair in dims for d in pair) ** 3
+    assert min(work) > 0.3 * max(work)
+    # Equal factors spread evenly; one worker takes all; more workers than factors idle some.
+    assert sorted(r for pair in assign([(100, 100)] * 4, 4) for r in pair) == \
+        [0, 0, 1, 1, 2, 2, 3, 3]
+    assert assign(dims, 1) == [(0, 0)] * len(dims)
+    assert assign([(10, 20)], 3) == [(1, 0)]
+
+
+# --- real workers -----------------------------------------------------------------------
+def _kfac_state(run):
+    return load_snapshot(run / "snapshot_latest.pt")["optimizer"]["kfac"]
+
+
+def _rebuilt(layer: dict, key: str) -> torch.Tensor:
+    q = layer["Q" + key]
+    return q @ torch.diag(layer["L" + key]) @ q.t()
+
+
+def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path):
+    two = kasoku("train", *LENET, "--procs", "2", "--batch-size", "30", "--epochs", "1",
+                 "--out", tmp_path / "two")
+    kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--out", tmp_path / "one")
+    assert "2 processes (gloo), batch 30 per worker, 60 in all" in two.stderr
+    a, b = (load_snapshot(tmp_path / d / "snapshot_latest.pt") for d in ("two", "one"))
+    assert a["optimizer"]["kfac"]["steps"] == b["optimizer"]["kfac"]["steps"] == 4
+    assert_same(a["model"], b["model"], rtol=1e-4, atol=1e-6)
+    # The running factors, and the eigenbases in use (of the factors two steps back): those of
+    # one process; eigenvectors are compared as the matrices they rebuild (signs are free).
+    for name, mine in a["optimizer"]["kfac"]["layers"].items():
+        ref = b["optimizer"]["kfac"]["layers"][name]
+        for key in "AG":
+            torch.testing.assert_close(mine[key], ref[key], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(_rebuilt(mine, key), _rebuilt(ref, key), rtol=1e-3,
+                                       atol=1e-5)
+    # The weights moved away from the start: the comparison is not vacuous.
+    kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--lr", "1e-12",
+           "--out", tmp_path / "still")
+    still = load_snapshot(tmp_path / "still" / "snapshot_latest.pt")["model"]
+    assert any(not torch.allclose(still[k], b["model"][k], atol=1e-4) for k in still)
+
+
+def test_factors_sent_in_bf16_stay_close(tmp_path):
+    kasoku("train", *LENET, "--procs", "2", "--batch-size", "30", "--epochs", "1",
+           "--kfac-factor-comm-dtype", "bf16", "--out", tmp_path / "bf16")
+    kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--out", tmp_path / "one")
+    a, b = _kfac_state(tmp_path / "bf16"), _kfac_state(tmp_path / "one")
+    for name, layer in a["layers"].items():
+        for key in "AG":
+            assert layer[key].dtype == torch.float32  # the average is kept in fp32
+            # bf16 keeps 8 bits of mantissa: 2^-8 of the largest entries.
+            err = (layer[key] - b["layers"][name][key]).abs().max()
+            assert err <= 2 ** -7 * b["layers"][name][key].abs().max(), (name, key)
+
+
+def test_resume_with_two_workers_is_exact(tmp_path):
+    run = ["train", *LENET, "--procs", "2", "--batch-size", "30", "--snapshot-interval", "3"]
+    kasoku(*run, "--epochs", "2", "--out", tmp_path / "whole")
+    kasoku(*run, "--epochs", "1", "--out", tmp_path / "split")
+    kasoku(*run, "--epochs", "2", "--out", tmp_path / "split", "--resume", "auto")
+    a, b = (load_snapshot(tmp_path / d / "snapshot_latest.pt") for d in ("whole", "split"))
+    assert_same(a["model"], b["model"], rtol=0, atol=0)
+    assert a["optimizer"]["kfac"]["steps"] == b["optimizer"]["kfac"]["steps"] == 8
+    for name, layer in a["optimizer"]["kfac"]["layers"].items():
+        for key, value in layer.items():
+            assert torch.equal(value, b["optimizer"]["kfac"]["layers"][name][key]), (name, key)
+
