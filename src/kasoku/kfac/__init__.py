@@ -8,6 +8,8 @@ Linear and Conv2d layers in front of a base optimizer (``--optimizer kfac``).
 - ``preconditioner``: the hooks, the running factors and the in-place preconditioning
 - ``optimizer``: ``KFAC``, the preconditioner and a base optimizer as one torch optimizer;
   ``check_levers``
+- ``distributed``: with data-parallel workers, the factors averaged over them and the
+  eigendecompositions shared out (KAISA)
 
 kasoku's own code: kfac-pytorch (KAISA, MIT), the reference for the design and the numerics,
 is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 only.
