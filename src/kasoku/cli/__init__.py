@@ -54,6 +54,17 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
 
 
+def run_as_program() -> None:
+    """``python -m kasoku``: ``main`` as a process's whole life. In a worker of a
+    data-parallel run it ends through ``exit_worker`` (see there: the interpreter's shutdown
+    can abort a process that used gloo)."""
+    from kasoku.dist.launch import exit_worker, under_launcher
+    code = main()
+    if under_launcher():
+        exit_worker(code)
+    sys.exit(code)
+
+
 def _run(args) -> int:
     from kasoku.train import SnapshotError
     from kasoku.train.extensions import NonFiniteError

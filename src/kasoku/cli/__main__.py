@@ -1,5 +1,3 @@
-import sys
+from kasoku.cli import run_as_program
 
-from kasoku.cli import main
-
-sys.exit(main())
+run_as_program()

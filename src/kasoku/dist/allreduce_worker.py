@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from kasoku.dist.allreduce_bench import (BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA, append_records,
@@ -144,7 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m kasoku.dist.allreduce_worker REQUEST_JSON (started "
                          "by kasoku allreduce-bench, or torchrun)")
-    worker(json.loads(argv[0]))
+    from kasoku.dist.launch import exit_worker
+    try:
+        worker(json.loads(argv[0]))
+    except BaseException:  # recorded for the launcher by the worker; the traceback to stderr
+        traceback.print_exc()
+        exit_worker(1)
+    exit_worker(0)
 
 
 if __name__ == "__main__":

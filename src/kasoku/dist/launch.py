@@ -39,6 +39,19 @@ def under_launcher(environ=None) -> bool:
     return bool(env.get("TORCHELASTIC_RUN_ID")) or ("RANK" in env and "WORLD_SIZE" in env)
 
 
+def exit_worker(code: int):
+    """End this worker process now with ``code``, its output flushed, without the
+    interpreter's shutdown. gloo's threads free each finished collective after the caller
+    has moved on, and freeing its tensors takes the GIL: a thread that asks for it once the
+    interpreter is shutting down is stopped mid-C++ and the whole process aborts ("terminate
+    called without an active exception", pytorch/pytorch#190489), even after
+    ``destroy_process_group``: seen in two-worker test runs on a 2-core machine.
+    Call it last: what the worker writes (snapshots included) is complete by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def restart_count(environ=None) -> int:
     """How many times the launcher restarted this worker group (0 on the first attempt)."""
     env = os.environ if environ is None else environ

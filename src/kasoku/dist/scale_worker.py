@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 SCHEMA = "kasoku.scale/1"
@@ -229,7 +230,13 @@ def main(argv: list[str] | None = None) -> None:
                          "kasoku scale, or torchrun)")
     from kasoku.perf.queues import request_queues
     request_queues()
-    worker(json.loads(argv[0]))
+    from kasoku.dist.launch import exit_worker
+    try:
+        worker(json.loads(argv[0]))
+    except BaseException:  # recorded for the launcher by the worker; the traceback to stderr
+        traceback.print_exc()
+        exit_worker(1)
+    exit_worker(0)
 
 
 if __name__ == "__main__":
