@@ -12,6 +12,7 @@ import torch
 from kasoku.cli import main
 from kasoku.dist import allreduce_bench as arb
 from kasoku.dist.allreduce_worker import FAIL_ENV
+from kasoku.dist.launch import plan_worlds
 from kasoku.errors import ConfigError
 
 
@@ -141,7 +142,7 @@ def test_bad_values_are_one_line(capsys, argv, message):
 
 def test_the_default_without_cuda_is_2_processes(monkeypatch):
     no_cuda(monkeypatch)
-    plan = arb.plan_worlds()
+    plan = plan_worlds()
     assert (plan.backend, plan.world_sizes, plan.device_type) == ("gloo", (2,), "cpu")
     assert "--procs" in plan.note
 
@@ -149,5 +150,5 @@ def test_the_default_without_cuda_is_2_processes(monkeypatch):
 def test_the_default_with_cuda_is_every_gpu(monkeypatch):
     no_cuda(monkeypatch, count=4)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
-    plan = arb.plan_worlds()
+    plan = plan_worlds()
     assert (plan.backend, plan.world_sizes, plan.device_type) == ("nccl", (4,), "cuda")

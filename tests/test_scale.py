@@ -9,6 +9,7 @@ import pytest
 
 from kasoku.cli import main
 from kasoku.dist import scale
+from kasoku.dist.launch import cpu_cores
 from kasoku.dist.scale_worker import FAIL_ENV, SCHEMA
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -28,7 +29,7 @@ def test_mnist_mlp_on_1_and_2_processes(tmp_path, capsys):
         n = r["world_size"]
         assert r["schema"] == SCHEMA and r["backend"] == "gloo" and r["rung"] == "+fused"
         assert r["global_batch_size"] == 100 * n
-        assert r["threads_per_worker"] == max(1, scale.cpu_cores() // n)
+        assert r["threads_per_worker"] == max(1, cpu_cores() // n)
         assert len(r["step_ms_windows"]) == len(r["alone_step_ms_windows"]) == 3
         assert r["step_ms"] == sorted(r["step_ms_windows"])[1]  # the median window
         assert r["samples_per_s"] == pytest.approx(100 * n / (r["step_ms"] / 1e3))

@@ -71,6 +71,15 @@ def read_results(path: Path, sweep_id: str | None = None) -> list[dict]:
     return records
 
 
+def carry_results(path: Path, out: Path) -> list[dict]:
+    """The lines of ``path`` (none when it does not exist), appended to
+    ``out/results.jsonl``: what worker processes wrote to a temporary file, kept."""
+    records = read_results(path) if Path(path).is_file() else []
+    for record in records:
+        append_result(out, record)
+    return records
+
+
 def median_rate(record: dict) -> float | None:
     """Median samples/s of an ``ok`` run, else None."""
     if record.get("status") != "ok":

@@ -75,12 +75,13 @@ def run(args) -> int:
     from kasoku.dist import World, require_single_process
     from kasoku.dist.allreduce_bench import (CHART_FILE, DEFAULT_MAX_SIZE, RESULTS_FILE,
                                              AllReduceConfig, BenchFailed, check_sizes,
-                                             default_sizes, plan_worlds, plot_busbw,
+                                             default_sizes, plot_busbw,
                                              print_results, run_allreduce_bench)
     from kasoku.train.run_dir import default_out, make_out_dir
 
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku allreduce-bench")
+    from kasoku.dist.launch import plan_worlds
     plan = plan_worlds(gpus=args.gpus, procs=args.procs)
     cfg = a.config_from(args, AllReduceConfig, sizes=args.sizes or default_sizes(
         args.max_size or DEFAULT_MAX_SIZE[plan.device_type]))

@@ -71,7 +71,7 @@ def run(args) -> int:
     """Plan, measure, report. Returns 0, or 1 when a worker failed; a request this machine
     cannot run raises ``ConfigError`` before any folder is made."""
     from kasoku.dist import World, require_single_process
-    from kasoku.dist.allreduce_bench import plan_worlds
+    from kasoku.dist.launch import plan_worlds
     from kasoku.dist.scale import (CHART_FILE, RESULTS_FILE, WorkersFailed, plot_scale,
                                    print_results, run_scale)
     from kasoku.train.run_dir import default_out, make_out_dir
@@ -80,14 +80,7 @@ def run(args) -> int:
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku scale")
     wl = create_workload(args.workload)
-    gpus, procs = args.gpus, args.procs
-    if not gpus and not procs:
-        import torch
-        if torch.cuda.is_available():
-            gpus = sorted({1, torch.cuda.device_count()})
-        else:
-            procs = [1, 2]
-    plan = plan_worlds(gpus=gpus, procs=procs)
+    plan = plan_worlds(gpus=args.gpus, procs=args.procs, from_one=True)
     cfg = scale_config(args, wl, plan.device_type)
     out = make_out_dir(args.out, "the results and the chart") if args.out else \
         default_out(wl.name, kind="scale")

@@ -39,14 +39,14 @@ soon as it is measured; the launching process appends them to ``OUT/results.json
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kasoku.dist.launch import WorkersFailed, run_module
-from kasoku.errors import ConfigError, warn_once
+from kasoku.bench.results import carry_results
+from kasoku.dist.launch import Plan, WorkersFailed, run_module
+from kasoku.errors import ConfigError
 
 SCHEMA = "kasoku.allreduce_bench/1"
 RESULTS_FILE = "results.jsonl"
@@ -136,63 +136,6 @@ def check_sizes(sizes, dtype: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-@dataclass(frozen=True)
-class Plan:
-    backend: str
-    """nccl (one GPU per process) or gloo (CPU processes)."""
-    world_sizes: tuple[int, ...]
-    """Processes of each launch, in order."""
-    note: str = ""
-    """How the world sizes were chosen when they were not given."""
-
-    @property
-    def device_type(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
-
-
-def plan_worlds(gpus: list[int] | None = None, procs: list[int] | None = None) -> Plan:
-    """What to launch: ``gpus`` (NCCL, a process per GPU) or ``procs`` (gloo on the CPU), each
-    a list of world sizes; neither: every visible GPU when CUDA is there, else 2 CPU
-    processes. A request this machine cannot run is a ``ConfigError`` saying what to give."""
-    import torch
-    import torch.distributed as dist
-    if gpus and procs:
-        raise ConfigError("give --gpus (NCCL on GPUs) or --procs (gloo on the CPU), not both")
-    if not dist.is_available():
-        raise ConfigError("this torch build has no torch.distributed; install a torch build "
-                          "with distributed support (the Linux wheels have it)")
-    note = ""
-    if not gpus and not procs:
-        if torch.cuda.is_available():
-            gpus = [torch.cuda.device_count()]
-            note = (f"all {gpus[0]} visible GPUs" if gpus[0] > 1 else "the one visible GPU") \
-                + " (--gpus N[,N...] to choose)"
-        else:
-            procs = [2]
-            note = "no GPU here: 2 CPU processes over gloo (--procs N[,N...] to choose)"
-    if gpus:
-        if not torch.cuda.is_available():
-            raise ConfigError("--gpus needs CUDA and torch sees no GPU here; use --procs N for "
-                              "gloo on the CPU")
-        visible = torch.cuda.device_count()
-        if max(gpus) > visible:
-            raise ConfigError(f"--gpus {max(gpus)}: only {visible} GPU{'s' * (visible != 1)} "
-                              f"visible (torch.cuda.device_count()); give at most {visible}")
-        if not dist.is_nccl_available():
-            raise ConfigError("--gpus needs NCCL and this torch build has none; use --procs N "
-                              "for gloo on the CPU")
-        return Plan("nccl", tuple(dict.fromkeys(gpus)), note)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
-    if max(procs) > 4 * cores:
-        raise ConfigError(f"--procs {max(procs)}: at most {4 * cores} (4 x the {cores} cores "
-                          f"here)")
-    if max(procs) > cores:
-        warn_once(f"--procs {max(procs)} on {cores} cores: processes share cores, and the "
-                  f"times include that sharing")
-    return Plan("gloo", tuple(dict.fromkeys(procs)), note)
-
-
 def run_allreduce_bench(cfg: AllReduceConfig, plan: Plan, out: Path, file=None) -> list[dict]:
     """Measure every world size of ``plan``, each in its own launch; append the records to
     ``out/results.jsonl`` (as each launch ends) and return them. A line per launch goes to
@@ -213,9 +156,7 @@ def run_allreduce_bench(cfg: AllReduceConfig, plan: Plan, out: Path, file=None) 
             try:
                 _launch(n, request, log_dir=Path(tmp) / "logs", keep_in=out)
             finally:  # what was measured before a failure is kept
-                done = _read_lines(Path(request["results"]))
-                append_records(out / RESULTS_FILE, done)
-                records += done
+                records += carry_results(Path(request["results"]), out)
     return records
 
 
@@ -233,19 +174,6 @@ def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> Non
                    keep_in, what, tag=f"{world_size}procs")
     except WorkersFailed as exc:
         raise BenchFailed(str(exc)) from None
-
-
-def _read_lines(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def append_records(path: Path, records: list[dict]) -> None:
-    if records:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 # --- the table and the chart ---------------------------------------------------------------

@@ -9,16 +9,16 @@ the process group is up, so the failure path can be tested.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from kasoku.dist.allreduce_bench import (BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA, append_records,
+from kasoku.bench.results import append_result
+from kasoku.dist.allreduce_bench import (BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA,
                                          bandwidths)
+from kasoku.dist.launch import failure_recorded, worker_main
 
 FAIL_ENV = "KASOKU_ALLREDUCE_SIMULATE_FAILURE"
 
@@ -43,22 +43,17 @@ def worker(request: dict) -> None:
         torch.set_num_threads(1)
     dist.init_process_group(backend, **group)
     try:
-        rank, n = dist.get_rank(), dist.get_world_size()
-        if os.environ.get(FAIL_ENV, "").strip() == str(rank):
-            raise RuntimeError(f"simulated failure of rank {rank} ({FAIL_ENV})")
-        shared = _shared_fields(request, device, n) if rank == 0 else {}
-        for size in request["sizes"]:
-            times_us, wrong = measure_size(size, request, device, n)
-            if rank == 0:
-                append_records(Path(request["results"]), [_record(shared, size, times_us, wrong, n)])
-    except Exception as exc:
-        # Recorded before the group closes: closing it fails the peers' collectives, and the
-        # launcher names the error recorded first as the cause.
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-        handler = get_error_handler()
-        handler.initialize()
-        handler.record_exception(exc)
-        raise
+        with failure_recorded():
+            rank, n = dist.get_rank(), dist.get_world_size()
+            if os.environ.get(FAIL_ENV, "").strip() == str(rank):
+                raise RuntimeError(f"simulated failure of rank {rank} ({FAIL_ENV})")
+            shared = _shared_fields(request, device, n) if rank == 0 else {}
+            for size in request["sizes"]:
+                times_us, wrong = measure_size(size, request, device, n)
+                if rank == 0:
+                    results = Path(request["results"])
+                    append_result(results.parent, _record(shared, size, times_us, wrong, n),
+                                  results.name)
     finally:
         dist.destroy_process_group()
 
@@ -141,17 +136,9 @@ def _record(shared: dict, size_bytes: int, times_us: list[float], wrong: int,
 
 def main(argv: list[str] | None = None) -> None:
     """A worker: ``python -m kasoku.dist.allreduce_worker REQUEST_JSON`` under the launcher."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m kasoku.dist.allreduce_worker REQUEST_JSON (started "
-                         "by kasoku allreduce-bench, or torchrun)")
-    from kasoku.dist.launch import exit_worker
-    try:
-        worker(json.loads(argv[0]))
-    except BaseException:  # recorded for the launcher by the worker; the traceback to stderr
-        traceback.print_exc()
-        exit_worker(1)
-    exit_worker(0)
+    worker_main(worker, sys.argv[1:] if argv is None else argv,
+                "usage: python -m kasoku.dist.allreduce_worker REQUEST_JSON (started by kasoku "
+                "allreduce-bench, or torchrun)")
 
 
 if __name__ == "__main__":

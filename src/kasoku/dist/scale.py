@@ -33,13 +33,13 @@ launch ends), a table, a summary line per N, and ``OUT/scale.png``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kasoku.dist.launch import WorkersFailed, run_module
+from kasoku.bench.results import carry_results
+from kasoku.dist.launch import WorkersFailed, cpu_cores, run_module
 
 RESULTS_FILE = "results.jsonl"
 CHART_FILE = "scale.png"
@@ -71,11 +71,6 @@ class ScaleConfig:
     timeout_s: float = 300.0
 
 
-def cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
-
-
 def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None) -> list[dict]:
     """Launch each world size in turn; append its record to ``out/results.jsonl`` as it ends
     and return them all. A failed launch raises ``WorkersFailed`` after the earlier records
@@ -99,9 +94,7 @@ def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None)
                 run_module("kasoku.dist.scale_worker", json.dumps(request), n,
                            Path(tmp) / "logs", out, what, tag=f"{n}workers")
             finally:
-                done = _read_lines(Path(request["results"]))
-                _append(out / RESULTS_FILE, done)
-                records += done
+                records += carry_results(Path(request["results"]), out)
     return records
 
 
@@ -251,19 +244,6 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
     return path
-
-
-def _read_lines(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _append(path: Path, records: list[dict]) -> None:
-    if records:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 __all__ = ["ScaleConfig", "WorkersFailed", "run_scale", "summarize", "explain",

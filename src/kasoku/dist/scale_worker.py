@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
-import json
 import os
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
+
+from kasoku.bench.results import append_result
+from kasoku.dist.launch import failure_recorded, worker_main
 
 SCHEMA = "kasoku.scale/1"
 FAIL_ENV = "KASOKU_SCALE_SIMULATE_FAILURE"
@@ -50,19 +51,13 @@ def worker(request: dict) -> None:
         torch.set_num_threads(request["threads"])
     ddp.join(world, device, request["timeout_s"])
     try:
-        if os.environ.get(FAIL_ENV, "").strip() == str(world.rank):
-            raise RuntimeError(f"simulated failure of rank {world.rank} ({FAIL_ENV})")
-        record = measure(request, device, world.world_size)
-        if world.rank == 0:
-            _append(Path(request["results"]), record)
-    except Exception as exc:
-        # Recorded before the group closes: closing it fails the peers' collectives, and the
-        # launcher names the error recorded first as the cause.
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-        handler = get_error_handler()
-        handler.initialize()
-        handler.record_exception(exc)
-        raise
+        with failure_recorded():
+            if os.environ.get(FAIL_ENV, "").strip() == str(world.rank):
+                raise RuntimeError(f"simulated failure of rank {world.rank} ({FAIL_ENV})")
+            record = measure(request, device, world.world_size)
+            if world.rank == 0:
+                results = Path(request["results"])
+                append_result(results.parent, record, results.name)
     finally:
         dist.destroy_process_group()
 
@@ -216,27 +211,13 @@ def _max_over_ranks(values: list[float], device) -> list[float]:
     return t.tolist()
 
 
-def _append(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """A worker: ``python -m kasoku.dist.scale_worker REQUEST_JSON`` under the launcher."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m kasoku.dist.scale_worker REQUEST_JSON (started by "
-                         "kasoku scale, or torchrun)")
     from kasoku.perf.queues import request_queues
     request_queues()
-    from kasoku.dist.launch import exit_worker
-    try:
-        worker(json.loads(argv[0]))
-    except BaseException:  # recorded for the launcher by the worker; the traceback to stderr
-        traceback.print_exc()
-        exit_worker(1)
-    exit_worker(0)
+    worker_main(worker, sys.argv[1:] if argv is None else argv,
+                "usage: python -m kasoku.dist.scale_worker REQUEST_JSON (started by kasoku "
+                "scale, or torchrun)")
 
 
 if __name__ == "__main__":
