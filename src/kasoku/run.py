@@ -335,21 +335,32 @@ def _run_and_close(trainer: Trainer) -> None:
                 close()
 
 
-def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
-                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
-                  kfac: KFACConfig | None = None) -> Trainer:
-    """One worker of a data-parallel run (see ``train_workload``)."""
-    world = World.from_env()
+def join_as_worker(world: World, train: TrainConfig, dist_cfg: DistConfig,
+                   device: torch.device) -> TrainConfig:
+    """Join the data-parallel job as worker ``world.rank``: its device (GPU ``LOCAL_RANK``
+    with ``--gpus``, or under another launcher when ``device`` is a GPU; else the CPU), worker
+    0 the only voice (the others print no warnings and no progress), the process group
+    joined. Returns ``train`` on this worker's device."""
     wants_gpu = dist_cfg.gpus is not None or (dist_cfg.procs is None and device.type == "cuda")
     device = ddp.worker_device(world, "cuda" if wants_gpu else "cpu")
     train = dataclasses.replace(train, device=str(device))
     if not world.is_main:  # one voice: worker 0's
         warnings.simplefilter("ignore", KasokuWarning)
         train = dataclasses.replace(train, progress=False)
+    ddp.join(world, device, dist_cfg.dist_timeout)
+    return train
+
+
+def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
+                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
+                  kfac: KFACConfig | None = None) -> Trainer:
+    """One worker of a data-parallel run (see ``train_workload``)."""
+    world = World.from_env()
     restarts = restart_count()
     if restarts:
         resume = "auto"  # the launcher restarted the group: on from the latest snapshot
-    ddp.join(world, device, dist_cfg.dist_timeout)
+    train = join_as_worker(world, train, dist_cfg, device)
+    device = torch.device(train.device)
     try:
         located = None
         if world.is_main:

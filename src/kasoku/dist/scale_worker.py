@@ -83,15 +83,14 @@ def measure(request: dict, device, world_size: int) -> dict:
     pool = make_pool(spec, request["batch_size"], device, 4, seed=request["seed"] + rank)
     notes: list[str] = []
 
-    alone = _time_steps(request, wl, rung, device, pool, notes, distribute=None)
+    from kasoku.dist import ddp
+    alone, _ = _time_steps(request, wl, rung, device, pool, notes, distribute=None)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    wrapped = _time_steps(request, wl, rung, device, pool, notes,
-                          distribute=lambda model: ddp_wrap(model, cfg, device))
-    comm = _time_allreduce(wrapped.pop("grad_numels"), wrapped.pop("grad_bytes"), cfg,
-                           device)
-    alone.pop("grad_numels"), alone.pop("grad_bytes")
+    wrapped, params = _time_steps(request, wl, rung, device, pool, notes,
+                                  distribute=lambda model: ddp.wrap(model, cfg, device))
+    comm = _time_allreduce(params, cfg, device)
     step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
     exposed_ms = max(0.0, step_ms - alone_ms)
     b = request["batch_size"]
@@ -115,20 +114,16 @@ def measure(request: dict, device, world_size: int) -> dict:
         "samples_per_s_per_worker": b / (step_ms / 1e3),
         "alone_samples_per_s_per_worker": b / (alone_ms / 1e3),
         "warmup_s": {"alone": alone["warmup_s"], "data_parallel": wrapped["warmup_s"]},
-        "timing": "cuda events + synchronize, slowest rank" if device.type == "cuda"
-        else "perf_counter, slowest rank",
+        "timing": "perf_counter around a synchronize, slowest rank",
         "notes": list(dict.fromkeys(notes)), "env": environment(device), "time": now,
     }
 
 
-def ddp_wrap(model, cfg, device):
-    from kasoku.dist import ddp
-    return ddp.wrap(model, cfg, device)
-
-
-def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distribute) -> dict:
+def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distribute
+                ) -> tuple[dict, list]:
     """Warm-up, then ``windows`` timed windows of ``steps`` steps of the rung's step (DDP's
-    when ``distribute`` is given); the slowest rank's time per step of each window."""
+    when ``distribute`` is given): the slowest rank's time per step of each window, and the
+    parameters the step trains."""
     import torch
     from kasoku.bench.pool import cycle
     from kasoku.bench.worker import make_runner
@@ -158,21 +153,19 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     slowest = _max_over_ranks(windows, device)
     params = [p for p in getattr(runner, "model", model).parameters() if p.requires_grad]
     return {"step_ms": statistics.median(slowest), "step_ms_windows": slowest,
-            "warmup_s": warmup_s, "grad_numels": [p.numel() for p in params],
-            "grad_bytes": sum(p.numel() * p.element_size() for p in params)}
+            "warmup_s": warmup_s}, params
 
 
-def _time_allreduce(numels: list[int], grad_bytes: int, cfg, device) -> dict:
+def _time_allreduce(params: list, cfg, device) -> dict:
     """The gradients all-reduced with nothing to overlap with: flat buffers of DDP's bucket
     size (``cfg.bucket_mb``) in the wire dtype (``cfg.allreduce_dtype``, else the
     parameters'), timed ``COMM_REPS`` times; the slowest rank's median, in ms."""
     import torch
     import torch.distributed as dist
-    width = {"bf16": 2, "fp16": 2}.get(cfg.allreduce_dtype,
-                                        grad_bytes // max(1, sum(numels)))
-    dtype = {2: torch.bfloat16 if cfg.allreduce_dtype == "bf16" else torch.float16,
-             4: torch.float32, 8: torch.float64}.get(width, torch.float32)
-    total = sum(numels) * width
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.allreduce_dtype,
+                                                                 params[0].dtype)
+    width = dtype.itemsize
+    total = sum(p.numel() for p in params) * width
     cap = max(width, int(cfg.bucket_mb * 1e6 // width * width))
     sizes = [min(cap, total - start) for start in range(0, total, cap)]
     buffers = [torch.zeros(size // width, dtype=dtype, device=device) for size in sizes]

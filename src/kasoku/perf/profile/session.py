@@ -73,7 +73,9 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     out = make_out_dir(Path(out), "the profile") if out is not None \
         else default_out(workload.name, kind="profile")
     if parallel:
-        train = _join(world, train, dist_cfg)
+        from kasoku.device import resolve_device
+        from kasoku.run import join_as_worker
+        train = join_as_worker(world, train, dist_cfg, resolve_device(train.device))
         if not world.is_main:
             out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
     try:
@@ -87,20 +89,6 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
         if parallel:
             from kasoku.dist import ddp
             ddp.leave()
-
-
-def _join(world, train, dist_cfg):
-    """Join the data-parallel job as ``world`` says; ``train`` on this worker's device."""
-    import dataclasses
-    import warnings
-    from kasoku.dist import ddp
-    from kasoku.errors import KasokuWarning
-    device = ddp.worker_device(world, "cuda" if dist_cfg.gpus is not None else "cpu")
-    train = dataclasses.replace(train, device=str(device))
-    if not world.is_main:  # one voice: worker 0's
-        warnings.simplefilter("ignore", KasokuWarning)
-    ddp.join(world, device, dist_cfg.dist_timeout)
-    return train
 
 
 def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Path,
@@ -143,7 +131,8 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
                 close()
     if not speak:
         return result
-    if cfg.confirm and argv is not None and not _under_launcher():
+    from kasoku.dist.launch import under_launcher
+    if cfg.confirm and argv is not None and not under_launcher():
         result["ladder"] = confirm(argv, result)
     _write(out, result)
     return result
@@ -157,11 +146,6 @@ def confirm_saved(out: Path, argv: list[str]) -> dict:
     result["ladder"] = confirm(argv, result)
     _write(Path(out), result)
     return result
-
-
-def _under_launcher() -> bool:
-    from kasoku.dist.launch import under_launcher
-    return under_launcher()
 
 
 def _measure(u, cfg: ProfileConfig) -> dict:
