@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from kasoku.models import (MLP, BasicBlock, Bottleneck, LeNet5, ResNet, SineLSTM, resnet50,
-                           resnet152)
+from kasoku.models import (MLP, BasicBlock, Bottleneck, LeNet5, ResNet, SineLSTM, resnet18,
+                           resnet50, resnet152)
 
 
 def n_params(model: nn.Module) -> int:
@@ -77,8 +77,9 @@ def test_sine_lstm_shapes():
     (lambda: resnet50(1000), 25_557_032),                          # torchvision resnet50
     (lambda: resnet152(1000, cifar_stem=False), 60_192_808),       # torchvision resnet152
     (lambda: ResNet(BasicBlock, [2, 2, 2, 2], 1000), 11_689_512),  # torchvision resnet18
+    (lambda: resnet18(), 11_173_962),                              # CIFAR stem, 10 classes
     (lambda: resnet152(10, cifar_stem=True), 58_156_618),
-], ids=["resnet50", "resnet152", "resnet18", "resnet152-cifar"])
+], ids=["resnet50", "resnet152", "resnet18", "resnet18-cifar", "resnet152-cifar"])
 def test_resnet_parameter_counts(build, expected):
     assert n_params(build()) == expected
 

@@ -177,7 +177,7 @@ def test_mnist_mlp_real_data(mnist_dir):
     _same_kind(train, wl.build_datasets(SYNTHETIC_64)[0])
 
 
-@pytest.mark.parametrize("name", ["cifar10-lenet5", "cifar10-resnet152"])
+@pytest.mark.parametrize("name", ["cifar10-lenet5", "cifar10-resnet18", "cifar10-resnet152"])
 def test_cifar10_real_data_holdout(name, cifar10_dir):
     wl = create_workload(name)
     train, val = wl.build_datasets(DataConfig(root=cifar10_dir))

@@ -133,6 +133,12 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+def resnet18(num_classes: int = 10, cifar_stem: bool = True, **kwargs) -> ResNet:
+    """ResNet-18 (stages 2/2/2/2 of basic blocks); defaults to CIFAR-10 (3x3 stem, 10 classes),
+    where it trains to 90%+ in minutes on one GPU."""
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, cifar_stem=cifar_stem, **kwargs)
+
+
 def resnet50(num_classes: int = 1000, cifar_stem: bool = False, **kwargs) -> ResNet:
     """ResNet-50 v1.5 (stages 3/4/6/3 of bottlenecks)."""
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, cifar_stem=cifar_stem, **kwargs)
