@@ -269,7 +269,8 @@ def test_schedules_and_the_trainer_see_the_base_optimizers_groups():
     ({"damping": 0.0}, "--kfac-damping"), ({"factor_decay": 1.0}, "--kfac-factor-decay"),
     ({"kl_clip": -1.0}, "--kfac-kl-clip"), ({"inv_update_freq": 0}, "--kfac-inv-update-freq"),
     ({"factor_update_freq": 1.5}, "--kfac-factor-update-freq"), ({"base": "lamb"}, "--kfac-base"),
-    ({"factor_comm_dtype": "fp8"}, "--kfac-factor-comm-dtype")])
+    ({"factor_comm_dtype": "fp8"}, "--kfac-factor-comm-dtype"),
+    ({"factor_precision": "fp8"}, "--kfac-factor-precision")])
 def test_bad_settings_are_refused(settings, match):
     with pytest.raises(ConfigError, match=match):
         KFACConfig(**settings).check()

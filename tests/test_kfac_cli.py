@@ -55,7 +55,7 @@ def test_cli_kfac_with_channels_last_and_bf16_resumes_exactly(tmp_path, capsys):
     args = ["train", "cifar10-lenet5", "--synthetic", "--synthetic-size", "120",
             "--batch-size", "20", "--optimizer", "kfac", "--lr", "0.05", "--channels-last",
             "--precision", "bf16", "--kfac-inv-update-freq", "4", "--kfac-factor-update-freq",
-            "2", "--threads", "1", "--no-progress"]
+            "2", "--kfac-factor-precision", "bf16", "--threads", "1", "--no-progress"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main([*args, "--epochs", "2", "--out", str(straight)]) == 0
     assert main([*args, "--epochs", "1", "--out", str(split)]) == 0

@@ -148,3 +148,35 @@ def test_running_average_starts_at_the_identity():
     expected = (torch.eye(5) * 0.75 + batches[0] * 0.25) * 0.75 + batches[1] * 0.25
     torch.testing.assert_close(opt.preconditioner.layers["0"].state["A"], expected)
 
+
+
+def test_factor_precisions_round_the_inputs_and_keep_float32_sums():
+    # On a CPU, tf32 is float32 and bf16 multiplies the bf16-rounded inputs in float32: the
+    # same numbers the GPU's bf16 products with float32 outputs give. Both stay well inside
+    # the damping's scale of the exact factors.
+    from kasoku.kfac.factors import a_factor, g_factor
+    torch.manual_seed(3)
+    conv = nn.Conv2d(8, 6, 3, padding=1)
+    x = torch.randn(16, 8, 10, 10)
+    d = torch.randn(16, 6, 10, 10)
+    exact_a, exact_g = a_factor(conv, x, True, "fp32"), g_factor(conv, d, "fp32")
+    torch.testing.assert_close(a_factor(conv, x, True, "tf32"), exact_a, rtol=0, atol=0)
+    torch.testing.assert_close(g_factor(conv, d, "tf32"), exact_g, rtol=0, atol=0)
+    a16, g16 = a_factor(conv, x, True, "bf16"), g_factor(conv, d, "bf16")
+    assert a16.dtype == g16.dtype == torch.float32
+    rounded_a = a_factor(conv, x.bfloat16().float(), True, "fp32")
+    torch.testing.assert_close(a16, rounded_a, rtol=1e-5, atol=1e-6)
+    for approx, exact in ((a16, exact_a), (g16, exact_g)):
+        error = (approx - exact).norm() / exact.norm()
+        assert 0 < error < 4e-3, error  # bf16 rounds each input by at most 2^-9
+    with pytest.raises(ValueError, match="factor precision"):
+        a_factor(conv, x, True, "fp8")
+
+
+def test_gradient_factor_of_a_channels_last_gradient_is_the_same():
+    from kasoku.kfac.factors import g_factor
+    torch.manual_seed(4)
+    conv = nn.Conv2d(3, 5, 3)
+    d = torch.randn(4, 5, 6, 7)
+    torch.testing.assert_close(g_factor(conv, d.to(memory_format=torch.channels_last)),
+                               g_factor(conv, d), rtol=1e-6, atol=1e-7)

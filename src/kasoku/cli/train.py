@@ -10,6 +10,7 @@ from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.dist import add_dist_arguments, dist_config_from_args
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFACConfig
+from kasoku.kfac.factors import FACTOR_PRECISIONS
 from kasoku.optim import OPTIMIZERS
 
 WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
@@ -43,6 +44,9 @@ KFAC_FLAGS = {
     "kl_clip": {"flag": "--kfac-kl-clip"},
     "factor_update_freq": {"flag": "--kfac-factor-update-freq", "metavar": "STEPS"},
     "inv_update_freq": {"flag": "--kfac-inv-update-freq", "metavar": "STEPS"},
+    "factor_precision": {"flag": "--kfac-factor-precision",
+                         "type": a.choice(FACTOR_PRECISIONS),
+                         "metavar": "{" + ",".join(FACTOR_PRECISIONS) + "}"},
     "factor_comm_dtype": {"flag": "--kfac-factor-comm-dtype", "type": a.choice(KFAC_COMM_DTYPES),
                           "metavar": "{" + ",".join(KFAC_COMM_DTYPES) + "}"},
 }

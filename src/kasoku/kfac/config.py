@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from kasoku.errors import ConfigError
+from kasoku.kfac.factors import FACTOR_PRECISIONS
 
 KFAC_BASES = ("momentum", "sgd", "adam")
 """The optimizers K-FAC can feed its preconditioned gradients to (``KFACConfig.base``)."""
@@ -38,6 +39,10 @@ class KFACConfig:
     steps only."""
     inv_update_freq: int = 10
     """Steps between eigendecompositions of the factors (each waits for the device)."""
+    factor_precision: str = "tf32"
+    """How the factors' products are made on a GPU (the factors themselves are fp32): fp32 |
+    tf32 (TF32 tensor cores) | bf16 (inputs rounded to bf16, fp32 sums). A CPU makes them in
+    fp32."""
     factor_comm_dtype: str = "fp32"
     """With data-parallel workers, the dtype the batch factors are averaged in over them:
     fp32 | bf16 | fp16 (half the bytes; the average is kept in fp32)."""
@@ -56,6 +61,9 @@ class KFACConfig:
         if self.kl_clip is not None and (not _finite(self.kl_clip) or self.kl_clip <= 0):
             raise ConfigError(f"--kfac-kl-clip must be a positive, finite number (or None in "
                               f"Python: no clipping), got {self.kl_clip!r}")
+        if self.factor_precision not in FACTOR_PRECISIONS:
+            raise ConfigError(f"--kfac-factor-precision must be one of "
+                              f"{', '.join(FACTOR_PRECISIONS)}, got {self.factor_precision!r}")
         if self.factor_comm_dtype not in KFAC_COMM_DTYPES:
             raise ConfigError(f"--kfac-factor-comm-dtype must be one of "
                               f"{', '.join(KFAC_COMM_DTYPES)}, got {self.factor_comm_dtype!r}")

@@ -16,15 +16,28 @@ gradient of the weight sums over them), so that ``A (x) G`` is ``S E[a a^T] (x) 
 ``S`` positions, the product kfac-pytorch's factors make (Grosse & Martens 2016, KFC). Only
 ``groups == 1`` is supported; other convolutions are left to the base optimizer.
 
-Everything here is float32, whatever the activations' dtype, and runs outside autocast.
+The factors are float32 matrices whatever the activations' dtype (the callers run outside
+autocast). Their products, the bulk of K-FAC's cost, are made at ``precision``
+(``FACTOR_PRECISIONS``): ``fp32`` exact float32; ``tf32`` float32 inputs on TF32 tensor cores
+(10-bit mantissas, float32 sums; the default: 8x the float32 rate on an H100/H200, and plain
+float32 on a CPU); ``bf16`` inputs rounded to bfloat16 (half the bytes for the patches, 8-bit
+mantissas) with float32 sums (on a CPU: the same rounded inputs multiplied in float32, the same
+numbers without the speed). Each entry of a factor is a mean over many products, so the
+rounding of the inputs averages out to far less than the damping
+(``tests/test_kfac_factors.py`` bounds it).
 kasoku's own code: kfac-pytorch (KAISA, MIT), the reference for the design and the numerics,
 is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 only.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+FACTOR_PRECISIONS = ("fp32", "tf32", "bf16")
+"""How the factors' products are made (module doc)."""
 
 
 def supported(module: nn.Module) -> bool:
@@ -35,41 +48,76 @@ def supported(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear)
 
 
-def a_factor(module: nn.Module, x: torch.Tensor, bias: bool) -> torch.Tensor:
+def a_factor(module: nn.Module, x: torch.Tensor, bias: bool,
+             precision: str = "fp32") -> torch.Tensor:
     """``A`` of one batch from the layer's input ``x``: ``[in (+1), in (+1)]``, where ``in``
     is ``in_channels * kh * kw`` for a convolution."""
-    x = x.detach().float()
+    x = _input_dtype(x.detach(), precision)
     if isinstance(module, nn.Conv2d):
         cols = _patch_columns(module, x)
     else:  # a Linear: every leading index is an example
         cols = x.reshape(-1, x.shape[-1]).t()
-    return _second_moment(cols, bias)
+    return _second_moment(cols, bias, precision)
 
 
-def g_factor(module: nn.Module, grad_output: torch.Tensor) -> torch.Tensor:
+def g_factor(module: nn.Module, grad_output: torch.Tensor, precision: str = "fp32"
+             ) -> torch.Tensor:
     """``G`` of one batch from the gradient of the (mean) loss with respect to the layer's
     output: ``[out, out]``."""
-    g = grad_output.detach().float()
+    g = _input_dtype(grad_output.detach(), precision)
     if isinstance(module, nn.Conv2d):
         if g.dim() == 3:  # an unbatched input
             g = g.unsqueeze(0)
         n = g.shape[0]
-        rows = g.transpose(0, 1).reshape(g.shape[1], -1)  # [out, N * S]
+        # [N * S, out]: a view when the gradient is channels_last, one copy otherwise.
+        rows = g.movedim(1, -1).reshape(-1, g.shape[1])
         # (1/N) sum over examples and positions of (N g)(N g)^T
-        return (rows @ rows.t()) * n
+        return _gram(rows.t(), precision) * n
     rows = g.reshape(-1, g.shape[-1])
     n = rows.shape[0]
-    return (rows.t() @ rows) * n  # (1/n) sum of (n g)(n g)^T
+    return _gram(rows.t(), precision) * n  # (1/n) sum of (n g)(n g)^T
 
 
-def _second_moment(cols: torch.Tensor, bias: bool) -> torch.Tensor:
+def _input_dtype(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """``x`` in the dtype its products are made from: bfloat16 for ``bf16``, else float32."""
+    if precision not in FACTOR_PRECISIONS:
+        raise ValueError(f"unknown factor precision {precision!r}; choose one of "
+                         f"{', '.join(FACTOR_PRECISIONS)}")
+    return x.to(torch.bfloat16) if precision == "bf16" else x.float()
+
+
+def _gram(m: torch.Tensor, precision: str) -> torch.Tensor:
+    """``m @ m.T`` in float32 for ``m`` of ``[k, n]``, made at ``precision``."""
+    if m.dtype == torch.bfloat16:  # bf16 (_input_dtype): float32 out, float32 sums
+        if m.is_cuda:
+            return torch.mm(m, m.t(), out_dtype=torch.float32)
+        m = m.float()
+    with _tf32(precision == "tf32" and m.is_cuda):
+        return m @ m.t()
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    """TF32 tensor cores for float32 products inside the block, the previous setting after."""
+    if not enabled:
+        yield
+        return
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _second_moment(cols: torch.Tensor, bias: bool, precision: str = "fp32") -> torch.Tensor:
     """``(1/n) sum_i c_i c_i^T`` over the ``n`` columns of ``cols`` (``[k, n]``), each with a 1
     appended when ``bias``; the ones' row and corner are written from the column sums instead
     of copying ``cols`` one row larger."""
     n = cols.shape[1]
-    moment = cols @ cols.t()
+    moment = _gram(cols, precision)
     if bias:
-        sums = cols.sum(dim=1, keepdim=True)
+        sums = cols.sum(dim=1, keepdim=True, dtype=torch.float32)
         corner = sums.new_full((1, 1), float(n))
         moment = torch.cat([torch.cat([moment, sums], dim=1),
                             torch.cat([sums.t(), corner], dim=1)], dim=0)

@@ -198,13 +198,14 @@ class KFACPreconditioner:
             return
         # Outside autocast: the factors are float32 products whatever the training dtype.
         with torch.no_grad(), torch.autocast(output.device.type, enabled=False):
-            layer.add_a(factors.a_factor(module, args[0], layer.bias))
+            layer.add_a(factors.a_factor(module, args[0], layer.bias,
+                                          self.config.factor_precision))
         if output.requires_grad:
             output.register_hook(functools.partial(self._read_grad, layer))
 
     def _read_grad(self, layer: KFACLayer, grad: torch.Tensor) -> None:
         with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
-            g = factors.g_factor(layer.module, grad)
+            g = factors.g_factor(layer.module, grad, self.config.factor_precision)
             scale = self.loss_scale() if callable(self.loss_scale) else self.loss_scale
             if scale is not None:
                 g = g / (scale * scale)  # a device tensor divides without a sync
