@@ -58,6 +58,46 @@ def test_preconditioned_gradient_is_the_dense_kronecker_solve(damping):
         torch.testing.assert_close(v2.reshape(g.shape), v, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.parametrize("damping", [1e-2, 0.3])
+def test_inverse_method_solves_against_the_factors_each_damped(damping):
+    model, x, y = tiny()
+    cfg = KFACConfig(factor_decay=0.0, kl_clip=None, damping=damping, method="inverse")
+    opt = kfac_of(model, cfg)
+    raw = _raw_grads_then_precondition(model, opt, x, y)
+    for name, g in raw.items():
+        s = opt.preconditioner.layers[name].state
+        assert s["LA"] is None and s["LG"] is None
+        eye = lambda n: torch.eye(n, dtype=torch.float64)  # noqa: E731
+        a = s["A"].double() + damping ** 0.5 * eye(s["A"].shape[0])
+        gf = s["G"].double() + damping ** 0.5 * eye(s["G"].shape[0])
+        v = torch.linalg.solve(torch.kron(gf, a), g.reshape(-1)).reshape(g.shape)
+        torch.testing.assert_close(_preconditioned(opt, name), v, rtol=2e-4, atol=1e-7)
+
+
+def test_inverse_method_retries_in_float64_then_names_the_layer(monkeypatch):
+    model, x, y = tiny()
+    opt = kfac_of(model, KFACConfig(kl_clip=None, inv_update_freq=1, method="inverse"))
+    real = torch.linalg.cholesky_ex
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", lambda m: real(m) if m.dtype ==
+                        torch.float64 else (m, torch.tensor(1, dtype=torch.int32)))
+    with pytest.warns(KasokuWarning, match="float64"):
+        train_step(model, opt, x, y)
+    assert opt.preconditioner.layers["0"].state["QA"].dtype == torch.float32
+    monkeypatch.setattr(torch.linalg, "cholesky_ex",
+                        lambda m: (m, torch.tensor(2, dtype=torch.int32)))
+    with pytest.raises(EighError, match="layer '0'.*diverged"):
+        train_step(model, opt, x, y)
+
+
+def test_a_state_of_the_other_method_is_refused():
+    model, x, y = tiny()
+    opt = kfac_of(model, KFACConfig(inv_update_freq=1, method="inverse"))
+    train_step(model, opt, x, y)
+    state = opt.state_dict()
+    with pytest.raises(ValueError, match="--kfac-method inverse"):
+        kfac_of(model, KFACConfig(inv_update_freq=1)).load_state_dict(state)
+
+
 def test_without_damping_the_solve_is_g_inverse_grad_a_inverse():
     model, x, y = tiny()
     opt = kfac_of(model, KFACConfig(factor_decay=0.0, kl_clip=None, damping=1e-9))
@@ -270,7 +310,8 @@ def test_schedules_and_the_trainer_see_the_base_optimizers_groups():
     ({"kl_clip": -1.0}, "--kfac-kl-clip"), ({"inv_update_freq": 0}, "--kfac-inv-update-freq"),
     ({"factor_update_freq": 1.5}, "--kfac-factor-update-freq"), ({"base": "lamb"}, "--kfac-base"),
     ({"factor_comm_dtype": "fp8"}, "--kfac-factor-comm-dtype"),
-    ({"factor_precision": "fp8"}, "--kfac-factor-precision")])
+    ({"factor_precision": "fp8"}, "--kfac-factor-precision"),
+    ({"method": "svd"}, "--kfac-method")])
 def test_bad_settings_are_refused(settings, match):
     with pytest.raises(ConfigError, match=match):
         KFACConfig(**settings).check()

@@ -91,6 +91,19 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path):
     assert any(not torch.allclose(still[k], b["model"][k], atol=1e-4) for k in still)
 
 
+def test_two_workers_share_the_inverse_methods_inverses(tmp_path):
+    inverse = [*LENET, "--kfac-method", "inverse", "--epochs", "1"]
+    kasoku("train", *inverse, "--procs", "2", "--batch-size", "30", "--out", tmp_path / "two")
+    kasoku("train", *inverse, "--batch-size", "60", "--out", tmp_path / "one")
+    a, b = (load_snapshot(tmp_path / d / "snapshot_latest.pt") for d in ("two", "one"))
+    assert_same(a["model"], b["model"], rtol=1e-4, atol=1e-6)
+    for name, mine in a["optimizer"]["kfac"]["layers"].items():
+        ref = b["optimizer"]["kfac"]["layers"][name]
+        for key in "AG":
+            assert mine["L" + key] is None
+            torch.testing.assert_close(mine["Q" + key], ref["Q" + key], rtol=1e-3, atol=1e-4)
+
+
 def test_factors_sent_in_bf16_stay_close(tmp_path):
     kasoku("train", *LENET, "--procs", "2", "--batch-size", "30", "--epochs", "1",
            "--kfac-factor-comm-dtype", "bf16", "--out", tmp_path / "bf16")

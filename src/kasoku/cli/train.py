@@ -9,7 +9,7 @@ from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.dist import add_dist_arguments, dist_config_from_args
 from kasoku.config import DataConfig, TrainConfig
-from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFACConfig
+from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFAC_METHODS, KFACConfig
 from kasoku.kfac.factors import FACTOR_PRECISIONS
 from kasoku.optim import OPTIMIZERS
 
@@ -39,6 +39,8 @@ DATA_FLAGS = {
 KFAC_FLAGS = {
     "base": {"flag": "--kfac-base", "type": a.choice(KFAC_BASES),
              "metavar": "{" + ",".join(KFAC_BASES) + "}"},
+    "method": {"flag": "--kfac-method", "type": a.choice(KFAC_METHODS),
+               "metavar": "{" + ",".join(KFAC_METHODS) + "}"},
     "damping": {"flag": "--kfac-damping"},
     "factor_decay": {"flag": "--kfac-factor-decay", "type": a.fraction},
     "kl_clip": {"flag": "--kfac-kl-clip"},

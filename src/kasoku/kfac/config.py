@@ -15,6 +15,9 @@ from kasoku.kfac.factors import FACTOR_PRECISIONS
 KFAC_BASES = ("momentum", "sgd", "adam")
 """The optimizers K-FAC can feed its preconditioned gradients to (``KFACConfig.base``)."""
 
+KFAC_METHODS = ("eigen", "inverse")
+"""How the factors are inverted (``KFACConfig.method``; ``kasoku.kfac.eigen``)."""
+
 KFAC_COMM_DTYPES = ("fp32", "bf16", "fp16")
 """The dtypes of the factors' all-reduce over data-parallel workers
 (``KFACConfig.factor_comm_dtype``)."""
@@ -25,6 +28,10 @@ class KFACConfig:
     base: str = "momentum"
     """The optimizer that takes K-FAC's preconditioned gradients: momentum (SGD with the
     workload's momentum) | sgd | adam."""
+    method: str = "eigen"
+    """eigen (the factors' eigendecompositions, damping on the products of their eigenvalues)
+    | inverse (Cholesky inverses of the factors each damped by sqrt(damping): about a tenth of
+    the inverse step's time on a GPU, with damping that grows with the factors)."""
     damping: float = 0.001
     """Tikhonov damping added to every product of the two factors' eigenvalues: larger is
     closer to SGD and steadier."""
@@ -38,7 +45,8 @@ class KFACConfig:
     """Steps between factor updates; the layers' inputs and output gradients are read on those
     steps only."""
     inv_update_freq: int = 10
-    """Steps between eigendecompositions of the factors (each waits for the device)."""
+    """Steps between inverse steps: the factors' eigendecompositions or inverses (each waits
+    for the device)."""
     factor_precision: str = "tf32"
     """How the factors' products are made on a GPU (the factors themselves are fp32): fp32 |
     tf32 (TF32 tensor cores) | bf16 (inputs rounded to bf16, fp32 sums). A CPU makes them in
@@ -52,6 +60,9 @@ class KFACConfig:
         if self.base not in KFAC_BASES:
             raise ConfigError(f"--kfac-base must be one of {', '.join(KFAC_BASES)}, got "
                               f"{self.base!r}")
+        if self.method not in KFAC_METHODS:
+            raise ConfigError(f"--kfac-method must be one of {', '.join(KFAC_METHODS)}, got "
+                              f"{self.method!r}")
         if not _finite(self.damping) or self.damping <= 0:
             raise ConfigError(f"--kfac-damping must be a positive, finite number, got "
                               f"{self.damping!r}")

@@ -82,13 +82,17 @@ def average_factors(tensors: list[torch.Tensor], comm_dtype: str = "fp32") -> li
     return out
 
 
-def share_eigenbases(layers: list, owners: list[tuple[int, int]]) -> None:
-    """Eigendecompose the factors of ``layers`` (``KFACLayer``s, every one with both running
-    factors, in the same order on every worker) that ``owners`` gives this worker, and
-    receive the others' eigenbases from their owners: afterwards every layer's ``QA``, ``LA``,
-    ``QG``, ``LG`` are the same on every worker. One broadcast per worker; the sizes are known
-    from the factors, so nothing else is exchanged. Raises ``eigen.EighError`` on every worker
-    when any factor could not be decomposed."""
+def share_eigenbases(layers: list, owners: list[tuple[int, int]], method: str = "eigen",
+                     damping: float = 0.0) -> None:
+    """Eigendecompose (or invert, by ``method``: ``preconditioner.invert``) the factors of
+    ``layers`` (``KFACLayer``s, every one with both running factors, in the same order on
+    every worker) that ``owners`` gives this worker, and receive the others' from their
+    owners: afterwards every layer's ``QA``, ``LA``, ``QG``, ``LG`` are the same on every
+    worker. One broadcast per worker; the sizes are known from the factors, so nothing else is
+    exchanged. Raises ``eigen.EighError`` on every worker when any factor could not be
+    decomposed."""
+    from kasoku.kfac.preconditioner import invert
+    eig = method == "eigen"  # the inverse method sends the inverse alone: no eigenvalues
     rank, workers = dist.get_rank(), world_size()
     device = layers[0].state["A"].device
     failed = -1.0
@@ -97,7 +101,7 @@ def share_eigenbases(layers: list, owners: list[tuple[int, int]]) -> None:
             if owners[i][k] != rank:
                 continue
             try:
-                values, vectors = eigen.eigh(layer.state[key])
+                values, vectors = invert(layer.state[key], method, damping)
             except eigen.EighError:
                 values = vectors = None
                 failed = float(i) if failed < 0 else failed
@@ -106,16 +110,16 @@ def share_eigenbases(layers: list, owners: list[tuple[int, int]]) -> None:
         parts = [(i, key) for i, layer in enumerate(layers) for key in "AG"
                  if owners[i]["AG".index(key)] == src]
         sizes = [layers[i].state[key].shape[0] for i, key in parts]
-        numel = sum(d * d + d for d in sizes) + 1  # + a failure flag: a layer's index or -1
+        numel = sum(d * d + d * eig for d in sizes) + 1  # + a flag: a layer's index or -1
         if src == rank:
             pieces = []
             for i, key in parts:
                 s = layers[i].state
                 if s["Q" + key] is None:  # a failed eigh: zeros, the flag says which
                     d = s[key].shape[0]
-                    pieces += [s[key].new_zeros(d * d), s[key].new_zeros(d)]
+                    pieces += [s[key].new_zeros(d * d + d * eig)]
                 else:
-                    pieces += [s["Q" + key].reshape(-1), s["L" + key]]
+                    pieces += [s["Q" + key].reshape(-1)] + [s["L" + key]] * eig
             pieces.append(torch.tensor([failed], device=device))
             flat = torch.cat(pieces)
         else:
@@ -125,7 +129,7 @@ def share_eigenbases(layers: list, owners: list[tuple[int, int]]) -> None:
         bad = int(flat[-1].item())
         if bad >= 0:
             raise eigen.EighError(
-                f"K-FAC: the factors of layer {layers[bad].name!r} cannot be eigendecomposed, "
+                f"K-FAC: the factors of layer {layers[bad].name!r} cannot be decomposed, "
                 f"in float32 nor in float64 (on worker {src}); they hold inf or nan: training "
                 f"diverged. Lower --lr or raise --kfac-damping")
         if src == rank:
@@ -135,5 +139,5 @@ def share_eigenbases(layers: list, owners: list[tuple[int, int]]) -> None:
             s = layers[i].state
             # Copies, not views of the buffer: a snapshot saves each tensor's whole storage.
             s["Q" + key] = flat[offset:offset + d * d].view(d, d).clone()
-            s["L" + key] = flat[offset + d * d:offset + d * d + d].clone()
-            offset += d * d + d
+            s["L" + key] = flat[offset + d * d:offset + d * d + d].clone() if eig else None
+            offset += d * d + d * eig

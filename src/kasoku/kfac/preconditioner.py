@@ -47,9 +47,10 @@ from kasoku.kfac import distributed, eigen, factors
 from kasoku.kfac.config import KFACConfig
 
 _STATE_KEYS = ("A", "G", "QA", "LA", "QG", "LG")
-"""A layer's state in a state dict: the two running factors, their eigenvectors and (clamped)
-eigenvalues. The eigenbases are saved, not recomputed: between inverse steps they lag the
-factors, and an exact resume needs the ones in use."""
+"""A layer's state in a state dict: the two running factors, then per factor either its
+eigenvectors and (clamped) eigenvalues (the eigen method) or its damped inverse in ``Q`` and
+None in ``L`` (the inverse method). They are saved, not recomputed: between inverse steps
+they lag the factors, and an exact resume needs the ones in use."""
 
 
 class KFACLayer:
@@ -91,19 +92,26 @@ class KFACLayer:
             self.state[key] = old * decay + total * ((1.0 - decay) / count)
         self.clear_batch()
 
-    def update_eigen(self) -> None:
-        """Eigendecompose both running factors (once both exist)."""
+    def update_inverse(self, method: str, damping: float) -> None:
+        """Eigendecompose (or invert, by ``method``) both running factors, once both exist."""
         s = self.state
         if s["A"] is None or s["G"] is None:
             return
         try:
-            s["LA"], s["QA"] = eigen.eigh(s["A"])
-            s["LG"], s["QG"] = eigen.eigh(s["G"])
+            for key in "AG":
+                s["L" + key], s["Q" + key] = invert(s[key], method, damping)
         except eigen.EighError as exc:
             raise eigen.EighError(
-                f"K-FAC: the factors of layer {self.name!r} cannot be eigendecomposed, in "
+                f"K-FAC: the factors of layer {self.name!r} cannot be decomposed, in "
                 f"float32 nor in float64 ({exc}); they hold inf or nan: training diverged. "
                 f"Lower --lr or raise --kfac-damping") from None
+
+    def precondition(self, g: torch.Tensor, method: str, damping: float) -> torch.Tensor:
+        """The preconditioned gradient matrix of the gradient matrix ``g``."""
+        s = self.state
+        if method == "inverse":
+            return s["QG"] @ g @ s["QA"]
+        return eigen.precondition(g, s["QA"], s["LA"], s["QG"], s["LG"], damping)
 
     @property
     def ready(self) -> bool:
@@ -136,6 +144,14 @@ class KFACLayer:
         self.state = {key: None if state[key] is None else
                       state[key].to(device=device, dtype=torch.float32) for key in _STATE_KEYS}
         self.clear_batch()
+
+
+def invert(factor: torch.Tensor, method: str, damping: float):
+    """``(L, Q)`` of a factor: its eigenvalues and eigenvectors (``eigen``), or None and its
+    damped inverse (``inverse``); ``eigen.EighError`` when neither float32 nor float64 can."""
+    if method == "inverse":
+        return None, eigen.damped_inverse(factor, damping)
+    return eigen.eigh(factor)
 
 
 class KFACPreconditioner:
@@ -229,14 +245,13 @@ class KFACPreconditioner:
                 self._share_eigenbases()
             else:
                 for layer in self.layers.values():
-                    layer.update_eigen()
+                    layer.update_inverse(cfg.method, cfg.damping)
         updates, vg = [], None
         for layer in self.layers.values():
             g = layer.grad_matrix() if layer.ready else None
             if g is None:
                 continue
-            s = layer.state
-            v = eigen.precondition(g, s["QA"], s["LA"], s["QG"], s["LG"], cfg.damping)
+            v = layer.precondition(g, cfg.method, cfg.damping)
             updates.append((layer, v))
             if cfg.kl_clip is not None:
                 term = (v * g).sum() * lr_of(layer.module.weight) ** 2
@@ -271,15 +286,21 @@ class KFACPreconditioner:
         key = (tuple(dims), distributed.world_size())
         if self._owners is None or self._owners[0] != key:
             self._owners = (key, distributed.assign(dims, key[1]))
-        distributed.share_eigenbases(layers, self._owners[1])
+        distributed.share_eigenbases(layers, self._owners[1], self.config.method,
+                                     self.config.damping)
 
     # --- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The step count and each layer's factors and eigenbases (weights_only-safe)."""
-        return {"steps": self.steps,
+        return {"steps": self.steps, "method": self.config.method,
                 "layers": {name: layer.state_dict() for name, layer in self.layers.items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        method = state.get("method", "eigen")
+        if method != self.config.method:
+            raise ValueError(f"the K-FAC state was made with --kfac-method {method}, this run "
+                             f"asks for {self.config.method}: resume with --kfac-method "
+                             f"{method}")
         saved, here = set(state["layers"]), set(self.layers)
         if saved != here:
             raise ValueError(f"the K-FAC state is of other layers (there: "
