@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from kasoku.perf import queues
+from kasoku.perf.cpuinfo import cpu_info
 
 
 def environment(device: torch.device | str | None = None) -> dict:
@@ -31,6 +32,8 @@ def environment(device: torch.device | str | None = None) -> dict:
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu": cpu_info().to_dict(),
         "cuda_device_max_connections": os.environ.get(queues.ENV),
         "device_type": device.type,
         "device_name": cpu_name(),
