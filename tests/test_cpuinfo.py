@@ -145,3 +145,10 @@ def test_peak_arithmetic():
 def test_peak_refuses_unknown_dtype():
     with pytest.raises(ValueError, match="fp32, bf16"):
         theoretical_peak("fp16", CpuInfo())
+
+
+def test_core_cpus_takes_the_first_thread_of_each_core(xeon):
+    from kasoku.perf.cpuinfo import core_cpus
+    assert core_cpus(xeon) == list(range(8))  # CPUs 8..15 are the second threads
+    assert core_cpus(xeon, affinity={9, 10, 2}) == [2, 9]
+    assert core_cpus(xeon.parent / "missing") is None

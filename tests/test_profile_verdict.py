@@ -252,10 +252,28 @@ def test_cpu_compute_bound_and_bf16_hardware():
     assert f["device"] == "cpu" and f["operator_pct"] == pytest.approx(90, abs=1)
     v = judge(f)
     assert v.rule == "compute-bound" and v.lever.args == ()
-    assert "no bf16 matrix hardware" in v.lever.text
-    assert judge({**f, "cpu_bf16": True}).lever.args == ("--precision", "bf16")
+    assert "no bf16 hardware" in v.lever.text and "bf16" not in " ".join(v.lever.args)
+    amx = judge({**f, "cpu_bf16": True, "cpu_bf16_isa": "AMX-BF16"}).lever
+    assert amx.args == ("--precision", "bf16") and "AMX-BF16 matrix units" in amx.text
+    avx = judge({**f, "cpu_bf16": True, "cpu_bf16_isa": "AVX512-BF16"}).lever
+    assert avx.args == ("--precision", "bf16") and "matrix units" not in avx.text
     in_bf16 = judge({**f, "cpu_bf16": True, "config": {"precision": "bf16"}}).lever
     assert in_bf16.args == () and "in use already" in in_bf16.text
+
+
+def test_cpu_verdict_follows_cpu_info(monkeypatch):
+    """The context a CPU run's verdict is judged with comes from kasoku.perf.cpuinfo: a CPU
+    without bf16 hardware is never told to use bf16."""
+    from kasoku.perf import cpuinfo
+    from kasoku.perf.profile.session import cpu_bf16
+    f = figures(Builder().steps(4, 1000, cpu_step()), device="cpu", config={"precision": "fp32"})
+    avx2 = cpuinfo.CpuInfo(flags=("avx2", "fma"))
+    monkeypatch.setattr(cpuinfo, "cpu_info", lambda: avx2)
+    assert cpu_bf16() == {"cpu_bf16": False, "cpu_bf16_isa": None}
+    assert judge({**f, **cpu_bf16()}).lever.args == ()
+    xeon = cpuinfo.CpuInfo(flags=("avx512f", "avx512_bf16", "amx_tile", "amx_bf16"))
+    monkeypatch.setattr(cpuinfo, "cpu_info", lambda: xeon)
+    assert judge({**f, **cpu_bf16()}).lever.args == ("--precision", "bf16")
 
 
 def test_cpu_dispatch_bound():

@@ -100,10 +100,73 @@ def verdict_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def skip_lines(records: list[dict]) -> list[str]:
+    """``RUNG: why`` for each rung the ladder skipped on this machine."""
+    reasons = {r["rung"]: r.get("error") for r in records if r["status"] == "skipped"}
+    return [f"{rung}: {why}" for rung, why in reasons.items()]
+
+
+def slower_lines(records: list[dict]) -> list[str]:
+    """A line for each rung slower than the measured rung above it at some batch size, by
+    more than the spread of either's windows, with its bottleneck verdict where it has one:
+    a rung that adds a lever and loses speed must say so, not leave a reader guessing."""
+    rungs, sizes, cells = _grid(records)
+    lines = []
+    for bs in sizes:
+        above = None
+        for rung in rungs:
+            r = cells.get((rung, bs))
+            if r is None or median_rate(r) is None or rung == "plain":
+                continue
+            if above is not None:
+                s, t = r["figures"]["samples_per_s"], above["figures"]["samples_per_s"]
+                if s["max"] < t["min"]:
+                    why = (r.get("verdict") or {}).get("line") or "no verdict"
+                    lines.append(f"{rung} (bs {bs}) is slower than {above['rung']} "
+                                 f"(x{s['median'] / t['median']:.2f}): {why}")
+            above = r
+    return lines
+
+
+def threads_label(records: list[dict]) -> str | None:
+    """``2 threads (1 inter-op), one per physical core`` from the runs' records (CPU)."""
+    for r in records:
+        t = (r.get("settings") or {}).get("cpu_threads")
+        if t:
+            cores = ((r.get("env") or {}).get("cpu") or {}).get("physical_cores")
+            per_core = ", one per physical core" if cores == t["threads"] else ""
+            pinned = f", pinned to CPUs {t['pinned_cpus']}" if t.get("pinned_cpus") else ""
+            return f"{t['threads']} threads ({t['interop_threads']} inter-op){per_core}{pinned}"
+    return None
+
+
+def peak_lines(records: list[dict]) -> list[str]:
+    """The matmul peaks the MFU column is read against: measured, and on a CPU the
+    first-principles one beside it with the measured share of it."""
+    lines, seen = [], set()
+    for r in records:
+        peak = (r.get("figures") or {}).get("peak") or {}
+        if "flops_per_s" not in peak or peak.get("dtype") in seen:
+            continue
+        seen.add(peak["dtype"])
+        line = (f"{peak['dtype']} peak: measured {peak['flops_per_s'] / 1e12:.2f} TFLOP/s "
+                f"({peak['size']}^3)")
+        theory = peak.get("theory")
+        if theory:
+            line += (f"; first principles {theory['flops_per_s'] / 1e12:.2f} TFLOP/s "
+                     f"({theory['cores']} cores x {theory['clock_ghz']:.2f} GHz x "
+                     f"{theory['flops_per_cycle_per_core']} FLOP/cycle, {theory['isa']}); "
+                     f"measured {100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it")
+        lines.append(line)
+    return lines
+
+
 def print_ladder(records: list[dict], title: str | None = None, file=None) -> None:
     """Rung rows x batch-size columns: median rate, speed-up over ``plain`` at the same batch
     size, MFU; then the bottleneck (``bottleneck``) and the numerics verdict of the rung.
-    Under the table, each rung's verdict line (``verdict_lines``)."""
+    Under the table: the peaks (``peak_lines``), the rungs skipped on this machine and why
+    (``skip_lines``), the rungs slower than the one above (``slower_lines``) and each rung's
+    verdict line (``verdict_lines``)."""
     rungs, sizes, cells = _grid(records)
     rows = []
     for rung in rungs:
@@ -113,13 +176,19 @@ def print_ladder(records: list[dict], title: str | None = None, file=None) -> No
         rows.append([rung, *[_cell(cells.get((rung, bs)), cells.get(("plain", bs)))
                              for bs in sizes], bottleneck(runs), numerics])
     headers = ["rung", *[f"bs {bs}" for bs in sizes], "bottleneck", "numerics"]
-    title = (title or "") + f"  [cells: {unit(records)} median, x speed-up vs plain, MFU]"
+    threads = threads_label(records)
+    title = ((title or "") + (f", {threads}" if threads else "")
+             + f"  [cells: {unit(records)} median, x speed-up vs plain, MFU]")
     print_table(headers, rows, title=title.strip(), file=file)
-    lines = verdict_lines(records)
-    if lines:
-        print("bottleneck verdicts (a profiled window of each run):", file=file)
-        for line in lines:
-            print(f"  {line}", file=file)
+    for heading, lines in (("peaks (MFU's denominators):", peak_lines(records)),
+                           ("skipped rungs:", skip_lines(records)),
+                           ("slower than the rung above:", slower_lines(records)),
+                           ("bottleneck verdicts (a profiled window of each run):",
+                            verdict_lines(records))):
+        if lines:
+            print(heading, file=file)
+            for line in lines:
+                print(f"  {line}", file=file)
 
 
 def rung_colors(n: int) -> list:

@@ -5,7 +5,8 @@ A line (schema ``kasoku.bench/1``)::
 
     schema, sweep_id, time (UTC ISO-8601), wall_s (the run's subprocess, start to exit)
     workload, rung, batch_size, unit ("images" or "samples": what samples_per_s counts),
-    device, status ("ok" | "oom" | "error" | "timeout"),
+    device, status ("ok" | "oom" | "error" | "timeout" | "skipped": a
+    rung the ladder does not measure on this machine, ``error`` saying why),
     error (the error's last line, or null)
     config:   {"kind": "plain", ...} or {"kind": "kasoku", <every AccelConfig field>}
     settings: steps_per_window, windows, warmup_steps, numerics_steps, seed, pool_batches,

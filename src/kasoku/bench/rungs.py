@@ -9,7 +9,12 @@ GPU ladder, each rung adding one lever to the one before:
     independent kernels, such as autocast's weight casts, into fewer launches) -> +matmul-1x1
     (1x1 convolutions as cuBLAS matrix products) -> +wgrad-stream (convolutions' weight
     gradients on a second CUDA stream, joined at the end of the backward pass)
-CPU ladder: plain -> fp32 -> +fused -> +bf16 (autocast) -> +channels_last -> +compile.
+CPU ladder: plain -> fp32 -> +fused -> +bf16 (autocast) -> +channels_last -> +compile, made
+for the CPU it runs on (``kasoku.perf.cpuinfo``): without bf16 hardware (AMX-BF16 or
+AVX512-BF16) autocast converts to bf16 and computes in fp32, slower than fp32 with nothing to
+learn, so ``+bf16`` is skipped (the table says why; ``--config +bf16`` measures it anyway) and
+the rungs above it stay in fp32. ``+compile`` on a CPU is inductor's C++ backend
+(``kasoku.accel.compile``).
 
 ``plain`` and ``fp32`` use the optimizer implementation PyTorch picks by default on that device
 (multi-tensor "foreach" on CUDA, the per-tensor loop on CPU), so the pair shows what kasoku's
@@ -24,6 +29,7 @@ from dataclasses import dataclass, fields, replace
 from kasoku.accel.compose import check_config
 from kasoku.accel.config import PRECISIONS, AccelConfig
 from kasoku.errors import ConfigError
+from kasoku.perf.cpuinfo import CpuInfo, cpu_info
 
 REFERENCE_LABEL = "fp32"
 """The rung every other rung's loss is compared against (``kasoku.bench.numerics``)."""
@@ -37,6 +43,9 @@ class Rung:
     loader: str | None = None
     """A loader spec (``--loader``) or "fastest": the steps are fed by that loader from the
     workload's dataset (``kasoku.bench.fed``) instead of synthetic batches on the device."""
+    skip: str | None = None
+    """Why the ladder does not measure this rung on this machine (the table shows it); None:
+    measured. A rung named with ``--config`` is always measured."""
 
     @property
     def is_plain(self) -> bool:
@@ -84,15 +93,25 @@ def gpu_ladder() -> list[Rung]:
             Rung("+matmul-1x1", matmul), Rung("+wgrad-stream", wgrad)]
 
 
-def cpu_ladder() -> list[Rung]:
+NO_BF16_HARDWARE = ("skipped: no bf16 hardware on this CPU (AMX-BF16, AVX512-BF16): bf16 is "
+                    "converted and computed in fp32, slower than fp32 (--config +bf16 measures "
+                    "it anyway)")
+
+
+def cpu_ladder(info: CpuInfo | None = None) -> list[Rung]:
+    """The CPU ladder for ``info`` (default: this machine's CPU)."""
+    info = info or cpu_info()
     fp32 = reference_rung("cpu").config
     # The fused update first: on a CPU it is the cheapest lever and often the largest (the
     # MNIST MLP's Adam step takes half the time fused).
     fused = replace(fp32, optimizer_impl="fused")
     bf16 = replace(fused, precision="bf16")
-    nhwc = replace(bf16, channels_last=True)
+    # Without bf16 hardware the rungs above +bf16 build on fp32, so each still adds one lever
+    # to the fastest configuration measured below it.
+    nhwc = replace(bf16 if info.bf16_hardware else fused, channels_last=True)
     compiled = replace(nhwc, compile=True)
-    return [PLAIN, Rung("fp32", fp32), Rung("+fused", fused), Rung("+bf16", bf16),
+    return [PLAIN, Rung("fp32", fp32), Rung("+fused", fused),
+            Rung("+bf16", bf16, skip=None if info.bf16_hardware else NO_BF16_HARDWARE),
             Rung("+channels_last", nhwc), Rung("+compile", compiled)]
 
 
@@ -169,20 +188,22 @@ def rung_from_spec(spec: str, device_type: str) -> Rung:
     spec = spec.strip()
     for rung in default_ladder(device_type):
         if rung.label == spec:
-            return rung
+            # Asked for by name: measured here even where the ladder skips it.
+            return replace(rung, skip=None) if rung.skip else rung
     return Rung(spec, parse_config(spec))
 
 
 def resolve(rungs: list[Rung], device_type: str, has_conv: bool
             ) -> tuple[list[Rung], list[str]]:
     """Drop levers that do not apply here (each stated once in the returned notes) and skip a
-    rung left identical to the rung before it."""
+    rung left identical to the measured rung before it. Rungs the ladder skips on this
+    machine (``Rung.skip``) pass through unchanged."""
     notes: list[str] = []
     stated: set[str] = set()
     out: list[Rung] = []
     before: set[str] = set()
     for rung in rungs:
-        if rung.config is None:
+        if rung.config is None or rung.skip:
             out.append(rung)
             continue
         config, dropped = _applicable(rung.config, device_type, has_conv)
@@ -191,10 +212,11 @@ def resolve(rungs: list[Rung], device_type: str, has_conv: bool
                 stated.add(lever)
                 notes.append(f"{lever} does not apply: {why}")
         levers = {lever for lever, _ in dropped}
-        if dropped and out and config == out[-1].config and rung.loader == out[-1].loader:
+        last = next((r for r in reversed(out) if not r.skip), None)
+        if dropped and last and config == last.config and rung.loader == last.loader:
             new = sorted(levers - before) or sorted(levers)
             notes.append(f"rung {rung.label} skipped: without {', '.join(new)} it equals "
-                         f"rung {out[-1].label}")
+                         f"rung {last.label}")
         else:
             out.append(replace(rung, config=config))
         before = levers

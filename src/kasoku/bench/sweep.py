@@ -100,7 +100,7 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
     say = lambda *a: print(*a, file=stream, flush=True)  # noqa: E731
     rungs, notes, flops = _prepare(cfg, say)
     make_out_dir(cfg.out, "results.jsonl and ladder.png")  # before the first run, not after
-    peaks = _probe_peaks(cfg, sorted({compute_dtype(r) for r in rungs}), say)
+    peaks = _probe_peaks(cfg, sorted({compute_dtype(r) for r in rungs if not r.skip}), say)
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
     reference = next((r for r in rungs if r.label == REFERENCE_LABEL and not r.is_plain), None)
     references = {} if reference else _reference_losses(cfg, say)
@@ -112,6 +112,15 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
         for bs in cfg.batch_sizes:
             print(f"[{len(records) + 1}/{total}] {rung.label} bs {bs} ... ", end="",
                   file=stream, flush=True)
+            if rung.skip:
+                rec = _stub_record(cfg, rung, bs)
+                rec.update(status="skipped", error=rung.skip, wall_s=0.0, schema=SCHEMA,
+                           sweep_id=sweep_id)
+                rec["env"]["note"] = "host side only: the rung was not run"
+                append_result(cfg.out, rec)
+                records.append(rec)
+                say(rung.skip)
+                continue
             rec = _run_worker(cfg, rung, bs)
             if rung is reference:
                 references[bs] = rec.get("numerics", {}).get("losses")
@@ -258,10 +267,21 @@ def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
     for dtype, peak in peaks.items():
         if "flops_per_s" in peak:
             say(f"  {dtype}: {peak['flops_per_s'] / 1e12:.2f} TFLOP/s ({peak['size']}^3, "
-                f"median of {peak['reps']})")
+                f"median of {peak['reps']}, {peak['threads']} threads)")
+            theory = peak.get("theory")
+            if theory:
+                say(f"    first principles: {_describe_theory(theory)}: measured "
+                    f"{100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it\n"
+                    f"    ({theory['assumptions']})")
         else:
             say(f"  {dtype}: probe failed: {peak.get('error')}")
     return peaks
+
+
+def _describe_theory(theory: dict) -> str:
+    return (f"{theory['flops_per_s'] / 1e12:.2f} TFLOP/s ({theory['cores']} cores x "
+            f"{theory['clock_ghz']:.2f} GHz x {theory['flops_per_cycle_per_core']} FLOP/cycle, "
+            f"{theory['isa']})")
 
 
 def _judge(rec: dict, rung: Rung, reference: list[float] | None, is_reference: bool) -> None:
@@ -284,6 +304,14 @@ def _add_mfu(rec: dict, peak: dict | None) -> None:
     value, note = compute_mfu(figures.get("model_flops_per_step"),
                               step_ms / 1e3 if step_ms else None, rate, dtype)
     figures.update(peak_flops_per_s=rate, peak=peak, mfu=value, mfu_note=note)
+    theory = (peak or {}).get("theory")
+    if theory:  # a CPU's: MFU against its first-principles peak too
+        value, note = compute_mfu(figures.get("model_flops_per_step"),
+                                  step_ms / 1e3 if step_ms else None, theory["flops_per_s"],
+                                  f"first-principles {dtype}")
+        if value is not None:
+            note = f"counted model FLOPs / first-principles {dtype} peak (kasoku.perf.cpuinfo)"
+        figures.update(mfu_theory=value, mfu_theory_note=note)
 
 
 def _add_verdict(rec: dict, rung: Rung) -> None:

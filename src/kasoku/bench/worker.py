@@ -86,7 +86,11 @@ def run(req: WorkerRequest) -> dict:
     device = torch.device(req.device)
     wl = create_workload(req.workload)
     threads = req.threads or (wl.cpu_threads if device.type == "cpu" else None)
-    if threads:
+    cpu_threads = None
+    if device.type == "cpu":
+        from kasoku.accel.cpu_threads import apply_cpu_threads
+        cpu_threads = apply_cpu_threads(threads)  # first: environment() records the result
+    elif threads:
         torch.set_num_threads(threads)
     record = {
         "workload": req.workload, "rung": req.rung.label, "batch_size": req.batch_size,
@@ -94,6 +98,7 @@ def run(req: WorkerRequest) -> dict:
         "settings": {"steps_per_window": req.steps, "windows": req.windows,
                      "warmup_steps": req.warmup, "numerics_steps": req.numerics_steps,
                      "seed": req.seed, "pool_batches": req.pool_batches,
+                     "cpu_threads": cpu_threads,
                      "optimizer": wl.recipe.optimizer, "lr": wl.recipe.lr,
                      "momentum": wl.recipe.momentum, "weight_decay": wl.recipe.weight_decay},
         "env": environment(device), "status": "error", "error": None, "notes": [],
@@ -200,9 +205,8 @@ def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.devi
     the profiler slows the host, not the kernels. ``{"error": last line}`` when it fails: the
     rung's rate stands without its explanation."""
     try:
-        from kasoku.perf.profile.session import cpu_has_bf16, unprofiled_shares
-        context = {"batch_size": req.batch_size, "has_conv": has_conv,
-                   "cpu_bf16": cpu_has_bf16()}
+        from kasoku.perf.profile.session import cpu_bf16, unprofiled_shares
+        context = {"batch_size": req.batch_size, "has_conv": has_conv, **cpu_bf16()}
         figures = profile_window(runner, batches, start, device, req.profile_steps, context,
                                  req.batch_size)
         unprofiled_shares(figures, {"samples_per_step": req.batch_size,
@@ -311,14 +315,23 @@ def _memory_peak(device: torch.device) -> dict:
 
 
 def probe_peaks(device: str, dtypes: list[str], size: int | None, threads: int | None) -> dict:
-    """``{dtype: PeakResult dict or {"error": ...}}``, measured in this process."""
+    """``{dtype: PeakResult dict or {"error": ...}}``, measured in this process; on a CPU
+    each also with ``theory``, the first-principles peak (``kasoku.perf.cpuinfo``), where
+    one is known."""
     from kasoku.perf.peak import measure_matmul_peak
-    if threads:
+    if torch.device(device).type == "cpu":
+        from kasoku.accel.cpu_threads import apply_cpu_threads
+        apply_cpu_threads(threads)  # as the runs set them, so the peak is theirs
+    elif threads:
         torch.set_num_threads(threads)
     out = {}
     for dtype in dtypes:
         try:
             out[dtype] = measure_matmul_peak(device, dtype, size=size).to_dict()
+            if torch.device(device).type == "cpu":
+                from kasoku.perf.cpuinfo import theoretical_peak
+                theory = theoretical_peak(dtype) if dtype in ("fp32", "bf16") else None
+                out[dtype]["theory"] = theory.to_dict() if theory else None
         except (RuntimeError, ValueError) as exc:
             out[dtype] = {"error": _last_line(exc)}
     return out

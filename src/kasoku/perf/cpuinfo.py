@@ -101,8 +101,15 @@ class CpuInfo:
         being converted and computed in fp32."""
         return self.amx_bf16 or self.has("avx512_bf16")
 
+    @property
+    def bf16_isa(self) -> str | None:
+        """The fastest bf16 hardware: "AMX-BF16", "AVX512-BF16" or None."""
+        return "AMX-BF16" if self.amx_bf16 else "AVX512-BF16" if self.has("avx512_bf16") \
+            else None
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "flags": list(self.flags), "bf16_hardware": self.bf16_hardware}
+        return {**asdict(self), "flags": list(self.flags), "bf16_hardware": self.bf16_hardware,
+                "bf16_isa": self.bf16_isa}
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,24 @@ def cpu_info() -> CpuInfo:
     except (AttributeError, OSError):  # no affinity API on this platform
         affinity = None
     return read_cpu_info("/", affinity)
+
+
+def core_cpus(root: str | Path = "/", affinity: set[int] | None = None) -> list[int] | None:
+    """One CPU id per physical core among ``affinity`` (None: all CPUs), the lowest of each
+    core's hardware threads; None where the topology cannot be read."""
+    root = Path(root)
+    sysfs = root / "sys/devices/system/cpu"
+    blocks = _cpuinfo_blocks(_read(root / "proc/cpuinfo") or "")
+    ids = _cpu_ids(sysfs) or [int(b["processor"]) for b in blocks
+                              if b.get("processor", "").isdigit()]
+    usable = sorted(set(ids) & affinity) if affinity is not None else ids
+    first: dict[tuple[int, int], int] = {}
+    for cpu in usable:
+        core = _core_of(sysfs, blocks, cpu)
+        if core is None:
+            return None
+        first.setdefault(core, cpu)
+    return sorted(first.values()) or None
 
 
 def theoretical_peak(dtype: str, info: CpuInfo | None = None) -> PeakEstimate | None:
@@ -273,21 +298,22 @@ def _cpu_ids(sysfs: Path) -> list[int]:
                   if (m := re.fullmatch(r"cpu(\d+)", name)))
 
 
-def _topology(sysfs: Path, blocks: list[dict], usable: list[int], ids: list[int]):
-    """(physical cores among ``usable``, sockets among all CPUs): sysfs topology, else
-    ``/proc/cpuinfo``'s physical id and core id; None where neither says."""
-    def core_of(cpu: int) -> tuple[int, int] | None:
-        topo = sysfs / f"cpu{cpu}/topology"
-        package, core = (_int(_read(topo / "physical_package_id")),
-                         _int(_read(topo / "core_id")))
-        if package is None or core is None:
-            block = next((b for b in blocks if b.get("processor") == str(cpu)), {})
-            package, core = _int(block.get("physical id")), _int(block.get("core id"))
-        return None if package is None or core is None else (package, core)
+def _core_of(sysfs: Path, blocks: list[dict], cpu: int) -> tuple[int, int] | None:
+    """CPU ``cpu``'s (package, core): sysfs topology, else ``/proc/cpuinfo``'s physical id and
+    core id; None where neither says."""
+    topo = sysfs / f"cpu{cpu}/topology"
+    package, core = _int(_read(topo / "physical_package_id")), _int(_read(topo / "core_id"))
+    if package is None or core is None:
+        block = next((b for b in blocks if b.get("processor") == str(cpu)), {})
+        package, core = _int(block.get("physical id")), _int(block.get("core id"))
+    return None if package is None or core is None else (package, core)
 
-    usable_cores = [core_of(cpu) for cpu in usable]
+
+def _topology(sysfs: Path, blocks: list[dict], usable: list[int], ids: list[int]):
+    """(physical cores among ``usable``, sockets among all CPUs), None where unknown."""
+    usable_cores = [_core_of(sysfs, blocks, cpu) for cpu in usable]
     cores = None if not usable_cores or None in usable_cores else len(set(usable_cores))
-    packages = [core_of(cpu) for cpu in ids]
+    packages = [_core_of(sysfs, blocks, cpu) for cpu in ids]
     sockets = None if not packages or None in packages else len({p for p, _ in packages})
     return cores, sockets
 

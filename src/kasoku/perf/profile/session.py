@@ -203,18 +203,17 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "batch_size": trainer.run_info["batch_size"],
                "has_conv": any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
                "unprofiled_samples_per_s": result["samples_per_s"],
-               "cpu_bf16": cpu_has_bf16()}
+               **cpu_bf16()}
     context.update(_mfu(workload, trainer, accel, result))
     return context
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16; Linux flags)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+def cpu_bf16() -> dict:
+    """What the verdict needs to know of this CPU's bf16 hardware (``kasoku.perf.cpuinfo``):
+    ``cpu_bf16`` (whether bf16 products run on bf16 units) and ``cpu_bf16_isa`` (which)."""
+    from kasoku.perf.cpuinfo import cpu_info
+    info = cpu_info()
+    return {"cpu_bf16": info.bf16_hardware, "cpu_bf16_isa": info.bf16_isa}
 
 
 def _mfu(workload, trainer, accel, result: dict) -> dict:

@@ -175,11 +175,19 @@ def _proof(lever: Callable[[dict], Lever]):
 
 
 def _cpu_compute_lever(f: dict) -> Lever:
+    """bf16 only where the CPU has bf16 hardware (``cpu_bf16``, from ``kasoku.perf.cpuinfo``):
+    without it autocast converts to bf16 and computes in fp32, slower than fp32."""
     cfg = _cfg(f)
+    isa = f.get("cpu_bf16_isa") or "bf16"
     if f.get("cpu_bf16") and cfg.get("precision", "fp32") == "fp32":
-        return Lever("bf16 matrix units of this CPU: --precision bf16", "~1.5x",
+        if isa == "AVX512-BF16":  # twice the fp32 rate of the same vector units, at best
+            return Lever("AVX512-BF16 instructions of this CPU (up to 2x the fp32 rate of its "
+                         "matrix products): --precision bf16", "~1.2x",
+                         ("--precision", "bf16"), 1.2)
+        return Lever(f"{isa} matrix units of this CPU: --precision bf16", "~1.5x",
                      ("--precision", "bf16"), 1.5)
-    why = "its bf16 units in use already" if f.get("cpu_bf16") else "no bf16 matrix hardware"
+    why = (f"its {isa} units in use already" if f.get("cpu_bf16") else
+           "no bf16 hardware (AMX-BF16, AVX512-BF16): bf16 would be computed in fp32, slower")
     return Lever(f"no cheap lever left on this CPU ({why}); a GPU, or more cores (--threads)",
                  "none", (), None)
 
@@ -285,7 +293,7 @@ SHARES = (("input-bound", "data_pct", "waiting for data"),
 def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
     levers as ``AccelConfig`` fields; ``loader``; ``batch_size``; ``mfu``; ``has_conv``;
-    ``cpu_bf16``; ``peak_fraction``)."""
+    ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``)."""
     passed = [r for r in rules if r.test(figures, r.thresholds)]
     if not passed:
         return Verdict("balanced", f"no single bottleneck: the GPU is busy "
