@@ -26,13 +26,14 @@ def test_no_bf16_hardware_skips_bf16_and_keeps_the_rest_in_fp32():
     by = {r.label: r for r in ladder}
     assert by["+bf16"].skip == NO_BF16_HARDWARE and "no bf16 hardware" in NO_BF16_HARDWARE
     assert by["+compile"].config.precision == "fp32" and by["+compile"].config.compile
-    assert by["+compile"].config.optimizer_impl == "fused"
+    assert by["+compile"].config.optimizer_impl == "fused" and by["+compile"].config.keep_memory
     assert all(r.skip is None for r in ladder if r.label != "+bf16")
     rungs, notes = resolve(ladder, "cpu", has_conv=False)
     # +channels_last, without its lever on an MLP, equals +fused (not the skipped +bf16).
-    assert [r.label for r in rungs] == ["plain", "fp32", "+fused", "+bf16", "+compile"]
-    assert any("+channels_last skipped: without channels_last it equals rung +fused" in n
-               for n in notes)
+    assert [r.label for r in rungs] == ["plain", "fp32", "+fused", "+keep-memory", "+bf16",
+                                        "+compile"]
+    assert any("+channels_last skipped: without channels_last it equals rung +keep-memory"
+               in n for n in notes)
 
 
 def test_bf16_hardware_keeps_the_bf16_rungs():
@@ -43,13 +44,13 @@ def test_bf16_hardware_keeps_the_bf16_rungs():
 
 def test_a_rung_named_with_config_is_measured_anyway(monkeypatch):
     monkeypatch.setattr(rungs_mod, "cpu_info", lambda: AVX2)
-    assert cpu_ladder()[3].skip  # this machine's ladder, as the sweep takes it
+    assert {r.label: r for r in cpu_ladder()}["+bf16"].skip  # the sweep's ladder here
     forced = rung_from_spec("+bf16", "cpu")
     assert forced.skip is None and forced.config.precision == "bf16"
 
 
 def test_the_sweep_records_a_skipped_rung_and_the_table_says_why(tmp_path):
-    skipped = cpu_ladder(AVX2)[3]
+    skipped = {r.label: r for r in cpu_ladder(AVX2)}["+bf16"]
     cfg = SweepConfig("mnist-mlp", (skipped,), (8,), tmp_path, numerics_steps=0,
                       profile_steps=0, threads=1, peak_size=64)
     text = io.StringIO()
@@ -113,3 +114,20 @@ def test_pinning_takes_one_cpu_per_core(tmp_path, monkeypatch):
     assert cpu_threads._pin_to_cores(4) == [0, 1, 2, 3] and pinned == [[0, 1, 2, 3]]
     assert cpu_threads._pin_to_cores(6) is None  # more threads than cores: asked for
     assert PLAIN.skip is None
+
+
+def test_keep_memory_sets_glibc_malloc_in_a_process_of_its_own(tmp_path):
+    import subprocess
+    import sys
+    from kasoku.accel.host_memory import apply_keep_memory
+    notes: list[str] = []
+    assert apply_keep_memory("meta", notes) is False and "not meta's" in notes[0]
+    code = ("from kasoku.accel.host_memory import apply_keep_memory; "
+            "print(apply_keep_memory('cpu', []))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    import platform
+    assert out == str(platform.libc_ver()[0] == "glibc")
+    rungs, notes = resolve([r for r in cpu_ladder(AMX) if r.label == "+keep-memory"], "cuda",
+                           has_conv=False)
+    assert not rungs[0].config.keep_memory and "keep_memory does not apply" in notes[0]

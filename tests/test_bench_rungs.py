@@ -47,12 +47,14 @@ def test_gpu_ladder_adds_one_lever_per_rung():
 
 def test_cpu_ladder_and_levers_that_do_not_apply():
     ladder = cpu_ladder()
-    assert [r.label for r in ladder] == ["plain", "fp32", "+fused", "+bf16", "+channels_last",
-                                         "+compile"]
+    assert [r.label for r in ladder] == ["plain", "fp32", "+fused", "+keep-memory", "+bf16",
+                                         "+channels_last", "+compile"]
     assert ladder[1].config.optimizer_impl == "loop"  # what torch.optim picks on a CPU
     assert ladder[2].config.optimizer_impl == "fused"
+    assert ladder[3].config.keep_memory and not ladder[2].config.keep_memory
     rungs, notes = resolve(ladder, "cpu", has_conv=False)
-    assert [r.label for r in rungs] == ["plain", "fp32", "+fused", "+bf16", "+compile"]
+    assert [r.label for r in rungs] == ["plain", "fp32", "+fused", "+keep-memory", "+bf16",
+                                        "+compile"]
     assert not rungs[-1].config.channels_last
     assert sum("channels_last does not apply" in n for n in notes) == 1
     assert any("+channels_last skipped" in n for n in notes)

@@ -14,6 +14,7 @@ from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import WARMUP_STEPS, apply_cuda_graph
+from kasoku.accel.host_memory import apply_keep_memory
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, has_conv2d
 from kasoku.accel.multistep import ShortChunkCheck, apply_multistep
 from kasoku.accel.precision import apply_precision
@@ -121,6 +122,8 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     notes: list[str] = []
     model = model.to(device)
     apply_cudnn_benchmark(cfg.cudnn_benchmark, device, notes)  # a global flag: set either way
+    if cfg.keep_memory:  # process-wide, before the first step allocates
+        apply_keep_memory(device, notes)
     # Weight layout and dtype first: the compiled code specializes on both, and fp16-pure
     # decides which tensors the optimizer holds (fp32 masters copied from the final weights).
     if cfg.channels_last:

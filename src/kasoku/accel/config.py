@@ -41,6 +41,9 @@ class AccelConfig:
     wgrad_stream: bool = False
     """The weight gradients of convolutions on a second CUDA stream, joined at the end of the
     backward pass, so they run beside the rest of backward; CUDA."""
+    keep_memory: bool = False
+    """CPU: glibc's malloc keeps freed memory in the process (no heap trimming, no mmap'd
+    blocks), so each step's temporaries stop page-faulting (process-wide)."""
     compile: bool = False
     """torch.compile the model (fuses batch norm, ReLU, residual adds and other elementwise
     chains into fewer kernels); compilation happens in the first steps."""

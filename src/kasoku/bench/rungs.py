@@ -9,8 +9,9 @@ GPU ladder, each rung adding one lever to the one before:
     independent kernels, such as autocast's weight casts, into fewer launches) -> +matmul-1x1
     (1x1 convolutions as cuBLAS matrix products) -> +wgrad-stream (convolutions' weight
     gradients on a second CUDA stream, joined at the end of the backward pass)
-CPU ladder: plain -> fp32 -> +fused -> +bf16 (autocast) -> +channels_last -> +compile, made
-for the CPU it runs on (``kasoku.perf.cpuinfo``): without bf16 hardware (AMX-BF16 or
+CPU ladder: plain -> fp32 -> +fused -> +keep-memory (glibc's malloc keeps freed memory: no
+page faults per step, ``kasoku.accel.host_memory``) -> +bf16 (autocast) -> +channels_last ->
++compile, made for the CPU it runs on (``kasoku.perf.cpuinfo``): without bf16 hardware (AMX-BF16 or
 AVX512-BF16) autocast converts to bf16 and computes in fp32, slower than fp32 with nothing to
 learn, so ``+bf16`` is skipped (the table says why; ``--config +bf16`` measures it anyway) and
 the rungs above it stay in fp32. ``+compile`` on a CPU is inductor's C++ backend
@@ -105,12 +106,14 @@ def cpu_ladder(info: CpuInfo | None = None) -> list[Rung]:
     # The fused update first: on a CPU it is the cheapest lever and often the largest (the
     # MNIST MLP's Adam step takes half the time fused).
     fused = replace(fp32, optimizer_impl="fused")
-    bf16 = replace(fused, precision="bf16")
+    # Before bf16: autocast's per-step weight copies page-fault the most without it.
+    kept = replace(fused, keep_memory=True)
+    bf16 = replace(kept, precision="bf16")
     # Without bf16 hardware the rungs above +bf16 build on fp32, so each still adds one lever
     # to the fastest configuration measured below it.
-    nhwc = replace(bf16 if info.bf16_hardware else fused, channels_last=True)
+    nhwc = replace(bf16 if info.bf16_hardware else kept, channels_last=True)
     compiled = replace(nhwc, compile=True)
-    return [PLAIN, Rung("fp32", fp32), Rung("+fused", fused),
+    return [PLAIN, Rung("fp32", fp32), Rung("+fused", fused), Rung("+keep-memory", kept),
             Rung("+bf16", bf16, skip=None if info.bf16_hardware else NO_BF16_HARDWARE),
             Rung("+channels_last", nhwc), Rung("+compile", compiled)]
 
@@ -238,6 +241,9 @@ def _applicable(config: AccelConfig, device_type: str, has_conv: bool):
         if config.wgrad_stream:
             config = replace(config, wgrad_stream=False)
             dropped.append(("wgrad_stream", f"a second CUDA stream, not on {device_type}"))
+    elif config.keep_memory:
+        config = replace(config, keep_memory=False)
+        dropped.append(("keep_memory", "host malloc settings for CPU tensors, not CUDA's"))
     if config.matmul_1x1 and not has_conv:
         config = replace(config, matmul_1x1=False)
         dropped.append(("matmul_1x1", "the model has no 2-d convolutions"))

@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
                        help="the device's default ladder (the default): GPU plain, fp32, "
                        "tf32, amp, +channels_last, +fused, +compile, +cuda-graph, +fused-bn, "
                        "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream; CPU plain, "
-                       "fp32, +fused, +bf16, +channels_last, +compile")
+                       "fp32, +fused, +keep-memory, +bf16 (skipped without bf16 hardware), "
+                       "+channels_last, +compile")
     which.add_argument("--config", action="append", metavar="SPEC", type=_rung_spec,
                        help="a rung of your own, repeatable: a ladder label (amp, +compile) or "
                        "lever settings as `kasoku train` names them, e.g. "
