@@ -10,17 +10,21 @@ A line (schema ``kasoku.bench/1``)::
     error (the error's last line, or null)
     config:   {"kind": "plain", ...} or {"kind": "kasoku", <every AccelConfig field>}
     settings: steps_per_window, windows, warmup_steps, numerics_steps, seed, pool_batches,
-              optimizer, lr, momentum, weight_decay
+              optimizer, lr, momentum, weight_decay; cpu_threads (CPU runs: threads,
+              interop_threads, pinned_cpus, as ``kasoku.accel.cpu_threads`` set them)
     data:     source ("synthetic on-device", or "SPEC loader, DIR" for the loader rung),
               input_shape, input_dtype, input_range, target; the loader rung also loader
               (the spec), root, train_samples
     env:      kasoku_version, kasoku_git, python, torch, cuda, cudnn, driver, device_type,
               device_name, device_count, compute_capability (CUDA), cpu_name, cpu_count,
-              cpu_affinity, torch_threads, platform
+              cpu_affinity, torch_threads, torch_interop_threads, platform, cpu
+              (``kasoku.perf.cpuinfo.CpuInfo.to_dict()``)
     figures:  samples_per_s {median, min, max, n}, step_time_ms {median, min, max},
               steps_per_window, warmup_s, first_step_s, final_loss, mem_peak_gib,
               mem_peak_kind, model_flops_per_step, flops_method, compute_dtype,
-              peak_flops_per_s, peak (the probe's record), mfu, mfu_note;
+              peak_flops_per_s, peak (the probe's record; on a CPU with ``theory``, the
+              first-principles peak), mfu, mfu_note; on a CPU mfu_theory, mfu_theory_note
+              (MFU against the first-principles peak);
               kernels (with --kernels); profile: the figures of the run's profiled window
               (``kasoku.perf.profile.trace.analyse``: device, step_ms, data_pct, busy_pct
               and idle_*_pct on a GPU, operator_pct on a CPU, by_kind_ms, top 5 kernels
