@@ -134,7 +134,13 @@ def summary(result: dict) -> str:
     if f.get("mfu") is not None:
         lines.append(f"MFU: {100 * f['mfu']:.1f}% ({f['mfu_note']})")
     elif f.get("peak_fraction") is not None:
-        lines.append(f"CPU fp32 peak: {100 * f['peak_fraction']:.1f}%")
+        line = (f"CPU {f.get('peak_dtype', 'fp32')} peak: {100 * f['peak_fraction']:.1f}% of "
+                f"the measured {f['peak_flops_per_s'] / 1e12:.2f} TFLOP/s")
+        if f.get("peak_theory"):
+            share = f["peak_flops_per_s"] / f["peak_theory"]["flops_per_s"]
+            line += (f"; first principles {f['peak_theory_text']}, the measured peak "
+                     f"{100 * share:.0f}% of it")
+        lines.append(line)
     if f.get("mem_peak_gib") is not None:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")

@@ -175,7 +175,10 @@ def _figure_rows(f: dict) -> list[tuple[str, str]]:
         add("inside operators", "operator_pct", "%")
         add("operators per step", "ops_per_step")
     add("MFU", "mfu", "%", 100.0)
-    add("fraction of the CPU's fp32 peak", "peak_fraction", "%", 100.0)
+    add(f"fraction of the CPU's measured {f.get('peak_dtype', 'fp32')} peak", "peak_fraction",
+        "%", 100.0)
+    if f.get("peak_theory_text"):
+        rows.append(("first-principles peak", str(f["peak_theory_text"])))
     if f.get("mfu") is None and f.get("peak_fraction") is None and f.get("mfu_note"):
         rows.append(("MFU", str(f["mfu_note"])))
     add("peak memory", "mem_peak_gib", " GiB")

@@ -236,8 +236,14 @@ def _mfu(workload, trainer, accel, result: dict) -> dict:
     step_s = batch / result["samples_per_s"]
     value, note = compute_mfu(flops, step_s, peak.flops_per_s, dtype)
     key = "mfu" if device.type == "cuda" else "peak_fraction"
-    return {key: value, "mfu_note": note, "flops_per_step": flops,
-            "peak_flops_per_s": peak.flops_per_s}
+    out = {key: value, "mfu_note": note, "flops_per_step": flops, "peak_dtype": dtype,
+           "peak_flops_per_s": peak.flops_per_s}
+    if device.type == "cpu" and dtype in ("fp32", "bf16"):
+        from kasoku.perf.cpuinfo import theoretical_peak
+        theory = theoretical_peak(dtype)  # beside the measured one: an honest denominator
+        if theory is not None:
+            out.update(peak_theory=theory.to_dict(), peak_theory_text=theory.describe())
+    return out
 
 
 def _require_pyinstrument() -> None:

@@ -271,7 +271,8 @@ RULES: list[Rule] = [
          lambda f: (f"the CPU spends {_pct(f.get('operator_pct', 0.0))} of the step in "
                     f"operators, {f['by_kind_ms'].get('conv/matmul', 0.0):.2f} ms of "
                     f"{f['step_ms']:.2f} ms in matrix products"
-                    + (f", {100 * f['peak_fraction']:.0f}% of its measured fp32 peak"
+                    + (f", {100 * f['peak_fraction']:.0f}% of its measured "
+                       f"{f.get('peak_dtype', 'fp32')} peak"
                        if f.get("peak_fraction") else "")),
          _cpu_compute_lever,
          lambda f: [Experiment("synthetic data", ("--synthetic",), False)]),
