@@ -255,3 +255,24 @@ def test_time_to_accuracy_on_one_device(tmp_path, capsys):
     assert (tmp_path / "tta" / run["out"].split("/")[-1] / "log.jsonl").exists()
     side = text[text.index("the logs side by side"):]
     assert "validation/main/accuracy" in side and f"total: cpu {run['elapsed_s']:.1f} s" in side
+
+
+def test_report_redraws_the_latest_line_of_each_workload(tmp_path, capsys):
+    assert main(["compare", "mnist-mlp", "--report", "--out", str(tmp_path)]) == 2
+    assert "give their --out folder" in capsys.readouterr().err
+    old = cmp.summarize("mnist-mlp", "samples", 60_000, _side(50, 1e12, 0.2), None)
+    new = cmp.summarize("mnist-mlp", "samples", 60_000, _side(100, 1e12, 0.4, "fp32"), None)
+    lstm = cmp.summarize("sine-lstm", "samples", 10_000, _side(900, 1e12, None, "fp32"), None)
+    with open(tmp_path / "results.jsonl", "w") as f:
+        for line in (old, lstm, new, {"schema": "kasoku.bench/1", "workload": "mnist-mlp"}):
+            f.write(json.dumps({"schema": cmp.SCHEMA, "form": "throughput", **line}) + "\n")
+    assert main(["compare", "sine-lstm,mnist-mlp", "--report", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    rows = [ln.split("  ") for ln in text.splitlines() if ln.startswith(("sine-lstm  ",
+                                                                        "mnist-mlp  "))]
+    cells = [[c.strip() for c in row if c.strip()] for row in rows]
+    assert [c[0] for c in cells] == ["sine-lstm", "mnist-mlp"]  # in the order asked for
+    assert cells[1][2] == "100"  # the latest mnist-mlp line, not the earlier one's 50
+    assert (tmp_path / "compare.png").read_bytes()[:8] == PNG
+    assert main(["compare", "cifar10-lenet5", "--report", "--out", str(tmp_path)]) == 2
+    assert "no comparison of cifar10-lenet5" in capsys.readouterr().err

@@ -143,6 +143,16 @@ def print_compare(lines: list[dict], file=None) -> None:
         print(f"note: {note}", file=file)
 
 
+def latest_lines(out: Path, workloads: list[str]) -> list[dict]:
+    """The latest throughput line of each of ``workloads`` (names as ``Workload.name``) in
+    ``out/results.jsonl``, in the order given; workloads without one are left out."""
+    from kasoku.bench.compare import SCHEMA
+    from kasoku.bench.results import read_results
+    latest = {r["workload"]: r for r in read_results(out)
+              if r.get("schema") == SCHEMA and r.get("form") == "throughput"}
+    return [latest[w] for w in workloads if w in latest]
+
+
 def plot_compare(lines: list[dict], path: Path) -> Path | None:
     """Seed 001's comparison as bars: per workload, the epoch time on the CPU, 1 GPU and 2
     GPUs (where measured), log scale; None when no epoch time is known."""

@@ -90,6 +90,10 @@ def add_parser(sub) -> None:
                    help="folder for results.jsonl (appended), compare.png and each device's "
                    "ladder or run (default: a new folder runs/compare-WORKLOAD-DATE-TIME)")
     p.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    p.add_argument("--report", action="store_true",
+                   help="measure nothing: print the table and redraw compare.png from the "
+                   "latest line of each workload in OUT/results.jsonl, e.g. after workloads "
+                   "compared by several commands into one --out")
     form = p.add_argument_group("time to accuracy: the whole training on each device")
     form.add_argument("--epochs", type=a.positive_float,
                       help="train the workload for EPOCHS on each device with kasoku train's "
@@ -123,8 +127,10 @@ def run(args) -> int:
     from kasoku.workloads import create_workload
 
     require_single_process(World.from_env(), "kasoku compare")
-    devices = resolve_devices(args.devices)
     workloads = [create_workload(w) for w in args.workloads]  # unknown: a ConfigError
+    if args.report:
+        return _report(args.out, [wl.name for wl in workloads], not args.no_chart)
+    devices = resolve_devices(args.devices)
     specs = {"cpu": args.cpu_config, "cuda": args.gpu_config}
     if args.epochs is not None:
         return _time_to_accuracy(args, devices, workloads, specs)
@@ -148,6 +154,22 @@ def run(args) -> int:
     chart = None if args.no_chart else plot_compare(lines, out / CHART_FILE)
     print(f"results: {out / RESULTS_FILE}" + (f", chart: {chart}" if chart else ""))
     return code
+
+
+def _report(out: Path | None, names: list[str], chart: bool) -> int:
+    from kasoku.bench.compare import CHART_FILE, RESULTS_FILE
+    from kasoku.bench.compare_report import latest_lines, plot_compare, print_compare
+    if out is None or not (out / RESULTS_FILE).is_file():
+        raise ConfigError(f"--report redraws the results of earlier comparisons: give their "
+                          f"--out folder (it holds {RESULTS_FILE})")
+    lines = latest_lines(out, names)
+    if not lines:
+        raise ConfigError(f"--report: no comparison of {', '.join(names)} in "
+                          f"{out / RESULTS_FILE}; run it first (without --report)")
+    print_compare(lines)
+    drawn = plot_compare(lines, out / CHART_FILE) if chart else None
+    print(f"results: {out / RESULTS_FILE}" + (f", chart: {drawn}" if drawn else ""))
+    return 0
 
 
 def _scale_results(path: Path | None) -> Path | None:
