@@ -189,12 +189,17 @@ def test_two_gpu_rates_come_from_scale_results(tmp_path):
 
 
 def test_first_principles_cpu_peak_is_shown_where_kasoku_has_one(monkeypatch):
+    def theoretical_peak(dtype, info=None):
+        if dtype == "fp16":
+            raise ValueError("no fp16 model")
+        return types.SimpleNamespace(flops_per_s=2e12) if dtype == "fp32" else None
+
     fake = types.ModuleType("kasoku.perf.cpuinfo")
-    fake.theoretical_peak = lambda dtype, info=None: \
-        types.SimpleNamespace(flops_per_s=2e12) if dtype == "fp32" else None
+    fake.theoretical_peak = theoretical_peak
     monkeypatch.setitem(sys.modules, "kasoku.perf.cpuinfo", fake)
     assert cmp.theoretical_cpu_peak("fp32") == 2e12
     assert cmp.theoretical_cpu_peak("bf16") is None
+    assert cmp.theoretical_cpu_peak("fp16") is None
 
 
 def test_side_by_side_log_of_two_devices():

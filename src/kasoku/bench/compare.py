@@ -229,7 +229,10 @@ def theoretical_cpu_peak(dtype: str | None) -> float | None:
         from kasoku.perf.cpuinfo import theoretical_peak
     except ImportError:  # a kasoku without the CPU model: the measured peak stands alone
         return None
-    estimate = theoretical_peak(dtype) if dtype else None
+    try:
+        estimate = theoretical_peak(dtype) if dtype else None
+    except ValueError:  # a dtype the CPU model does not cover: no estimate, as for None
+        return None
     return estimate.flops_per_s if estimate is not None else None
 
 
