@@ -16,6 +16,7 @@ from kasoku.bench import compare as cmp
 from kasoku.bench.compare_report import (notes, plot_compare, print_compare, side_by_side,
                                          table_rows, totals_line)
 from kasoku.cli import main
+from kasoku.workloads import create_workload, list_workloads
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FAST = ["--steps", "2", "--windows", "2", "--warmup", "1", "--numerics-steps", "3",
@@ -281,3 +282,10 @@ def test_report_redraws_the_latest_line_of_each_workload(tmp_path, capsys):
     assert (tmp_path / "compare.png").read_bytes()[:8] == PNG
     assert main(["compare", "cifar10-lenet5", "--report", "--out", str(tmp_path)]) == 2
     assert "no comparison of cifar10-lenet5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list_workloads())
+def test_every_workload_knows_its_real_epoch(name):
+    """What compare extrapolates an epoch to: a new workload says it too."""
+    samples = create_workload(name).epoch_samples
+    assert isinstance(samples, int) and samples > 0
