@@ -22,16 +22,18 @@ EXIT_FAILED = 1
 
 
 def build_parser() -> a.Parser:
-    from kasoku.cli import allreduce_bench, bench, data, listing, profile, scale, train
+    from kasoku.cli import allreduce_bench, bench, compare, data, listing, profile, scale, train
     parser = a.Parser(prog="kasoku",
                       description="Measure, explain and accelerate deep-learning training.")
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=a.Parser,
-                                metavar="{list,train,profile,bench,data,allreduce-bench}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=a.Parser,
+        metavar="{list,train,profile,bench,compare,data,allreduce-bench,scale}")
     listing.add_parser(sub)
     train.add_parser(sub)
     profile.add_parser(sub)
     bench.add_parser(sub)
+    compare.add_parser(sub)
     data.add_parser(sub)
     allreduce_bench.add_parser(sub)
     scale.add_parser(sub)

@@ -22,6 +22,7 @@ class Cifar10LeNet5(Workload):
     # Seed 001 trains LeNet5 with the same Chainer trainer script as its MNIST run: Adam
     # (alpha 1e-3), minibatch 100, 50 epochs, no augmentation.
     recipe = Recipe(optimizer="adam", lr=1e-3, batch_size=100, epochs=50)
+    epoch_samples = 50_000
 
     def build_model(self) -> nn.Module:
         return LeNet5(in_channels=3, num_classes=10)

@@ -22,6 +22,8 @@ class Cifar10ResNet18(Workload):
     # cosine decay over the run.
     recipe = Recipe(optimizer="momentum", lr=0.1, momentum=0.9, weight_decay=5e-4,
                     batch_size=128, epochs=30, schedule="cosine")
+    epoch_samples = 40_000
+    """Training batches 1-4 of CIFAR-10 (batch 5 validates)."""
 
     def build_model(self) -> nn.Module:
         return resnet18(num_classes=10, cifar_stem=True)

@@ -25,6 +25,8 @@ class ImagenetResNet50(Workload):
     # accuracy, one fewer knob).
     recipe = Recipe(optimizer="momentum", lr=0.1, momentum=0.9, weight_decay=1e-4,
                     batch_size=256, epochs=90, schedule="cosine", warmup_epochs=5)
+    epoch_samples = 1_281_167
+    """ImageNet-1k's training set."""
 
     def build_model(self) -> nn.Module:
         return resnet50(num_classes=NUM_CLASSES)

@@ -22,6 +22,7 @@ class MnistMLP(Workload):
     # took ~6 ms of an ~100 ms epoch, most of it host time launching kernels).
     recipe = Recipe(optimizer="adam", lr=1e-3, batch_size=100, epochs=20,
                     eval_batch_size=10000)
+    epoch_samples = 60_000
 
     def build_model(self) -> nn.Module:
         return MLP(784, 1000, 10, depth=2)

@@ -48,6 +48,9 @@ class Workload:
     """True when the workload generates its data (no files, ``--data`` is ignored)."""
     sample_unit: str = "samples"
     """What a sample is called in rates: ``images`` for image models (images/s)."""
+    epoch_samples: int | None = None
+    """Training samples in one epoch of the workload's real dataset (what ``kasoku compare``
+    extrapolates an epoch's time to from a measured rate); None: not known."""
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError

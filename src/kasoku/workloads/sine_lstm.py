@@ -27,6 +27,8 @@ class SineLSTMWorkload(Workload):
     # validation MSE from ~0.5 to 6e-3 in one epoch and 1.3e-3 in five; at 1e-3 it is still
     # 2.4e-2 after five epochs (a 5-unit LSTM wants the larger step).
     recipe = Recipe(optimizer="adam", lr=1e-2, batch_size=100, epochs=20)
+    epoch_samples = SIZES[0]
+    """The windows it generates by default."""
     # A 5-unit LSTM is hundreds of tiny operators per step: one thread beats two (0.4 vs
     # 1.7 s per epoch on the 2-core CPU with another job running), as OpenMP barriers cost
     # more than the arithmetic they split.
