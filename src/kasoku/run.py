@@ -1,7 +1,7 @@
 """Train a workload: the library call behind ``kasoku train``.
 
 ``train_workload`` = pick the run folder (``kasoku.train.run_dir``), ``build_trainer`` (data,
-model, levers, loader, the standard extensions), run. Everything a lever needs is decided by
+model, levers, loader, the standard extensions of ``kasoku.train.standard``), run. Everything a lever needs is decided by
 ``kasoku.accel.accelerate``; every loader comes from ``kasoku.data.registry``.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from kasoku.optim import OPTIMIZERS, make_optimizer
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
 from kasoku.train.run_dir import default_out, resolve_run
+from kasoku.train.standard import extend_reports, log_trigger, schedules, snapshot_trigger
 from kasoku.workloads import Workload, create_workload
 
 
@@ -115,7 +116,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                       out=out or train.out or default_out(workload.name),
                       step_fn=accelerated.step_fn, overwrite=train.overwrite,
                       run_info=run_info, writer=world.is_main, handle_signals=not parallel)
-    for extension in [*accelerated.extensions, *_schedules(recipe, epochs, warmup_epochs)]:
+    for extension in [*accelerated.extensions, *schedules(recipe, epochs, warmup_epochs)]:
         trainer.extend(extension)
     if val_set is not None:
         # Evaluation needs no small batches; with the dataset resident on the device, a few
@@ -132,10 +133,10 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         trainer.extend(ext.Evaluator(val_loader, ddp.unwrap(model), workload.loss_fn,
                                      metric_fn=metric_fn, device=device))
     if world.is_main:
-        _extend_reports(trainer, workload, train, has_val=val_set is not None)
+        extend_reports(trainer, workload, train, has_val=val_set is not None)
     else:  # the other workers take part in snapshots (their RNG states) and write nothing
-        trainer.extend(ext.FailOnNonNumber(), trigger=_log_trigger(train))
-        trainer.extend(ext.Snapshot(), trigger=_snapshot_trigger(train))
+        trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger(train))
+        trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
     return trainer
 
 
@@ -158,62 +159,6 @@ def _share_loss_scale(accelerated) -> None:
         if isinstance(extension, PrecisionState) and hasattr(accelerated.optimizer,
                                                                "loss_scale"):
             accelerated.optimizer.loss_scale = extension.scaler.scale_value
-
-
-def _log_trigger(train: TrainConfig):
-    return (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
-
-
-def _snapshot_trigger(train: TrainConfig):
-    return (train.snapshot_interval, "iteration") if train.snapshot_interval else (1, "epoch")
-
-
-def _extend_reports(trainer: Trainer, workload: Workload, train: TrainConfig,
-                    has_val: bool) -> None:
-    log_trigger = _log_trigger(train)
-    trainer.extend(ext.LogReport(trigger=log_trigger))
-    trainer.extend(ext.PrintReport(_print_entries(workload, has_val)))
-    trainer.extend(ext.SkippedReport())
-    trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger)
-    # Against the progress in epochs, fractions included: log lines every N iterations
-    # fall between the epochs.
-    trainer.extend(ext.PlotReport(["main/loss", "validation/main/loss"], x_key="epoch_detail",
-                                  filename="loss.png", title=f"{workload.name}: loss",
-                                  xlabel="epoch", ylabel="loss", log_y=True),
-                   trigger=log_trigger)
-    if workload.has_accuracy:
-        trainer.extend(ext.PlotReport(["main/accuracy", "validation/main/accuracy"],
-                                      x_key="epoch_detail", filename="accuracy.png",
-                                      y_range=(0, 1), title=f"{workload.name}: accuracy",
-                                      xlabel="epoch", ylabel="accuracy"),
-                       trigger=log_trigger)
-    trainer.extend(ext.Snapshot(), trigger=_snapshot_trigger(train))
-    if train.progress:
-        trainer.extend(ext.ProgressBar(unit=workload.sample_unit))
-
-
-def _schedules(recipe, epochs: float, warmup_epochs: float) -> list:
-    if recipe.schedule == "none":
-        inner = None
-    elif recipe.schedule == "cosine":
-        inner = ext.CosineLR(total_epochs=epochs)
-    elif recipe.schedule == "step":
-        inner = ext.StepLR(step_size_epochs=max(1, int(epochs * 0.3)), gamma=0.1)
-    else:
-        raise ConfigError(f"unknown schedule {recipe.schedule!r}; use none, step or cosine")
-    if warmup_epochs > 0:
-        return [ext.LinearWarmup(warmup_epochs, inner=inner)]
-    return [inner] if inner is not None else []
-
-
-def _print_entries(workload: Workload, has_val: bool) -> list[str]:
-    entries = ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
-               "validation/main/accuracy", "elapsed_time"]
-    if not workload.has_accuracy:
-        entries = [e for e in entries if not e.endswith("accuracy")]
-    if not has_val:
-        entries = [e for e in entries if not e.startswith("validation/")]
-    return entries
 
 
 def _resumed_settings(trainer: Trainer, train: TrainConfig, state: dict) -> None:

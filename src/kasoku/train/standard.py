@@ -1,0 +1,72 @@
+"""The standard extensions of a ``kasoku train`` run (``kasoku.run.build_trainer``): the
+log, the printed table and plots, snapshots, the progress bar, and the learning-rate
+schedule of the workload's recipe. ``workload`` is a ``kasoku.workloads.Workload``."""
+from __future__ import annotations
+
+from kasoku.config import TrainConfig
+from kasoku.errors import ConfigError
+from kasoku.train import extensions as ext
+from kasoku.train.trainer import Trainer
+
+
+def log_trigger(train: TrainConfig):
+    """When the log takes a line: every ``--log-interval`` iterations, else every epoch."""
+    return (train.log_interval, "iteration") if train.log_interval else (1, "epoch")
+
+
+def snapshot_trigger(train: TrainConfig):
+    """When a snapshot is taken: every ``--snapshot-interval`` iterations, else every epoch."""
+    return (train.snapshot_interval, "iteration") if train.snapshot_interval else (1, "epoch")
+
+
+def extend_reports(trainer: Trainer, workload, train: TrainConfig, has_val: bool) -> None:
+    """Worker 0's reports: the log (every ``--log-interval`` iterations, else every epoch), the
+    printed table, skipped samples, the stop on a non-finite loss, the loss and accuracy
+    plots, snapshots and the progress bar."""
+    every = log_trigger(train)
+    trainer.extend(ext.LogReport(trigger=every))
+    trainer.extend(ext.PrintReport(print_entries(workload, has_val)))
+    trainer.extend(ext.SkippedReport())
+    trainer.extend(ext.FailOnNonNumber(), trigger=every)
+    # Against the progress in epochs, fractions included: log lines every N iterations
+    # fall between the epochs.
+    trainer.extend(ext.PlotReport(["main/loss", "validation/main/loss"], x_key="epoch_detail",
+                                  filename="loss.png", title=f"{workload.name}: loss",
+                                  xlabel="epoch", ylabel="loss", log_y=True),
+                   trigger=every)
+    if workload.has_accuracy:
+        trainer.extend(ext.PlotReport(["main/accuracy", "validation/main/accuracy"],
+                                      x_key="epoch_detail", filename="accuracy.png",
+                                      y_range=(0, 1), title=f"{workload.name}: accuracy",
+                                      xlabel="epoch", ylabel="accuracy"),
+                       trigger=every)
+    trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
+    if train.progress:
+        trainer.extend(ext.ProgressBar(unit=workload.sample_unit))
+
+
+def schedules(recipe, epochs: float, warmup_epochs: float) -> list:
+    """The learning-rate schedule of ``recipe.schedule`` over ``epochs``, behind a linear
+    warm-up of ``warmup_epochs`` when that is positive."""
+    if recipe.schedule == "none":
+        inner = None
+    elif recipe.schedule == "cosine":
+        inner = ext.CosineLR(total_epochs=epochs)
+    elif recipe.schedule == "step":
+        inner = ext.StepLR(step_size_epochs=max(1, int(epochs * 0.3)), gamma=0.1)
+    else:
+        raise ConfigError(f"unknown schedule {recipe.schedule!r}; use none, step or cosine")
+    if warmup_epochs > 0:
+        return [ext.LinearWarmup(warmup_epochs, inner=inner)]
+    return [inner] if inner is not None else []
+
+
+def print_entries(workload, has_val: bool) -> list[str]:
+    """The columns of the printed table (seed 001's log), less those the run has not."""
+    entries = ["epoch", "main/loss", "validation/main/loss", "main/accuracy",
+               "validation/main/accuracy", "elapsed_time"]
+    if not workload.has_accuracy:
+        entries = [e for e in entries if not e.endswith("accuracy")]
+    if not has_val:
+        entries = [e for e in entries if not e.startswith("validation/")]
+    return entries
