@@ -34,7 +34,7 @@ import torch
 
 from kasoku.bench.pool import batch_spec
 from kasoku.bench.results import append_result, median_rate, read_results
-from kasoku.bench.rungs import PLAIN, Rung, default_ladder, rung_from_spec
+from kasoku.bench.rungs import ladder_or_specs
 from kasoku.bench.sweep import SweepConfig, run_sweep
 from kasoku.perf.flops import count_step_flops
 from kasoku.workloads import create_workload
@@ -115,18 +115,6 @@ def default_batch(recipe_batch: int, device_type: str) -> int:
     return min(recipe_batch, CPU_MAX_BATCH) if device_type == "cpu" else recipe_batch
 
 
-def device_rungs(device_type: str, specs) -> tuple[Rung, ...]:
-    """The device's ladder, or plain plus the rungs ``specs`` name (as ``bench --config``)."""
-    if not specs:
-        return tuple(default_ladder(device_type))
-    rungs = [PLAIN]
-    for spec in specs:
-        rung = rung_from_spec(spec, device_type)
-        if rung.label not in [r.label for r in rungs]:
-            rungs.append(rung)
-    return tuple(rungs)
-
-
 def best_run(records: list[dict]) -> tuple[dict | None, str]:
     """The fastest ok run whose numerics check passed, and how it was chosen. Where the guard
     was off (every verdict "n/a") the fastest ok run, said so; a failed check never counts."""
@@ -178,7 +166,7 @@ def _measure_side(cfg: CompareConfig, name: str, wl, device: str, say, stream,
     spec = batch_spec(wl, model)
     flops = count_step_flops(model, spec.make_batch, wl.loss_fn, max(sizes)).total
     window = plan_window(flops, device_type, cfg.windows, cfg.steps, cfg.warmup)
-    rungs = device_rungs(device_type, (cfg.configs or {}).get(device_type))
+    rungs = tuple(ladder_or_specs(device_type, (cfg.configs or {}).get(device_type)))
     out = cfg.out / f"bench-{wl.name}-{device_type}"
     say(f"# {what}: {len(rungs)} rungs ({', '.join(r.label for r in rungs)}) at batch "
         f"{','.join(map(str, sizes))}; {window.warmup} warm-up + {window.windows} x "

@@ -196,6 +196,19 @@ def rung_from_spec(spec: str, device_type: str) -> Rung:
     return Rung(spec, parse_config(spec))
 
 
+def ladder_or_specs(device_type: str, specs) -> list[Rung]:
+    """The device's ladder, or plain (the speed-ups are over it) plus the rungs ``specs``
+    name (``--config`` values, each rung once)."""
+    if not specs:
+        return default_ladder(device_type)
+    rungs = [PLAIN]
+    for spec in specs:
+        rung = rung_from_spec(spec, device_type)
+        if rung.label not in [r.label for r in rungs]:
+            rungs.append(rung)
+    return rungs
+
+
 def resolve(rungs: list[Rung], device_type: str, has_conv: bool
             ) -> tuple[list[Rung], list[str]]:
     """Drop levers that do not apply here (each stated once in the returned notes) and skip a

@@ -138,17 +138,11 @@ def run(args) -> int:
 def sweep_config(args, wl, device, out: Path):
     """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
     from kasoku.bench.fed import check_data
-    from kasoku.bench.rungs import PLAIN, default_ladder, rung_from_spec
+    from kasoku.bench.rungs import ladder_or_specs
     from kasoku.bench.sweep import SweepConfig
 
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
-    rungs = default_ladder(device.type)
-    if args.config:  # plain always: the speed-ups are over it
-        rungs = [PLAIN]
-        for spec in args.config:
-            rung = rung_from_spec(spec, device.type)
-            if rung.label not in [r.label for r in rungs]:
-                rungs.append(rung)
+    rungs = ladder_or_specs(device.type, args.config)
     b = wl.recipe.batch_size
     default_sizes = [b // 8, b // 4, b // 2, b] if device.type == "cuda" else [b // 8, b // 4]
     batch_sizes = args.batch_size or sorted({max(1, s) for s in default_sizes})
