@@ -35,15 +35,13 @@ import torch
 from kasoku.bench.pool import batch_spec
 from kasoku.bench.results import append_result, median_rate, read_results
 from kasoku.bench.rungs import ladder_or_specs
-from kasoku.bench.sweep import SweepConfig, run_sweep
+from kasoku.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
 from kasoku.perf.flops import count_step_flops
 from kasoku.workloads import create_workload
 
 SCHEMA = "kasoku.compare/1"
 RESULTS_FILE = "results.jsonl"
 CHART_FILE = "compare.png"
-DEFAULTS = {"cpu": {"steps": 30, "warmup": 3}, "cuda": {"steps": 20, "warmup": 5}}
-"""Steps per timed window and warm-up steps: ``kasoku bench``'s."""
 CPU_MAX_BATCH = 100
 """On a CPU the recipe's batch, at most this (seed 001's batch; ResNet-152's recipe batch of
 2048 would take minutes per step)."""
@@ -99,7 +97,7 @@ def plan_window(flops_per_step: float | None, device_type: str, windows: int,
     take about ``TIMED_BUDGET_S`` at an assumed low rate (``ASSUMED_FLOPS_PER_S``), never
     below one step; a cut window has one warm-up step (the numerics phase before it has
     already absorbed compilation)."""
-    default, assumed = DEFAULTS[device_type], ASSUMED_FLOPS_PER_S[device_type]
+    default, assumed = WINDOW_DEFAULTS[device_type], ASSUMED_FLOPS_PER_S[device_type]
     est = flops_per_step / assumed if flops_per_step else None
     if steps is not None or est is None:
         return Window(steps or default["steps"], windows,

@@ -39,6 +39,9 @@ from kasoku.perf.profile.verdict import judge
 from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload
 
+WINDOW_DEFAULTS = {"cuda": {"steps": 20, "warmup": 5}, "cpu": {"steps": 30, "warmup": 3}}
+"""``kasoku bench``'s steps per timed window and warm-up steps, by device type."""
+
 
 @dataclass(frozen=True)
 class SweepConfig:

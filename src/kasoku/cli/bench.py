@@ -12,9 +12,6 @@ from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP
 from kasoku.errors import ConfigError, warn_once
 
-GPU_DEFAULTS = {"steps": 20, "warmup": 5}
-CPU_DEFAULTS = {"steps": 30, "warmup": 3}
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -139,9 +136,9 @@ def sweep_config(args, wl, device, out: Path):
     """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
     from kasoku.bench.fed import check_data
     from kasoku.bench.rungs import ladder_or_specs
-    from kasoku.bench.sweep import SweepConfig
+    from kasoku.bench.sweep import WINDOW_DEFAULTS, SweepConfig
 
-    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    defaults = WINDOW_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     rungs = ladder_or_specs(device.type, args.config)
     b = wl.recipe.batch_size
     default_sizes = [b // 8, b // 4, b // 2, b] if device.type == "cuda" else [b // 8, b // 4]
