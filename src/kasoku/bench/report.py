@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kasoku.bench.results import median_rate, read_results
+from kasoku.perf.cpuinfo import describe_peak
 from kasoku.report import print_table
 
 
@@ -153,9 +154,7 @@ def peak_lines(records: list[dict]) -> list[str]:
                 f"({peak['size']}^3)")
         theory = peak.get("theory")
         if theory:
-            line += (f"; first principles {theory['flops_per_s'] / 1e12:.2f} TFLOP/s "
-                     f"({theory['cores']} cores x {theory['clock_ghz']:.2f} GHz x "
-                     f"{theory['flops_per_cycle_per_core']} FLOP/cycle, {theory['isa']}); "
+            line += (f"; first principles {describe_peak(theory)}; "
                      f"measured {100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it")
         lines.append(line)
     return lines

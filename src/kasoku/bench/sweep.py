@@ -33,6 +33,7 @@ from kasoku.bench.results import SCHEMA, append_result, median_rate
 from kasoku.bench.rungs import REFERENCE_LABEL, Rung, compute_dtype, reference_rung, resolve
 from kasoku.bench.worker import WorkerRequest, request_to_json
 from kasoku.errors import ConfigError
+from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.verdict import judge
@@ -273,18 +274,12 @@ def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
                 f"median of {peak['reps']}, {peak['threads']} threads)")
             theory = peak.get("theory")
             if theory:
-                say(f"    first principles: {_describe_theory(theory)}: measured "
+                say(f"    first principles: {describe_peak(theory)}: measured "
                     f"{100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it\n"
                     f"    ({theory['assumptions']})")
         else:
             say(f"  {dtype}: probe failed: {peak.get('error')}")
     return peaks
-
-
-def _describe_theory(theory: dict) -> str:
-    return (f"{theory['flops_per_s'] / 1e12:.2f} TFLOP/s ({theory['cores']} cores x "
-            f"{theory['clock_ghz']:.2f} GHz x {theory['flops_per_cycle_per_core']} FLOP/cycle, "
-            f"{theory['isa']})")
 
 
 def _judge(rec: dict, rung: Rung, reference: list[float] | None, is_reference: bool) -> None:

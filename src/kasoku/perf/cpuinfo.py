@@ -125,12 +125,17 @@ class PeakEstimate:
 
     def describe(self) -> str:
         """``0.17 TFLOP/s (2 cores x 2.60 GHz x 32 FLOP/cycle, AVX2+FMA)``."""
-        return (f"{self.flops_per_s / 1e12:.2f} TFLOP/s ({self.cores} cores x "
-                f"{self.clock_ghz:.2f} GHz x {self.flops_per_cycle_per_core} FLOP/cycle, "
-                f"{self.isa})")
+        return describe_peak(self.to_dict())
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def describe_peak(peak: dict) -> str:
+    """``PeakEstimate.describe`` of its ``to_dict()``, as results records hold it."""
+    return (f"{peak['flops_per_s'] / 1e12:.2f} TFLOP/s ({peak['cores']} cores x "
+            f"{peak['clock_ghz']:.2f} GHz x {peak['flops_per_cycle_per_core']} FLOP/cycle, "
+            f"{peak['isa']})")
 
 
 def read_cpu_info(root: str | Path = "/", affinity: set[int] | None = None) -> CpuInfo:
