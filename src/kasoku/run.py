@@ -1,8 +1,9 @@
 """Train a workload: the library call behind ``kasoku train``.
 
 ``train_workload`` = pick the run folder (``kasoku.train.run_dir``), ``build_trainer`` (data,
-model, levers, loader, the standard extensions of ``kasoku.train.standard``), run. Everything a lever needs is decided by
-``kasoku.accel.accelerate``; every loader comes from ``kasoku.data.registry``.
+model, levers, loader, and the standard extensions of ``kasoku.train.standard``), run.
+Everything a lever needs is decided by ``kasoku.accel.accelerate``; every loader comes from
+``kasoku.data.registry``.
 """
 from __future__ import annotations
 
