@@ -57,12 +57,14 @@ class KFACConfig:
 
     def check(self) -> None:
         """Refuse values no run can use (``ConfigError`` naming the flag)."""
-        if self.base not in KFAC_BASES:
-            raise ConfigError(f"--kfac-base must be one of {', '.join(KFAC_BASES)}, got "
-                              f"{self.base!r}")
-        if self.method not in KFAC_METHODS:
-            raise ConfigError(f"--kfac-method must be one of {', '.join(KFAC_METHODS)}, got "
-                              f"{self.method!r}")
+        for flag, value, choices in (("--kfac-base", self.base, KFAC_BASES),
+                                     ("--kfac-method", self.method, KFAC_METHODS),
+                                     ("--kfac-factor-precision", self.factor_precision,
+                                      FACTOR_PRECISIONS),
+                                     ("--kfac-factor-comm-dtype", self.factor_comm_dtype,
+                                      KFAC_COMM_DTYPES)):
+            if value not in choices:
+                raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
         if not _finite(self.damping) or self.damping <= 0:
             raise ConfigError(f"--kfac-damping must be a positive, finite number, got "
                               f"{self.damping!r}")
@@ -72,12 +74,6 @@ class KFACConfig:
         if self.kl_clip is not None and (not _finite(self.kl_clip) or self.kl_clip <= 0):
             raise ConfigError(f"--kfac-kl-clip must be a positive, finite number (or None in "
                               f"Python: no clipping), got {self.kl_clip!r}")
-        if self.factor_precision not in FACTOR_PRECISIONS:
-            raise ConfigError(f"--kfac-factor-precision must be one of "
-                              f"{', '.join(FACTOR_PRECISIONS)}, got {self.factor_precision!r}")
-        if self.factor_comm_dtype not in KFAC_COMM_DTYPES:
-            raise ConfigError(f"--kfac-factor-comm-dtype must be one of "
-                              f"{', '.join(KFAC_COMM_DTYPES)}, got {self.factor_comm_dtype!r}")
         for flag, value in (("--kfac-factor-update-freq", self.factor_update_freq),
                             ("--kfac-inv-update-freq", self.inv_update_freq)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -84,14 +84,13 @@ def average_factors(tensors: list[torch.Tensor], comm_dtype: str = "fp32") -> li
 
 def share_eigenbases(layers: list, owners: list[tuple[int, int]], method: str = "eigen",
                      damping: float = 0.0) -> None:
-    """Eigendecompose (or invert, by ``method``: ``preconditioner.invert``) the factors of
+    """Eigendecompose (or invert, by ``method``: ``eigen.invert``) the factors of
     ``layers`` (``KFACLayer``s, every one with both running factors, in the same order on
     every worker) that ``owners`` gives this worker, and receive the others' from their
     owners: afterwards every layer's ``QA``, ``LA``, ``QG``, ``LG`` are the same on every
     worker. One broadcast per worker; the sizes are known from the factors, so nothing else is
     exchanged. Raises ``eigen.EighError`` on every worker when any factor could not be
     decomposed."""
-    from kasoku.kfac.preconditioner import invert
     eig = method == "eigen"  # the inverse method sends the inverse alone: no eigenvalues
     rank, workers = dist.get_rank(), world_size()
     device = layers[0].state["A"].device
@@ -101,7 +100,7 @@ def share_eigenbases(layers: list, owners: list[tuple[int, int]], method: str = 
             if owners[i][k] != rank:
                 continue
             try:
-                values, vectors = invert(layer.state[key], method, damping)
+                values, vectors = eigen.invert(layer.state[key], method, damping)
             except eigen.EighError:
                 values = vectors = None
                 failed = float(i) if failed < 0 else failed

@@ -71,6 +71,14 @@ def damped_inverse(factor: torch.Tensor, damping: float) -> torch.Tensor:
     return torch.cholesky_inverse(lower).to(factor.dtype)
 
 
+def invert(factor: torch.Tensor, method: str, damping: float):
+    """``(L, Q)`` of a factor: its eigenvalues and eigenvectors (``eigen``), or None and its
+    damped inverse (``inverse``); ``EighError`` when neither float32 nor float64 can."""
+    if method == "inverse":
+        return None, damped_inverse(factor, damping)
+    return eigh(factor)
+
+
 def precondition(grad: torch.Tensor, qa: torch.Tensor, la: torch.Tensor, qg: torch.Tensor,
                  lg: torch.Tensor, damping: float) -> torch.Tensor:
     """``V`` of the module doc for the gradient matrix ``grad`` (``[out, in (+1)]``, float32)."""

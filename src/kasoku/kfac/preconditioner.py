@@ -99,7 +99,7 @@ class KFACLayer:
             return
         try:
             for key in "AG":
-                s["L" + key], s["Q" + key] = invert(s[key], method, damping)
+                s["L" + key], s["Q" + key] = eigen.invert(s[key], method, damping)
         except eigen.EighError as exc:
             raise eigen.EighError(
                 f"K-FAC: the factors of layer {self.name!r} cannot be decomposed, in "
@@ -144,14 +144,6 @@ class KFACLayer:
         self.state = {key: None if state[key] is None else
                       state[key].to(device=device, dtype=torch.float32) for key in _STATE_KEYS}
         self.clear_batch()
-
-
-def invert(factor: torch.Tensor, method: str, damping: float):
-    """``(L, Q)`` of a factor: its eigenvalues and eigenvectors (``eigen``), or None and its
-    damped inverse (``inverse``); ``eigen.EighError`` when neither float32 nor float64 can."""
-    if method == "inverse":
-        return None, eigen.damped_inverse(factor, damping)
-    return eigen.eigh(factor)
 
 
 class KFACPreconditioner:
