@@ -6,8 +6,7 @@ from torch import nn
 
 from kasoku.config import DataConfig
 from kasoku.models import LeNet5
-from kasoku.workloads.common import (CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET, require_root,
-                                     synthetic_cifar10)
+from kasoku.workloads.common import cifar10_holdout
 from kasoku.workloads.registry import Recipe, Workload, register_workload
 
 SYNTHETIC_SIZES = (10000, 1000)
@@ -28,10 +27,4 @@ class Cifar10LeNet5(Workload):
         return LeNet5(in_channels=3, num_classes=10)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
-        if data.synthetic:
-            return synthetic_cifar10(data, SYNTHETIC_SIZES, seed)
-        root = require_root(data, self.name, CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET)
-        from kasoku.data.cifar10 import cifar10_datasets
-        # Holdout protocol: train on batches 1-4 (40k), validate on batch 5 (10k).
-        return cifar10_datasets(root, train_batches=(1, 2, 3, 4), val_batches=(5,),
-                                augment=False, seed=seed, download=data.download)
+        return cifar10_holdout(data, self.name, SYNTHETIC_SIZES, seed, augment=False)

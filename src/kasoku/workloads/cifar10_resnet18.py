@@ -6,8 +6,7 @@ from torch import nn
 
 from kasoku.config import DataConfig
 from kasoku.models import resnet18
-from kasoku.workloads.common import (CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET, require_root,
-                                     synthetic_cifar10)
+from kasoku.workloads.common import CIFAR10_HOLDOUT_TRAIN, cifar10_holdout
 from kasoku.workloads.registry import Recipe, Workload, register_workload
 
 SYNTHETIC_SIZES = (1280, 256)
@@ -22,16 +21,10 @@ class Cifar10ResNet18(Workload):
     # cosine decay over the run.
     recipe = Recipe(optimizer="momentum", lr=0.1, momentum=0.9, weight_decay=5e-4,
                     batch_size=128, epochs=30, schedule="cosine")
-    epoch_samples = 40_000
-    """Training batches 1-4 of CIFAR-10 (batch 5 validates)."""
+    epoch_samples = CIFAR10_HOLDOUT_TRAIN
 
     def build_model(self) -> nn.Module:
         return resnet18(num_classes=10, cifar_stem=True)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
-        if data.synthetic:
-            return synthetic_cifar10(data, SYNTHETIC_SIZES, seed)
-        root = require_root(data, self.name, CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET)
-        from kasoku.data.cifar10 import cifar10_datasets
-        return cifar10_datasets(root, train_batches=(1, 2, 3, 4), val_batches=(5,),
-                                augment=True, seed=seed, download=data.download)
+        return cifar10_holdout(data, self.name, SYNTHETIC_SIZES, seed, augment=True)

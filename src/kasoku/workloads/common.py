@@ -128,3 +128,22 @@ def synthetic_cifar10(data: DataConfig, default_sizes: tuple[int, int], seed: in
     return synthetic_image_datasets(data, (3, 32, 32), 10, default_sizes,
                                     ToUnitFloat(CIFAR10_MEAN, CIFAR10_STD), seed=seed,
                                     name="synthetic-cifar10")
+
+
+CIFAR10_HOLDOUT_TRAIN = 40_000
+"""Samples in an epoch of the CIFAR-10 holdout protocol: training batches 1-4 (batch 5
+validates)."""
+
+
+def cifar10_holdout(data: DataConfig, workload: str, synthetic_sizes: tuple[int, int],
+                    seed: int = 0, augment: bool = False):
+    """``(train, val)`` of a CIFAR-10 workload: synthetic data of its shapes with
+    ``data.synthetic``, else the holdout protocol on the real set in ``data.root`` (train on
+    batches 1-4, validate on batch 5), the training batches cropped and flipped when
+    ``augment``."""
+    if data.synthetic:
+        return synthetic_cifar10(data, synthetic_sizes, seed)
+    root = require_root(data, workload, CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET)
+    from kasoku.data.cifar10 import cifar10_datasets
+    return cifar10_datasets(root, train_batches=(1, 2, 3, 4), val_batches=(5,),
+                            augment=augment, seed=seed, download=data.download)
