@@ -182,6 +182,7 @@ def test_cifar10_real_data_holdout(name, cifar10_dir):
     wl = create_workload(name)
     train, val = wl.build_datasets(DataConfig(root=cifar10_dir))
     assert (len(train), len(val)) == (40000, 10000)   # batches 1-4 / batch 5
+    assert wl.epoch_samples == len(train)   # what kasoku compare extrapolates an epoch to
     _same_kind(train, wl.build_datasets(SYNTHETIC_64)[0])
 
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from kasoku.config import DataConfig
 from kasoku.models import LeNet5
-from kasoku.workloads.common import cifar10_holdout
+from kasoku.workloads.common import CIFAR10_HOLDOUT_TRAIN, cifar10_holdout
 from kasoku.workloads.registry import Recipe, Workload, register_workload
 
 SYNTHETIC_SIZES = (10000, 1000)
@@ -21,7 +21,7 @@ class Cifar10LeNet5(Workload):
     # Seed 001 trains LeNet5 with the same Chainer trainer script as its MNIST run: Adam
     # (alpha 1e-3), minibatch 100, 50 epochs, no augmentation.
     recipe = Recipe(optimizer="adam", lr=1e-3, batch_size=100, epochs=50)
-    epoch_samples = 50_000
+    epoch_samples = CIFAR10_HOLDOUT_TRAIN
 
     def build_model(self) -> nn.Module:
         return LeNet5(in_channels=3, num_classes=10)

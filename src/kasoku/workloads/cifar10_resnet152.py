@@ -5,7 +5,7 @@ from torch import nn
 
 from kasoku.config import DataConfig
 from kasoku.models import resnet152
-from kasoku.workloads.common import cifar10_holdout
+from kasoku.workloads.common import CIFAR10_HOLDOUT_TRAIN, cifar10_holdout
 from kasoku.workloads.registry import Recipe, Workload, register_workload
 
 SYNTHETIC_SIZES = (20480, 2048)
@@ -22,7 +22,7 @@ class Cifar10ResNet152(Workload):
     # then cosine decay; weight decay 5e-4 is the usual CIFAR ResNet value.
     recipe = Recipe(optimizer="momentum", lr=0.1 * 2048 / 256, momentum=0.9, weight_decay=5e-4,
                     batch_size=2048, epochs=50, schedule="cosine", warmup_epochs=5)
-    epoch_samples = 50_000
+    epoch_samples = CIFAR10_HOLDOUT_TRAIN
 
     def build_model(self) -> nn.Module:
         return resnet152(num_classes=10, cifar_stem=True)
