@@ -142,13 +142,10 @@ def read_cpu_info(root: str | Path = "/", affinity: set[int] | None = None) -> C
     """The CPU described by the tree at ``root``; ``affinity``: the CPU ids this process may
     run on (None: all of them)."""
     root = Path(root)
-    blocks = _cpuinfo_blocks(_read(root / "proc/cpuinfo") or "")
+    sysfs, blocks, ids = _cpus(root)
     first = blocks[0] if blocks else {}
-    sysfs = root / "sys/devices/system/cpu"
-    ids = _cpu_ids(sysfs) or [int(b["processor"]) for b in blocks
-                              if b.get("processor", "").isdigit()]
     usable = sorted(set(ids) & affinity) if affinity is not None and ids else ids
-    cores, sockets = _topology(sysfs, blocks, usable, ids)
+    cores, sockets = _topology({cpu: _core_of(sysfs, blocks, cpu) for cpu in ids}, usable)
     name = first.get("model name")
     clock, source = _clock(sysfs, name, first.get("cpu MHz"))
     present = set(first.get("flags", "").split())
@@ -178,11 +175,7 @@ def cpu_info() -> CpuInfo:
 def core_cpus(root: str | Path = "/", affinity: set[int] | None = None) -> list[int] | None:
     """One CPU id per physical core among ``affinity`` (None: all CPUs), the lowest of each
     core's hardware threads; None where the topology cannot be read."""
-    root = Path(root)
-    sysfs = root / "sys/devices/system/cpu"
-    blocks = _cpuinfo_blocks(_read(root / "proc/cpuinfo") or "")
-    ids = _cpu_ids(sysfs) or [int(b["processor"]) for b in blocks
-                              if b.get("processor", "").isdigit()]
+    sysfs, blocks, ids = _cpus(Path(root))
     usable = sorted(set(ids) & affinity) if affinity is not None else ids
     first: dict[tuple[int, int], int] = {}
     for cpu in usable:
@@ -298,6 +291,16 @@ def _cpuinfo_blocks(text: str) -> list[dict[str, str]]:
     return blocks
 
 
+def _cpus(root: Path) -> tuple[Path, list[dict[str, str]], list[int]]:
+    """The sysfs CPU folder under ``root``, ``/proc/cpuinfo``'s blocks and the CPU ids
+    (sysfs', else ``/proc/cpuinfo``'s)."""
+    sysfs = root / "sys/devices/system/cpu"
+    blocks = _cpuinfo_blocks(_read(root / "proc/cpuinfo") or "")
+    ids = _cpu_ids(sysfs) or [int(b["processor"]) for b in blocks
+                              if b.get("processor", "").isdigit()]
+    return sysfs, blocks, ids
+
+
 def _cpu_ids(sysfs: Path) -> list[int]:
     return sorted(int(m.group(1)) for name in _listdir(sysfs)
                   if (m := re.fullmatch(r"cpu(\d+)", name)))
@@ -314,11 +317,12 @@ def _core_of(sysfs: Path, blocks: list[dict], cpu: int) -> tuple[int, int] | Non
     return None if package is None or core is None else (package, core)
 
 
-def _topology(sysfs: Path, blocks: list[dict], usable: list[int], ids: list[int]):
-    """(physical cores among ``usable``, sockets among all CPUs), None where unknown."""
-    usable_cores = [_core_of(sysfs, blocks, cpu) for cpu in usable]
+def _topology(core_of: dict[int, tuple[int, int] | None], usable: list[int]):
+    """(physical cores among ``usable``, sockets among all CPUs: ``core_of``'s keys), None
+    where unknown."""
+    usable_cores = [core_of[cpu] for cpu in usable]
     cores = None if not usable_cores or None in usable_cores else len(set(usable_cores))
-    packages = [_core_of(sysfs, blocks, cpu) for cpu in ids]
+    packages = list(core_of.values())
     sockets = None if not packages or None in packages else len({p for p, _ in packages})
     return cores, sockets
 
