@@ -71,11 +71,11 @@ def g_factor(module: nn.Module, grad_output: torch.Tensor, precision: str = "fp3
         n = g.shape[0]
         # [N * S, out]: a view when the gradient is channels_last, one copy otherwise.
         rows = g.movedim(1, -1).reshape(-1, g.shape[1])
-        # (1/N) sum over examples and positions of (N g)(N g)^T
-        return _gram(rows.t(), precision) * n
-    rows = g.reshape(-1, g.shape[-1])
-    n = rows.shape[0]
-    return _gram(rows.t(), precision) * n  # (1/n) sum of (n g)(n g)^T
+    else:  # a Linear: every leading index is an example
+        rows = g.reshape(-1, g.shape[-1])
+        n = rows.shape[0]
+    # (1/N) sum over the N examples (and a convolution's positions) of (N g)(N g)^T
+    return _gram(rows.t(), precision) * n
 
 
 def _input_dtype(x: torch.Tensor, precision: str) -> torch.Tensor:
