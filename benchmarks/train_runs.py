@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from kasoku.bench.results import append_result, read_results
+
 ACC = "validation/main/accuracy"
 
 
@@ -79,8 +81,7 @@ def main(argv=None) -> int:
             code, output = "timeout", (exc.stdout or b"").decode() + (exc.stderr or b"").decode()
         wall = time.perf_counter() - start
         log_file = folder / "log.jsonl"
-        log = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()] \
-            if log_file.exists() else []
+        log = read_results(log_file) if log_file.exists() else []
         record = {**summarize(name, log, args.target), "exit": code,
                   "wall_s": round(wall, 1), "args": extra.strip()}
         if code != 0:
@@ -88,8 +89,7 @@ def main(argv=None) -> int:
                 line for line in output.splitlines() if "USDT" not in line)[-1500:]
         records.append(record)
         print(json.dumps(record), flush=True)
-        with open(args.out / "results.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_result(args.out, record)
     print(table(records))
     return 0
 
