@@ -86,12 +86,7 @@ def run(req: WorkerRequest) -> dict:
     device = torch.device(req.device)
     wl = create_workload(req.workload)
     threads = req.threads or (wl.cpu_threads if device.type == "cpu" else None)
-    cpu_threads = None
-    if device.type == "cpu":
-        from kasoku.accel.cpu_threads import apply_cpu_threads
-        cpu_threads = apply_cpu_threads(threads)  # first: environment() records the result
-    elif threads:
-        torch.set_num_threads(threads)
+    cpu_threads = _set_threads(device.type, threads)  # first: environment() records them
     record = {
         "workload": req.workload, "rung": req.rung.label, "batch_size": req.batch_size,
         "unit": wl.sample_unit, "device": device.type, "config": req.rung.config_dict(),
@@ -318,23 +313,31 @@ def probe_peaks(device: str, dtypes: list[str], size: int | None, threads: int |
     """``{dtype: PeakResult dict or {"error": ...}}``, measured in this process; on a CPU
     each also with ``theory``, the first-principles peak (``kasoku.perf.cpuinfo``), where
     one is known."""
+    from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
     from kasoku.perf.peak import measure_matmul_peak
-    if torch.device(device).type == "cpu":
-        from kasoku.accel.cpu_threads import apply_cpu_threads
-        apply_cpu_threads(threads)  # as the runs set them, so the peak is theirs
-    elif threads:
-        torch.set_num_threads(threads)
+    on_cpu = torch.device(device).type == "cpu"
+    _set_threads(torch.device(device).type, threads)  # as the runs set them: their peak
     out = {}
     for dtype in dtypes:
         try:
             out[dtype] = measure_matmul_peak(device, dtype, size=size).to_dict()
-            if torch.device(device).type == "cpu":
-                from kasoku.perf.cpuinfo import theoretical_peak
-                theory = theoretical_peak(dtype) if dtype in ("fp32", "bf16") else None
+            if on_cpu:
+                theory = theoretical_peak(dtype) if dtype in PEAK_DTYPES else None
                 out[dtype]["theory"] = theory.to_dict() if theory else None
         except (RuntimeError, ValueError) as exc:
             out[dtype] = {"error": _last_line(exc)}
     return out
+
+
+def _set_threads(device_type: str, threads: int | None) -> dict | None:
+    """A CPU's threads as ``apply_cpu_threads`` sets them (returns its record); elsewhere
+    PyTorch's host threads, where ``threads`` is given (returns None)."""
+    if device_type == "cpu":
+        from kasoku.accel.cpu_threads import apply_cpu_threads
+        return apply_cpu_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
+    return None
 
 
 def config_from_dict(data: dict) -> AccelConfig | None:
