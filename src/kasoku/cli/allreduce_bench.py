@@ -25,10 +25,7 @@ def size(text: str) -> int:
 
 def size_list(text: str) -> list[int]:
     """``4K,1M,64M``: sizes as ``size`` takes them, comma-separated."""
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
-        a._fail(f"expected SIZE or SIZE,SIZE,... (e.g. 4K,1M,64M), got {text!r}")
-    return [size(item) for item in items]
+    return [size(item) for item in a.split_list(text, "SIZE or SIZE,SIZE,... (e.g. 4K,1M,64M)")]
 
 
 def add_parser(sub) -> None:

@@ -96,12 +96,19 @@ def fraction(text: str) -> float:
     return value
 
 
-def int_list(text: str) -> list[int]:
-    """``32,64,128``: whole numbers >= 1, comma-separated."""
+def split_list(text: str, expected: str) -> list[str]:
+    """The items of a comma-separated ``text``, blanks left out (the others as given, not
+    stripped); none at all is refused as ``expected EXPECTED, got TEXT``."""
     items = [item for item in text.split(",") if item.strip()]
     if not items:
-        _fail(f"expected N or N,N,...: whole numbers >= 1, got {text!r}")
-    return [positive_int(item) for item in items]
+        _fail(f"expected {expected}, got {text!r}")
+    return items
+
+
+def int_list(text: str) -> list[int]:
+    """``32,64,128``: whole numbers >= 1, comma-separated."""
+    return [positive_int(item)
+            for item in split_list(text, "N or N,N,...: whole numbers >= 1")]
 
 
 def resolution(text: str) -> tuple[int, int]:
@@ -116,10 +123,7 @@ def resolution(text: str) -> tuple[int, int]:
 
 
 def resolutions(text: str) -> list[tuple[int, int]]:
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
-        _fail(f"expected WxH[,WxH...], got {text!r}")
-    return [resolution(item) for item in items]
+    return [resolution(item) for item in split_list(text, "WxH[,WxH...]")]
 
 
 def device(text: str) -> str:

@@ -19,9 +19,7 @@ from kasoku.errors import ConfigError, warn_once
 
 def _devices(text: str) -> list[str]:
     """``cpu,cuda``: devices as ``--device`` takes them, less auto, each type once."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        a._fail(f"expected cpu, cuda or cpu,cuda, got {text!r}")
+    items = [item.strip() for item in a.split_list(text, "cpu, cuda or cpu,cuda")]
     for item in items:
         if a.device(item) == "auto":
             a._fail("name the devices to compare: cpu, cuda or cuda:N (auto is one of them)")
@@ -32,10 +30,7 @@ def _devices(text: str) -> list[str]:
 
 
 def _workloads(text: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        a._fail(f"expected WORKLOAD[,WORKLOAD...], got {text!r}")
-    return items
+    return [item.strip() for item in a.split_list(text, "WORKLOAD[,WORKLOAD...]")]
 
 
 def add_parser(sub) -> None:
