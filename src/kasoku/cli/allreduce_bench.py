@@ -74,7 +74,7 @@ def run(args) -> int:
                                              AllReduceConfig, BenchFailed, check_sizes,
                                              default_sizes, plot_busbw,
                                              print_results, run_allreduce_bench)
-    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.train.run_dir import out_or_new
 
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku allreduce-bench")
@@ -83,8 +83,7 @@ def run(args) -> int:
     cfg = a.config_from(args, AllReduceConfig, sizes=args.sizes or default_sizes(
         args.max_size or DEFAULT_MAX_SIZE[plan.device_type]))
     cfg = dataclasses.replace(cfg, sizes=check_sizes(cfg.sizes, cfg.dtype))
-    out = make_out_dir(args.out, "the results and the chart") if args.out else \
-        default_out(plan.backend, kind="allreduce-bench")
+    out = out_or_new(args.out, plan.backend, "allreduce-bench", "the results and the chart")
     if plan.note:
         print(f"# default: {plan.note}", flush=True)
     try:

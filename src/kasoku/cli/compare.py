@@ -118,7 +118,7 @@ def run(args) -> int:
     training; a request this machine cannot run raises ``ConfigError`` before any folder is
     made."""
     from kasoku.dist import World, require_single_process
-    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.train.run_dir import out_or_new
     from kasoku.workloads import create_workload
 
     require_single_process(World.from_env(), "kasoku compare")
@@ -133,8 +133,7 @@ def run(args) -> int:
         warn_once("--data and --synthetic are read only with --epochs: the ladders run on "
                   "synthetic batches already on the device")
     name = workloads[0].name if len(workloads) == 1 else f"{len(workloads)}-workloads"
-    out = make_out_dir(args.out, "the results and the chart") if args.out else \
-        default_out(name, kind="compare")
+    out = out_or_new(args.out, name, "compare", "the results and the chart")
     from kasoku.bench.compare import CHART_FILE, RESULTS_FILE, CompareConfig, run_compare
     from kasoku.bench.compare_report import plot_compare, print_compare
     cfg = CompareConfig(workloads=tuple(args.workloads), devices=devices, out=out,
@@ -180,7 +179,7 @@ def _scale_results(path: Path | None) -> Path | None:
 def _time_to_accuracy(args, devices, workloads, specs) -> int:
     from kasoku.bench.compare_train import train_on_devices
     from kasoku.config import DataConfig
-    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.train.run_dir import out_or_new
     if len(workloads) != 1:
         raise ConfigError("--epochs trains one workload on each device; give one workload "
                           "(without --epochs, several are compared by their ladders)")
@@ -189,8 +188,7 @@ def _time_to_accuracy(args, devices, workloads, specs) -> int:
             raise ConfigError(f"{flag} is given {len(given)} times: with --epochs each device "
                               f"trains once, with one setting")
     data = a.config_from(args, DataConfig)
-    out = make_out_dir(args.out, "the runs and results") if args.out else \
-        default_out(workloads[0].name, kind="compare")
+    out = out_or_new(args.out, workloads[0].name, "compare", "the runs and results")
     train_on_devices(args.workloads[0], devices, data, args.epochs, out,
                      {k: v[0] for k, v in specs.items() if v}, threads=args.threads,
                      seed=args.seed)

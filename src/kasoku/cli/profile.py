@@ -85,14 +85,13 @@ def _launch(args, dist, cfg) -> int:
     from kasoku.accel.compose import check_config
     from kasoku.dist.launch import launch
     from kasoku.perf.profile.session import confirm_saved
-    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.train.run_dir import out_or_new
     from kasoku.workloads import create_workload
     check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
     wl = create_workload(args.workload)
     if args.measure_only:
         return launch(list(args.argv), dist)
-    out = make_out_dir(args.out, "the profile") if args.out else \
-        default_out(wl.name, kind="profile")
+    out = out_or_new(args.out, wl.name, "profile", "the profile")
     argv = [*args.argv, "--out", str(out)] if not args.out else list(args.argv)
     code = launch(argv, dist)
     if code or not cfg.confirm:

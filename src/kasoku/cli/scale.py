@@ -74,7 +74,7 @@ def run(args) -> int:
     from kasoku.dist.launch import plan_worlds
     from kasoku.dist.scale import (CHART_FILE, RESULTS_FILE, WorkersFailed, plot_scale,
                                    print_results, run_scale)
-    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.train.run_dir import out_or_new
     from kasoku.workloads import create_workload
 
     # It launches its own processes: started as one of several, each would launch a set.
@@ -82,8 +82,7 @@ def run(args) -> int:
     wl = create_workload(args.workload)
     plan = plan_worlds(gpus=args.gpus, procs=args.procs, from_one=True)
     cfg = scale_config(args, wl, plan.device_type)
-    out = make_out_dir(args.out, "the results and the chart") if args.out else \
-        default_out(wl.name, kind="scale")
+    out = out_or_new(args.out, wl.name, "scale", "the results and the chart")
     batch_sizes = args.batch_size or [wl.recipe.batch_size]
     failed = None
     for b in batch_sizes:

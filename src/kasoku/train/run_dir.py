@@ -66,6 +66,12 @@ def make_out_dir(out: Path, what: str = "the run's log, snapshots and plots") ->
     return out
 
 
+def out_or_new(out: Path | None, name: str, kind: str, what: str) -> Path:
+    """A command's output folder: ``--out`` (``make_out_dir``, ``what`` naming what goes
+    there), else a new ``runs/KIND-NAME-DATE-TIME`` (``default_out``)."""
+    return make_out_dir(out, what) if out is not None else default_out(name, kind=kind)
+
+
 def prepare_out(out: Path, overwrite: bool = False, advice: str | None = None) -> Path:
     """Make ``out`` ready for a new run: created if missing; refused (``ConfigError``) when it
     is a file, cannot be created, or holds another run's files, unless ``overwrite``, which

@@ -58,7 +58,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     from kasoku.data.registry import check_loader_settings
     from kasoku.dist import World, require_single_process
     from kasoku.run import build_trainer
-    from kasoku.train.run_dir import default_out, make_out_dir
+    from kasoku.train.run_dir import make_out_dir, out_or_new
     from kasoku.workloads import create_workload
     world = World.from_env()
     parallel = dist_cfg is not None and dist_cfg.asked
@@ -70,8 +70,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     if cfg.python:
         _require_pyinstrument()
     workload = create_workload(name)
-    out = make_out_dir(Path(out), "the profile") if out is not None \
-        else default_out(workload.name, kind="profile")
+    out = out_or_new(out, workload.name, "profile", "the profile")
     if parallel:
         from kasoku.device import resolve_device
         from kasoku.run import join_as_worker
