@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
-import types
 
 import pytest
 import torch
@@ -189,18 +187,20 @@ def test_two_gpu_rates_come_from_scale_results(tmp_path):
                            "source": str(tmp_path)}}
 
 
-def test_first_principles_cpu_peak_is_shown_where_kasoku_has_one(monkeypatch):
-    def theoretical_peak(dtype, info=None):
-        if dtype == "fp16":
-            raise ValueError("no fp16 model")
-        return types.SimpleNamespace(flops_per_s=2e12) if dtype == "fp32" else None
-
-    fake = types.ModuleType("kasoku.perf.cpuinfo")
-    fake.theoretical_peak = theoretical_peak
-    monkeypatch.setitem(sys.modules, "kasoku.perf.cpuinfo", fake)
-    assert cmp.theoretical_cpu_peak("fp32") == 2e12
-    assert cmp.theoretical_cpu_peak("bf16") is None
-    assert cmp.theoretical_cpu_peak("fp16") is None
+def test_first_principles_cpu_peak_is_the_bench_records():
+    # The probe's estimate is of the cores it ran on (--threads): the compare line takes it
+    # from the record rather than working out one of its own for the whole CPU.
+    window = cmp.Window(30, 3, 3, None, 1e9, False)
+    best = _record("+fused", 20)
+    best["figures"].update(compute_dtype="fp32", peak_flops_per_s=1e11,
+                           peak={"flops_per_s": 1e11, "theory": {"flops_per_s": 2e11}})
+    side = cmp.side_figures(best, "fastest", window, "OUT", "cpu", 40)
+    assert side["theoretical_peak_flops_per_s"] == 2e11
+    del best["figures"]["peak"]["theory"]  # no estimate for this CPU or dtype
+    assert cmp.side_figures(best, "fastest", window, "OUT", "cpu", 40)[
+        "theoretical_peak_flops_per_s"] is None
+    assert "theoretical_peak_flops_per_s" not in cmp.side_figures(best, "fastest", window,
+                                                                  "OUT", "cuda", 40)
 
 
 def test_side_by_side_log_of_two_devices():

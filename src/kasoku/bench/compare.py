@@ -203,23 +203,12 @@ def side_figures(best: dict | None, how: str, window: Window, out: Path, device_
                 epoch_s=epoch_samples / rate if epoch_samples else None,
                 epoch_extrapolated_from_steps=window.steps * window.windows)
     if device_type == "cpu":
-        side["theoretical_peak_flops_per_s"] = theoretical_cpu_peak(side["compute_dtype"])
+        # The first-principles peak the bench worker's probe recorded beside the measured one:
+        # of the cores it ran on (--threads), not of the whole CPU. None where kasoku has no
+        # estimate for this CPU or dtype.
+        theory = (f.get("peak") or {}).get("theory") or {}
+        side["theoretical_peak_flops_per_s"] = theory.get("flops_per_s")
     return side
-
-
-def theoretical_cpu_peak(dtype: str | None) -> float | None:
-    """This CPU's peak for ``dtype`` from first principles (cores x clock x FLOPs per cycle
-    of its instruction set), shown beside the measured one; None where kasoku has no
-    estimate for this CPU or dtype."""
-    try:
-        from kasoku.perf.cpuinfo import theoretical_peak
-    except ImportError:  # a kasoku without the CPU model: the measured peak stands alone
-        return None
-    try:
-        estimate = theoretical_peak(dtype) if dtype else None
-    except ValueError:  # a dtype the CPU model does not cover: no estimate, as for None
-        return None
-    return estimate.flops_per_s if estimate is not None else None
 
 
 def two_gpu_rates(path: Path) -> dict[str, dict]:
