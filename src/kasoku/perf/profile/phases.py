@@ -1,49 +1,74 @@
 """Always-on phase timing: where each training step's time goes -- data wait, host-to-device
-copy, forward, backward, optimizer update, other -- measured on every step at a cost kept
-under 1% of throughput (``benchmarks/phase_overhead.py`` measures it; docs/benchmarks.md
-records it).
+copy, forward, backward, optimizer update, K-FAC's curvature work, other -- measured on every
+step at a cost kept under 1% of throughput (``benchmarks/phase_overhead.py`` measures it;
+docs/benchmarks.md records it).
 
 A step is cut by *marks*: ``clock.mark("forward")`` says "the forward phase begins now"; the
 time until the next mark belongs to that phase, so marks made several times per call (several
 optimizer steps per call) add up, and the phases of a step add up to the step exactly. The
 step runs from one ``mark("data")`` (the Updater's, before it asks the loader for a batch) to
-the next.
+the next. ``mark`` returns the phase it ended (None when this step is not timed), so that work
+nested inside a phase -- K-FAC's factor products run in forward and backward hooks -- marks its
+own phase and hands back: ``was = mark("kfac_factors"); ...; if was: mark(was)``. A mark
+nobody times (``no_mark``) returns None and the hand-back is skipped: it costs one call.
 
 - CPU: marks read the monotonic clock (``time.perf_counter``).
 - CUDA: marks record CUDA events on the current stream, read back a step or more later with
   ``Event.query()`` (never a synchronize in the hot path). Not every step is timed: a timed
-  step costs tens of microseconds of host time, so at most one step in 16
-  (``PhaseClock.CUDA_SAMPLE_EVERY``) and at most one per 20 ms of wall-clock time
-  (``CUDA_SAMPLE_PERIOD_S``) is, which keeps the cost well under 1% of a 1 ms step and of a
+  step costs tens of microseconds of host time, so on average one step in 16 is timed
+  (``PhaseClock.CUDA_SAMPLE_EVERY``), and no more than about one per 20 ms of wall-clock time
+  (``CUDA_SAMPLE_PERIOD_S``), which keeps the cost well under 1% of a 1 ms step and of a
   0.1 ms one (a CUDA-graph step). A phase's time is then the time the
   *device* spent between two marks, gaps included: a device that waits while the host is
   inside the loader sees a long ``data`` phase; one busy with the previous step while the
   host waits does not (the wait is hidden, as it costs no throughput); a host too slow to
   launch kernels shows as long forward and backward phases.
 
+Which steps are timed is drawn at random (``PhaseClock._draw``), not every 16th: steps that
+differ on a schedule -- K-FAC's factor steps every N steps, its inverse steps every M -- would
+alias with a fixed stride (every 16th step with N = 10 lands on a factor step 1 time in 5, not
+1 in 10, and a stride of 20 on the same step of the cycle every time). A random draw times
+every step with the same probability, whatever its place in any schedule, so the averages are
+those of all steps (the 20 ms cap sets that probability per block of 256 steps, from their
+mean step time, never from the time since the last timed step: ``PhaseClock._new_block``).
+A short interval may still hold no inverse step, or several: read the run's average
+(``run_summary``), or ``kasoku profile``, which times every step of whole K-FAC cycles.
+
 The step function is marked only where it runs eagerly (``StandardStep``, reached through
 wrappers that declare ``passes_marks``); a step captured as one CUDA graph is one ``compute``
 phase (``kasoku profile`` splits it from a profiled window).
 
 Written here rather than with torch.profiler: the profiler costs far more than 1% and keeps
-every event; this keeps six numbers per step.
+every event; this keeps a few numbers per step.
 """
 from __future__ import annotations
 
 import collections
+import math
+import random
 import time
 
 import torch
 
-PHASES = ("data", "h2d", "forward", "backward", "update", "allreduce", "compute", "other")
-"""Phase names in step order. ``compute``: forward, backward and update unsplit (a step
-captured as a CUDA graph); ``allreduce``: the gradient exchange of data-parallel runs."""
+KFAC_PHASES = ("kfac_factors", "kfac_inverse", "kfac_precondition")
+"""K-FAC's curvature work (``kasoku.kfac``), split out of the phases it runs in:
+``kfac_factors``: each layer's batch factors (``A`` in forward hooks, ``G`` in backward hooks,
+on factor steps), their running averages and, with data-parallel workers, their average over
+the workers; ``kfac_inverse``: the eigendecompositions or inverses (inverse steps);
+``kfac_precondition``: the preconditioned gradients and the KL clip (every step). ``update``
+is then the base optimizer's own step."""
+
+PHASES = ("data", "h2d", "forward", "backward", "update", *KFAC_PHASES, "allreduce",
+          "compute", "other")
+"""Phase names in step order (K-FAC's beside the update, though its factors are made in
+forward and backward). ``compute``: forward, backward and update unsplit (a step captured as a
+CUDA graph); ``allreduce``: the gradient exchange of data-parallel runs."""
 
 SPLIT_PHASES = ("forward", "backward", "update")
 
 
 def no_mark(phase: str) -> None:
-    """The mark of a step that nobody times."""
+    """The mark of a step that nobody times (returns None: no phase to hand back to)."""
 
 
 def markable(step_fn):
@@ -61,34 +86,52 @@ def markable(step_fn):
 class PhaseClock:
     """Marks and per-phase totals for one device; see the module doc.
 
-    ``mark(phase)`` begins a phase; ``step()`` ends the step under way (at the next step's
-    ``mark("data")``, the Updater calls it). ``take()`` returns the phases of the steps finished
-    since the last ``take`` (on CUDA: those whose events completed) as ``{"time/PHASE": ms per
-    step, "time/PHASE%": % of the step, "time/step": ms}`` and starts over.
+    ``mark(phase)`` begins a phase and returns the one it ended (None on a step not timed);
+    ``step()`` ends the step under way (at the next step's ``mark("data")``, the Updater calls
+    it). ``take()`` returns the phases of the steps finished since the last ``take`` (on CUDA:
+    those whose events completed) as ``{"time/PHASE": ms per step, "time/PHASE%": % of the
+    step, "time/step": ms}`` and starts over.
+
+    ``sample_every`` (default: 16 on CUDA, 1 on a CPU) and ``sample_period_s`` (default: 20 ms
+    on CUDA, 0 on a CPU) choose the timed steps on any device: each step is timed with
+    probability ``1 / max(sample_every, sample_period_s / step time)`` (see ``_draw`` and
+    ``_new_block``), drawn from a generator of its own seeded with ``seed``; 1 and 0 time
+    every step.
     """
 
     CUDA_SAMPLE_EVERY = 16
-    """On CUDA at most one step in this many is timed: a timed step records about eight events
-    and reads them back, tens of microseconds of host time, 11% of a 1.2 ms step when every
-    step is timed (measured: benchmarks/phase_overhead.py, docs/benchmarks.md)."""
+    """On CUDA one step in this many is timed, on average: a timed step records about eight
+    events and reads them back, tens of microseconds of host time, 11% of a 1.2 ms step when
+    every step is timed (measured: benchmarks/phase_overhead.py, docs/benchmarks.md)."""
 
     CUDA_SAMPLE_PERIOD_S = 0.02
-    """...and at most one per this many seconds of wall-clock time, so that short steps (a
+    """...and about one per this many seconds of wall-clock time, so that short steps (a
     0.1 ms CUDA-graph step) are not timed more often in time than long ones."""
 
+    RATE_BLOCK_STEPS = 256
+    """With ``sample_period_s``, the sampling rate is set anew every this many steps, from
+    their mean host time per step (see ``_new_block``)."""
+
     def __init__(self, device, sample_every: int | None = None,
-                 sample_period_s: float | None = None):
+                 sample_period_s: float | None = None, seed: int = 0):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.sample_every = sample_every or (self.CUDA_SAMPLE_EVERY if self.cuda else 1)
         self.sample_period_s = (sample_period_s if sample_period_s is not None
                                 else self.CUDA_SAMPLE_PERIOD_S if self.cuda else 0.0)
-        self._next_count, self._next_time = self.sample_every, 0.0  # step 0 is timed
+        self._every_step = self.sample_every == 1 and self.sample_period_s <= 0
+        # Its own generator: the training's random streams are left alone.
+        self._random = random.Random(seed)
+        self._mean_gap = float(self.sample_every)
+        # Steps until the next timed one (1: the next); the first gap is drawn as the others.
+        self._countdown = 1 if self._every_step else self._draw(self._mean_gap)
+        self._block_start = 0.0
+        self._next_block = 1 if self.sample_period_s > 0 else math.inf
         self._totals: dict[str, float] = collections.defaultdict(float)  # seconds
         self._steps = 0
         self._run_totals: dict[str, float] = collections.defaultdict(float)
         self._run_steps = 0
-        self._count, self._on = 0, True
+        self._count, self._on = 0, self._every_step
         if self.cuda:
             self._free: list = []
             self._marks: list[tuple[str, torch.cuda.Event]] = []
@@ -98,16 +141,20 @@ class PhaseClock:
             self._current: dict[str, float] = collections.defaultdict(float)
 
     # --- the hot path -------------------------------------------------------------------
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str) -> str | None:
         if not self._on:
-            return
+            return None
         if self.cuda:
-            self._marks.append((phase, self._record()))
-            return
+            marks = self._marks
+            was = marks[-1][0] if marks else None
+            marks.append((phase, self._record()))
+            return was
         now = time.perf_counter()
-        if self._phase is not None:
-            self._current[self._phase] += now - self._since
+        was = self._phase
+        if was is not None:
+            self._current[was] += now - self._since
         self._phase, self._since = phase, now
+        return was
 
     def _record(self):
         event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
@@ -117,18 +164,25 @@ class PhaseClock:
     def step(self) -> None:
         """End the step under way; call it just before the next step's first ``mark``."""
         self._count += 1
+        if self._on:
+            self._end_step()
+        if self._count >= self._next_block:
+            self._new_block()
+        self._countdown -= 1
+        if self._countdown <= 0:
+            self._countdown = 1 if self._every_step else self._draw(self._mean_gap)
+            self._on = True
+        else:
+            self._on = False
+            if not self.cuda:
+                self._phase = None  # the untimed steps' time belongs to no phase
+
+    def _end_step(self) -> None:
         if self.cuda:
             if self._marks:  # the step was timed: its end is now
                 self._pending.append((self._marks, self._record()))
                 self._marks = []
                 self._drain()
-            self._on = False
-            if self._count >= self._next_count:
-                now = time.perf_counter()
-                if now >= self._next_time:
-                    self._on = True
-                    self._next_count = self._count + self.sample_every
-                    self._next_time = now + self.sample_period_s
             return
         if self._phase is not None:
             now = time.perf_counter()
@@ -139,6 +193,34 @@ class PhaseClock:
                 totals[phase] += seconds
             self._current.clear()
             self._steps += 1
+
+    def _new_block(self) -> None:
+        """Set the sampling rate from the mean host time per step of the block of
+        ``RATE_BLOCK_STEPS`` steps just ended: one step in ``max(sample_every,
+        sample_period_s / step time)``, on average. The gap under way is drawn anew (a
+        geometric gap has no memory: each step is still timed with the block's probability).
+
+        Per block, not per gap: a rate set from the steps since the last timed one (or a gate
+        that waited 20 ms after it) would time sooner after a long step (a K-FAC inverse step)
+        and so favour the steps that follow one; a block's rate is the same for all its steps,
+        and blocks of many steps hold each kind of step at nearly its share."""
+        now = time.perf_counter()
+        if self._count > 1:
+            step_s = (now - self._block_start) / self.RATE_BLOCK_STEPS
+            if step_s > 0:
+                self._mean_gap = max(float(self.sample_every), self.sample_period_s / step_s)
+            self._countdown = self._draw(self._mean_gap)
+        self._block_start = now
+        self._next_block = self._count + self.RATE_BLOCK_STEPS
+
+    def _draw(self, mean: float) -> int:
+        """A geometric gap of mean ``mean`` (>= 1): each step is timed with probability
+        1/mean, independently of the others, so the timed steps are a fair sample of all of
+        them whatever schedule the steps follow (no aliasing; see the module doc)."""
+        if mean <= 1:
+            return 1
+        u = self._random.random()  # in [0, 1): log(1 - u) is finite
+        return 1 + int(math.log1p(-u) / math.log1p(-1.0 / mean))
 
     def _drain(self) -> None:
         # Steps whose end event has completed (query: no synchronize).
@@ -182,7 +264,7 @@ class NoClock:
     steps = 0
 
     def mark(self, phase: str) -> None:
-        pass
+        return None
 
     def step(self) -> None:
         pass

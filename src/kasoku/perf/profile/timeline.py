@@ -25,7 +25,9 @@ from kasoku.perf.profile.trace import GRAPH_LAUNCHES, Span, Trace, _phase_of, ph
 
 PHASE_COLORS = {
     "data": "#8c8c8c", "h2d": "#17becf", "forward": "#1f77b4", "backward": "#ff7f0e",
-    "update": "#2ca02c", "allreduce": "#d62728", "compute": "#9467bd", "other": "#bcbd22",
+    "update": "#2ca02c", "kfac_factors": "#e377c2", "kfac_inverse": "#8c564b",
+    "kfac_precondition": "#c49c94", "allreduce": "#d62728", "compute": "#9467bd",
+    "other": "#bcbd22",
 }
 """One fixed colour per phase of ``phases.PHASES`` (the same phase has the same colour in
 every report)."""

@@ -30,23 +30,30 @@ from kasoku.perf.profile.verdict import judge
 
 class TracingClock:
     """Wraps a phase clock: each ``mark(phase)`` also closes the previous ``kasoku/PHASE`` host
-    span of the trace and opens this one (``torch.profiler.record_function``)."""
+    span of the trace and opens this one (``torch.profiler.record_function``). It returns the
+    phase of the span it closed, whether or not the inner clock times this step, so that a
+    mark that hands back (K-FAC's) reopens the span it interrupted."""
 
     def __init__(self, inner):
         self.inner = inner
         self.cuda = getattr(inner, "cuda", False)
         self._span = None
+        self._phase: str | None = None
 
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str) -> str | None:
+        was = self._phase
         self.close()
         self._span = torch.profiler.record_function(trace_mod.PHASE_PREFIX + phase)
         self._span.__enter__()
+        self._phase = phase
         self.inner.mark(phase)
+        return was
 
     def close(self) -> None:
         if self._span is not None:
             self._span.__exit__(None, None, None)
             self._span = None
+        self._phase = None
 
     def step(self) -> None:
         self.inner.step()
@@ -219,9 +226,8 @@ class _Profiling:
         self.figures: dict | None = None
         self._plain = PhaseClock(self.device)
 
-    def mark(self, phase: str) -> None:
-        if self.clock is not None:
-            self.clock.mark(phase)
+    def mark(self, phase: str) -> str | None:
+        return self.clock.mark(phase) if self.clock is not None else None
 
     def iterate(self, loader):
         it = iter(loader)
