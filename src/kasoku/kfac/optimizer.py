@@ -6,6 +6,7 @@ is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import torch
@@ -31,6 +32,10 @@ class KFAC(torch.optim.Optimizer):
     ``loss_scale``: the loss scale of fp16 training (see ``KFACPreconditioner``; not named
     ``grad_scale``, the attribute torch's GradScaler sets on optimizers that divide the
     gradients by it). kasoku's ``accelerate`` sets it to its loss scaler's scale.
+
+    ``mark``: the preconditioner's phase mark (kasoku's Updater sets it to its phase clock's:
+    K-FAC's work is timed as ``kfac_factors``, ``kfac_inverse`` and ``kfac_precondition``);
+    ``cycle_steps``: the steps after which its schedule of factor and inverse steps repeats.
 
     The step reads nothing on the host except in ``eigh`` on inverse steps; it cannot be
     captured in a CUDA graph (inverse and factor steps differ from the others), and the hooks
@@ -61,6 +66,21 @@ class KFAC(torch.optim.Optimizer):
     @property
     def config(self) -> KFACConfig:
         return self.preconditioner.config
+
+    @property
+    def mark(self):
+        return self.preconditioner.mark
+
+    @mark.setter
+    def mark(self, value) -> None:
+        self.preconditioner.mark = value
+
+    @property
+    def cycle_steps(self) -> int:
+        """A window of a whole number of these steps holds factor and inverse steps at their
+        rates (``kasoku profile`` measures one)."""
+        c = self.config
+        return math.lcm(c.factor_update_freq, c.inv_update_freq)
 
     @property
     def loss_scale(self):

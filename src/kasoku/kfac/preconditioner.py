@@ -26,6 +26,12 @@ Each training forward pass of the whole model starts over: the statistics of a p
 never ran (a loss-scaled step skipped for an overflow) are dropped, not mixed into the next.
 So with gradient accumulation over several passes, only the last pass's factors count.
 
+Its work is timed as phases of its own (``kasoku.perf.profile.phases.KFAC_PHASES``) when a
+phase clock's ``mark`` is given (``mark``; kasoku's Updater gives it the one the step takes):
+``kfac_factors`` in the hooks and for the running averages, ``kfac_inverse``,
+``kfac_precondition``; each hands back to the phase it interrupted (forward, backward,
+update). The default, ``no_mark``, costs one call per hook.
+
 Under fp16 with loss scaling, output gradients are scaled: ``loss_scale`` (a number, a 0-dim
 tensor, or a callable returning either: the scale of the current backward pass) divides ``G``
 by its square. kasoku's ``accelerate`` sets it to its loss scaler's scale tensor.
@@ -45,6 +51,7 @@ from kasoku.dist import ddp
 from kasoku.errors import ConfigError, warn_once
 from kasoku.kfac import distributed, eigen, factors
 from kasoku.kfac.config import KFACConfig
+from kasoku.perf.profile.phases import no_mark
 
 _STATE_KEYS = ("A", "G", "QA", "LA", "QG", "LG")
 """A layer's state in a state dict: the two running factors, then per factor either its
@@ -152,13 +159,16 @@ class KFACPreconditioner:
     ``config``. ``step(lr_of)`` preconditions their gradients in place; ``lr_of(weight)`` is
     the learning rate of the group holding ``weight``, for the KL clip. Layers it cannot
     precondition (batch norm, embeddings, grouped convolutions, anything but Linear and
-    Conv2d) keep their gradients. ``remove()`` takes the hooks off the model."""
+    Conv2d) keep their gradients. ``remove()`` takes the hooks off the model.
+
+    ``mark``: a phase clock's mark (see the module doc), ``no_mark`` by default."""
 
     def __init__(self, model: nn.Module, params, config: KFACConfig | None = None,
                  loss_scale=None):
         self.config = config or KFACConfig()
         self.config.check()
         self.loss_scale = loss_scale
+        self.mark = no_mark
         self.steps = 0
         self._owners = None  # (the factors' sizes and the workers, who decomposes what)
         held = {id(p) for p in params}
@@ -204,20 +214,28 @@ class KFACPreconditioner:
     def _read_input(self, layer: KFACLayer, module, args, output) -> None:
         if not args or not self._capturing(module):
             return
+        was = self.mark("kfac_factors")
         # Outside autocast: the factors are float32 products whatever the training dtype.
         with torch.no_grad(), torch.autocast(output.device.type, enabled=False):
             layer.add_a(factors.a_factor(module, args[0], layer.bias,
                                           self.config.factor_precision))
         if output.requires_grad:
             output.register_hook(functools.partial(self._read_grad, layer))
+        if was is not None:
+            self.mark(was)  # back to forward
 
     def _read_grad(self, layer: KFACLayer, grad: torch.Tensor) -> None:
+        # On a GPU this runs on autograd's device thread; the clock is not locked, which is
+        # safe because the training thread waits inside backward() meanwhile.
+        was = self.mark("kfac_factors")
         with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
             g = factors.g_factor(layer.module, grad, self.config.factor_precision)
             scale = self.loss_scale() if callable(self.loss_scale) else self.loss_scale
             if scale is not None:
                 g = g / (scale * scale)  # a device tensor divides without a sync
             layer.add_g(g)
+        if was is not None:
+            self.mark(was)  # back to backward
 
     # --- the step ------------------------------------------------------------------------
     @torch.no_grad()
@@ -225,19 +243,33 @@ class KFACPreconditioner:
         """Update factors and eigenbases when due, then precondition the gradients in place.
         Call it after backward (and after unscaling the gradients), before the base
         optimizer's step."""
-        cfg = self.config
+        cfg, mark = self.config, self.mark
         parallel = ddp.active()
+        was = None  # the phase this step interrupted (update), handed back at the end
         if self.steps % cfg.factor_update_freq == 0:
+            was = mark("kfac_factors")
             if parallel:
                 self._average_batch_factors()
             for layer in self.layers.values():
                 layer.update_factors(cfg.factor_decay)
         if self.steps % cfg.inv_update_freq == 0:
+            interrupted = mark("kfac_inverse")
+            was = was or interrupted
             if parallel:
                 self._share_eigenbases()
             else:
                 for layer in self.layers.values():
                     layer.update_inverse(cfg.method, cfg.damping)
+        interrupted = mark("kfac_precondition")
+        was = was or interrupted
+        self._precondition(lr_of)
+        self.steps += 1
+        if was is not None:
+            mark(was)
+
+    def _precondition(self, lr_of) -> None:
+        """Replace each ready layer's gradient by its preconditioned one, KL-clipped."""
+        cfg = self.config
         updates, vg = [], None
         for layer in self.layers.values():
             g = layer.grad_matrix() if layer.ready else None
@@ -251,7 +283,6 @@ class KFACPreconditioner:
         scale = eigen.kl_scale(vg, cfg.kl_clip) if vg is not None else None
         for layer, v in updates:
             layer.set_grad(v if scale is None else v * scale)
-        self.steps += 1
 
     # --- data-parallel workers (kasoku.kfac.distributed) ----------------------------------
     def _average_batch_factors(self) -> None:

@@ -106,8 +106,8 @@ class Updater:
     across resumes; ``observation`` is the current call's dict.
 
     ``phases`` times every step's phases (``kasoku.perf.profile.phases.PhaseClock``: data
-    wait, copy, forward, backward, update, other); LogReport logs them. ``phase_timing=False``
-    times nothing. Assigning another clock to ``phases`` (a profiled window's) gives the step
+    wait, copy, forward, backward, update, K-FAC's, other); LogReport logs them.
+    ``phase_timing=False`` times nothing. Assigning another clock to ``phases`` (a profiled window's) gives the step
     that clock's marks from the next step on.
     """
 
@@ -158,10 +158,14 @@ class Updater:
         self._marked_fn = None  # the step takes the new clock's marks at its next call
 
     def _attach_marks(self) -> None:
-        """Give the step function's eager step (if it has one) this updater's clock."""
+        """Give the step function's eager step (if it has one) this updater's clock, and the
+        optimizer too when it times phases of its own (has a ``mark``: K-FAC's factors,
+        inverses and preconditioning, each handing back to the phase it interrupts)."""
         inner = markable(self.step_fn)
         if inner is not None:
             inner.mark = self.phases.mark
+        if hasattr(self.optimizer, "mark"):
+            self.optimizer.mark = self.phases.mark
         self._marked_fn, self._marks_inside = self.step_fn, inner is not None
 
     @property
