@@ -306,12 +306,62 @@ def test_balanced_when_no_rule_holds():
     assert judge(f).rule == "balanced"
 
 
+def kfac_context(method="eigen", factor_update_freq=1, inv_update_freq=10, **seconds):
+    """``kfac_figures`` of a real K-FAC optimizer and phases of ``seconds`` per phase."""
+    from kfac_cases import kfac_of, tiny
+
+    from kasoku.kfac import KFACConfig
+    from kasoku.perf.profile.kfac_cost import kfac_figures
+    from kasoku.perf.profile.phases import summarize
+    opt = kfac_of(tiny()[0], KFACConfig(method=method, factor_update_freq=factor_update_freq,
+                                        inv_update_freq=inv_update_freq))
+    return kfac_figures(summarize(seconds, 1), opt, steps=20)
+
+
+def test_kfac_bound_names_its_share_and_halves_its_costliest_steps():
+    f = figures(Builder().steps(4, 1000, cpu_step()), device="cpu", config={})
+    f.update(kfac_context(forward=0.0035, backward=0.0035, kfac_factors=0.0007,
+                          kfac_inverse=0.0016, kfac_precondition=0.0007))
+    assert f["kfac_pct"] == pytest.approx(30) and f["kfac"]["without_ms"] == pytest.approx(7)
+    v = judge(f)
+    assert v.rule == "kfac-bound"
+    assert v.reason.startswith("K-FAC's curvature work is 30% of the step (factors 7%, "
+                               "inverse 16%, precondition 7%)")
+    assert v.lever.args == ("--kfac-inv-update-freq", "20") and "--kfac-method inverse" in \
+        v.lever.text
+    assert v.lever.speedup == pytest.approx(1 / 0.92)
+    assert [(e.args, e.faster) for e in v.experiments] == [
+        (("--kfac-inv-update-freq", "20"), False),  # 8% of the step saved: under MIN_GAIN
+        (("--optimizer", "momentum"), True)]  # the step without K-FAC's 30%: 1.43x
+    assert v.secondary[0].startswith("compute-bound: ")
+    factors = judge({**f, **kfac_context(factor_update_freq=2, forward=0.002, kfac_factors=0.004,
+                                         kfac_inverse=0.001)})
+    assert factors.lever.args == ("--kfac-factor-update-freq", "4")
+    assert factors.experiments[0].faster  # 57% of the step halved: 1.4x
+    precondition = dict(forward=0.002, kfac_precondition=0.003)
+    assert judge({**f, **kfac_context(**precondition)}).lever.args == ("--kfac-method",
+                                                                       "inverse")
+    inverse = judge({**f, **kfac_context(method="inverse", **precondition)})
+    assert inverse.lever.args == () and [e.args for e in inverse.experiments] == [
+        ("--optimizer", "momentum")]
+
+
+def test_a_smaller_kfac_share_is_named_as_secondary():
+    f = figures(Builder().steps(4, 1000, cpu_step(data_us=500, op_us=400)), device="cpu",
+                config={}, loader="serial")
+    f.update(kfac_context(forward=0.0085, kfac_inverse=0.0015))
+    named = "15% of the step in K-FAC's curvature work (factors, inverses, preconditioning)"
+    assert judge(f).rule == "input-bound" and named in judge(f).secondary
+    assert named not in judge({**f, **kfac_context(forward=0.0095, kfac_inverse=0.0005)}
+                              ).secondary
+
+
 def test_every_rule_is_exercised():
     """The table and this file move together: a new rule needs a scenario above."""
     assert sorted({r.name for r in RULES}) == ["communication-bound", "compute-bound",
                                                  "dispatch-bound", "host-bound",
-                                                 "input-bound", "latency-bound",
-                                                 "memory-bound"]
+                                                 "input-bound", "kfac-bound",
+                                                 "latency-bound", "memory-bound"]
 
 
 def test_a_trace_without_steps_is_refused():

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.cli.train import TRAIN_FLAGS, WORKLOAD_HELP
+from kasoku.cli.train import KFAC_FLAGS, TRAIN_FLAGS, WORKLOAD_HELP, kfac_config_from_args
 from kasoku.config import DataConfig, TrainConfig
+from kasoku.kfac.config import KFACConfig
 
 PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "warmup": {"type": a.nonnegative_int, "metavar": "N"},
@@ -43,6 +44,7 @@ def add_parser(sub) -> None:
         "loader": {"type": a.loader_spec, "metavar": "KIND[:N]",
                    "help": "which loader makes the batches (see kasoku train --help)"},
         "prefetch": {"metavar": "N"}})
+    a.add_fields(p.add_argument_group("K-FAC (--optimizer kfac)"), KFACConfig, KFAC_FLAGS)
     add_accel_arguments(p)
     a.add_fields(p.add_argument_group("profile"), ProfileConfig, PROFILE_FLAGS)
     from kasoku.cli.dist import DIST_FLAGS
@@ -69,7 +71,7 @@ def run(args) -> int:
         return _launch(args, dist, cfg)
     result = profile_workload(args.workload, data, train, accel_config_from_args(args), cfg,
                               out=args.out, measure_only=args.measure_only,
-                              argv=args.argv, dist_cfg=dist)
+                              argv=args.argv, dist_cfg=dist, kfac=kfac_config_from_args(args))
     if dist.asked and not World.from_env().is_main:
         return 0  # worker 0 speaks for all
     if args.measure_only:
@@ -117,8 +119,11 @@ def ladder_lines(result: dict) -> list[str]:
 def summary(result: dict) -> str:
     """The figures, the verdict and the ladder as a few lines of text."""
     from kasoku.perf.profile.phases import format_phases
+    from kasoku.perf.profile.kfac_cost import format_kfac
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
+    if f.get("kfac"):
+        lines.append(format_kfac(f["kfac"]))
     if "busy_pct" in f:
         lines.append(
             f"device: busy {f['busy_pct']:.0f}% | idle: data {f['idle_data_pct']:.0f}%, "

@@ -17,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+from kasoku.perf.profile.kfac_cost import format_kfac
 from kasoku.perf.profile.phases import PHASES
 
 STYLE = """
@@ -188,7 +189,8 @@ def _figure_rows(f: dict) -> list[tuple[str, str]]:
 
 
 def _phase_tables(phases: dict | None, f: dict) -> list[str]:
-    """The phases timed on every step (``phases``), and those of the profiled window."""
+    """The phases timed on every step (``phases``) with K-FAC's share (``f["kfac"]``), and
+    those of the profiled window."""
     out = []
     if phases and "time/step" in phases:
         rows = [(p, _num(phases[f"time/{p}"]), _num(phases.get(f"time/{p}%"), "%"))
@@ -196,6 +198,8 @@ def _phase_tables(phases: dict | None, f: dict) -> list[str]:
         rows.append(("step", _num(phases["time/step"]), "100%"))
         out += ["<h2>Phases (timed without the profiler)</h2>",
                 _table(["phase", "ms/step", "of the step"], rows)]
+        if f.get("kfac"):
+            out.append(f"<p class=\"note\" id=\"kfac\">{_esc(format_kfac(f['kfac']))}</p>")
     host, device = f.get("phases_host_ms") or {}, f.get("phases_device_ms") or {}
     if host or device:
         names = [p for p in PHASES if p in host or p in device]

@@ -6,7 +6,8 @@ Steps of one profile, on the trainer's own updater (the extensions -- log, snaps
 evaluation -- do not run):
 1. ``skip`` steps absorb compilation, graph capture and autotuning (timed, reported);
 2. ``measure_steps`` steps timed as a whole (CUDA events and one synchronize) with the phase
-   clock on: the throughput and phases without the profiler;
+   clock on: the throughput and phases without the profiler; with K-FAC, whole cycles of its
+   factor and inverse steps, every step timed (``kasoku.perf.profile.kfac_cost``);
 3. the profiled window (``kasoku.perf.profile.window``): ``warmup`` + ``steps`` steps;
 4. the analysis, MFU against the measured matmul peak, the verdict; ``profile.json``,
    ``trace.json``, ``timeline.png``, ``report.html`` in ``out``.
@@ -35,7 +36,8 @@ class ProfileConfig:
     skip: int = 10
     """Steps run first and not profiled: compilation, graph capture, autotuning."""
     measure_steps: int = 20
-    """Steps timed without the profiler (the throughput beside the profiled figures)."""
+    """Steps timed without the profiler (the throughput beside the profiled figures); with
+    --optimizer kfac, rounded up to whole cycles of its factor and inverse steps."""
     confirm: bool = False
     """Run the A/B that proves the verdict (each side a fresh process) and print both."""
     python: bool = False
@@ -44,9 +46,10 @@ class ProfileConfig:
 
 def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Path | None = None,
                      measure_only: bool = False, argv: list[str] | None = None,
-                     dist_cfg=None) -> dict:
+                     dist_cfg=None, kfac=None) -> dict:
     """Profile workload ``name`` with the settings of ``kasoku train`` (``data``, ``train``,
-    ``accel``); returns the result dict written to ``out/profile.json``. ``measure_only``:
+    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``); returns the result dict written
+    to ``out/profile.json``. ``measure_only``:
     steps 1 and 2 only, the result printed as one JSON line (a side of ``confirm``).
     ``argv``: the command line, for ``confirm`` to vary.
 
@@ -80,7 +83,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     try:
         trainer = build_trainer(workload, data, train, accel, out=out,
                                 world=world if parallel else None,
-                                dist_cfg=dist_cfg if parallel else None)
+                                dist_cfg=dist_cfg if parallel else None, kfac=kfac)
         return _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
                         argv, speak=world.is_main or not parallel,
                         workers=world.world_size if parallel else 1)
@@ -110,8 +113,9 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
             print(f"# {workload.name}  device: {u.device}  out: {out}"
                   + (f"  workers: {workers} (rates per worker)" if workers > 1 else ""),
                   file=sys.stderr)
-            print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s, "
-                  f"{format_phases(result['phases'])}", file=sys.stderr)
+            print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s over "
+                  f"{result['measured_steps']} steps, {format_phases(result['phases'])}",
+                  file=sys.stderr)
         from kasoku.perf.profile.window import profile_updater
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
@@ -148,6 +152,7 @@ def confirm_saved(out: Path, argv: list[str]) -> dict:
 
 
 def _measure(u, cfg: ProfileConfig) -> dict:
+    from kasoku.perf.profile.kfac_cost import cycle_steps, every_step_clock, measured_steps
     device = u.device
     t0 = time.perf_counter()
     for _ in range(cfg.skip):
@@ -155,18 +160,27 @@ def _measure(u, cfg: ProfileConfig) -> dict:
     _sync(device)
     skip_s = time.perf_counter() - t0
     u.phases.take()
-    samples0 = u.samples
-    t0 = time.perf_counter()
-    for _ in range(cfg.measure_steps):
-        u.update()
-    u.phases.step()  # the last step's phases end here, with its work
-    _sync(device)  # note: sync, the measured steps' device work inside the span
-    elapsed = time.perf_counter() - t0
+    cycle = cycle_steps(u.optimizer)
+    steps = measured_steps(cfg.measure_steps, cycle)
+    clock = u.phases
+    if cycle > 1:  # steps unalike on a schedule (K-FAC's): each timed, none left to chance
+        u.phases = every_step_clock(device)
+    try:
+        samples0 = u.samples
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            u.update()
+        u.phases.step()  # the last step's phases end here, with its work
+        _sync(device)  # note: sync, the measured steps' device work inside the span
+        elapsed = time.perf_counter() - t0
+        phases = u.phases.take()
+    finally:
+        u.phases = clock
     samples = u.samples - samples0
-    return {"skip_s": skip_s, "measure_s": elapsed, "measured_steps": cfg.measure_steps,
-            "samples_per_s": samples / elapsed,
-            "samples_per_step": samples // max(1, cfg.measure_steps),
-            "phases": u.phases.take(), "phases_split": u.phases_split}
+    return {"skip_s": skip_s, "measure_s": elapsed, "measured_steps": steps,
+            "cycle_steps": cycle, "samples_per_s": samples / elapsed,
+            "samples_per_step": samples // max(1, steps),
+            "phases": phases, "phases_split": u.phases_split}
 
 
 def unprofiled_shares(figures: dict, result: dict) -> None:
@@ -204,6 +218,9 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "unprofiled_samples_per_s": result["samples_per_s"],
                **cpu_bf16()}
     context.update(_mfu(workload, trainer, accel, result))
+    from kasoku.perf.profile.kfac_cost import kfac_figures
+    context.update(kfac_figures(result["phases"], trainer.updater.optimizer,
+                                result["measured_steps"]))
     return context
 
 

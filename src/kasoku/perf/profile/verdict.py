@@ -40,7 +40,7 @@ class Experiment:
 class Rule:
     name: str
     """input-bound, host-bound, latency-bound, compute-bound, memory-bound,
-    communication-bound, ..."""
+    communication-bound, kfac-bound, ..."""
     thresholds: dict
     test: Callable[[dict, dict], bool]
     """``test(figures, thresholds)``."""
@@ -196,6 +196,51 @@ def _dispatch_lever(f: dict) -> Lever:
                  "more samples per second at the same overhead per step", _batch_x2(f), None)
 
 
+def _kfac_lever(f: dict) -> Lever:
+    """Half as many of K-FAC's costliest steps: the inverse steps or the factor steps (each
+    step's share of that phase halves), else, for the preconditioning (every step), the
+    inverse method's two products per layer. Fewer curvature updates may slow the loss's
+    fall: compare the runs' accuracy over time, not only their speed."""
+    k = f["kfac"]
+    top = max(k["phases_pct"], key=k["phases_pct"].get)
+    gain = 100.0 / max(1.0, 100.0 - k["phases_pct"][top] / 2)
+    method = " (or --kfac-method inverse: Cholesky inverses)" if k["method"] == "eigen" else ""
+    if top in ("kfac_inverse", "kfac_factors"):
+        what, key = (("inverses", "inv_update_freq") if top == "kfac_inverse"
+                     else ("factors", "factor_update_freq"))
+        flag = f"--kfac-{key.replace('_', '-')}"
+        args = (flag, str(2 * k[key]))
+        return Lever(f"update K-FAC's {what} half as often: {' '.join(args)}"
+                     + (method if top == "kfac_inverse" else ""),
+                     f"~{gain:.2f}x, with fewer curvature updates", args, gain)
+    if k["method"] == "eigen":
+        return Lever("precondition with the factors' inverses: --kfac-method inverse",
+                     "faster preconditioning, with damping that grows with the factors",
+                     ("--kfac-method", "inverse"), None)
+    return Lever("no cheap lever left in K-FAC: its preconditioning runs every step",
+                 "none", (), None)
+
+
+def _kfac_experiments(f: dict) -> list[Experiment]:
+    """The lever, and the base optimizer alone: the step K-FAC's work is added to."""
+    k, lever = f["kfac"], _kfac_lever(f)
+    out = [Experiment(" ".join(lever.args), lever.args, lever.speedup >= MIN_GAIN)] \
+        if lever.args and lever.speedup is not None else []
+    without = 100.0 / max(1.0, 100.0 - k["pct"])
+    return out + [Experiment(f"the base optimizer alone (--optimizer {k['base']})",
+                             ("--optimizer", k["base"]), without >= MIN_GAIN)]
+
+
+def _kfac_reason(f: dict) -> str:
+    k = f["kfac"]
+    split = ", ".join(f"{p.removeprefix('kfac_')} {_pct(k['phases_pct'][p])}"
+                      for p in k["phases_pct"] if k["phases_pct"][p] > 0)
+    return (f"K-FAC's curvature work is {_pct(k['pct'])} of the step ({split}): "
+            f"{k['ms_per_step']:.3g} of {k['step_ms']:.3g} ms, the step without it "
+            f"{k['without_ms']:.3g} ms (factors every {k['factor_update_freq']} steps, "
+            f"inverses every {k['inv_update_freq']})")
+
+
 def _mean_kernel_us(f: dict) -> float:
     n = f.get("kernels_per_step", 0.0)
     return 1e3 * f.get("device_ms", 0.0) / n if n else 0.0
@@ -223,6 +268,11 @@ RULES: list[Rule] = [
                          f"~{_speedup_from_idle(f['comm_pct']):.1f}x"),
          # The same all-reduce per step over twice the samples: more samples per second.
          lambda f: [Experiment("batch x2 per worker", _batch_x2(f), True)]),
+    Rule("kfac-bound", {"kfac_pct": 25.0},
+         # Before the device's rules: K-FAC's work keeps the device (or the CPU) busy, and
+         # its own intervals are the lever, whatever bound the rest of the step is.
+         lambda f, t: f.get("kfac_pct", 0.0) >= t["kfac_pct"] and bool(f.get("kfac")),
+         _kfac_reason, _kfac_lever, _kfac_experiments),
     Rule("host-bound", {"idle_host_pct": 25.0, "busy_pct": 75.0},
          lambda f, t: f.get("device") == "cuda" and (
              f.get("idle_host_pct", 0.0) >= t["idle_host_pct"]
@@ -285,14 +335,17 @@ step on."""
 
 SHARES = (("input-bound", "data_pct", "waiting for data"),
           ("host-bound", "idle_host_pct", "the device waiting for launches"),
-          ("communication-bound", "comm_pct", "in collectives"))
+          ("communication-bound", "comm_pct", "in collectives"),
+          ("kfac-bound", "kfac_pct", "in K-FAC's curvature work (factors, inverses, "
+           "preconditioning)"))
 """The shares of the step that name a cause: (the rule it belongs to, figure, words)."""
 
 
 def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
     levers as ``AccelConfig`` fields; ``loader``; ``batch_size``; ``mfu``; ``has_conv``;
-    ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``)."""
+    ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``; ``kfac`` and ``kfac_pct``, from
+    ``kfac_cost.kfac_figures``)."""
     passed = [r for r in rules if r.test(figures, r.thresholds)]
     if not passed:
         return Verdict("balanced", f"no single bottleneck: the GPU is busy "
