@@ -68,13 +68,18 @@ def kfac_figures(phases: dict, optimizer, steps: int | None = None) -> dict:
     return {"kfac": kfac, "kfac_pct": kfac["pct"]}
 
 
+def ms(x: float) -> str:
+    """Milliseconds to three figures, without an exponent (1553, not 1.55e+03)."""
+    return f"{x:.3g}" if abs(x) < 999.5 else f"{x:.0f}"
+
+
 def format_kfac(k: dict) -> str:
     """One line: ``K-FAC: 41 of the 102 ms step (40%): factors 5.1 + inverse 30 + ...``."""
-    parts = " + ".join(f"{_WORDS[p]} {k['phases_ms'][p]:.3g}" for p in KFAC_PHASES)
+    parts = " + ".join(f"{_WORDS[p]} {ms(k['phases_ms'][p])}" for p in KFAC_PHASES)
     ratio = f", x{k['ratio']:.2f}" if k.get("ratio") else ""
     steps = f"; {k['steps']} steps measured" if k.get("steps") else ""
-    return (f"K-FAC: {k['ms_per_step']:.3g} of the {k['step_ms']:.3g} ms step "
-            f"({k['pct']:.0f}%) = {parts} ms; the step without them {k['without_ms']:.3g} ms "
+    return (f"K-FAC: {ms(k['ms_per_step'])} of the {ms(k['step_ms'])} ms step "
+            f"({k['pct']:.0f}%) = {parts} ms; the step without them {ms(k['without_ms'])} ms "
             f"(its base optimizer, {k['base']}){ratio} (factors every {k['factor_update_freq']} "
             f"steps, inverses every {k['inv_update_freq']}, method {k['method']}{steps}, "
             f"whole cycles of {k['cycle_steps']})")

@@ -232,12 +232,13 @@ def _kfac_experiments(f: dict) -> list[Experiment]:
 
 
 def _kfac_reason(f: dict) -> str:
+    from kasoku.perf.profile.kfac_cost import ms
     k = f["kfac"]
     split = ", ".join(f"{p.removeprefix('kfac_')} {_pct(k['phases_pct'][p])}"
                       for p in k["phases_pct"] if k["phases_pct"][p] > 0)
     return (f"K-FAC's curvature work is {_pct(k['pct'])} of the step ({split}): "
-            f"{k['ms_per_step']:.3g} of {k['step_ms']:.3g} ms, the step without it "
-            f"{k['without_ms']:.3g} ms (factors every {k['factor_update_freq']} steps, "
+            f"{ms(k['ms_per_step'])} of {ms(k['step_ms'])} ms, the step without it "
+            f"{ms(k['without_ms'])} ms (factors every {k['factor_update_freq']} steps, "
             f"inverses every {k['inv_update_freq']})")
 
 
