@@ -18,17 +18,14 @@ from __future__ import annotations
 import collections
 import multiprocessing as mp
 import os
-import pickle
 import queue
-import signal
-import traceback
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor pickling through shared memory
 
 from kasoku.data.loader import SerialLoader, _stack
+from kasoku.data.loader_worker import worker_loop
 from kasoku.errors import warn_once
 
 _POLL_S = 0.1
@@ -235,7 +232,7 @@ class ProcessLoader(_PrefetchLoader):
             ctx.set_forkserver_preload([__name__])  # the server imports torch once
         for number in range(self.num_workers):
             tasks, results = ctx.Queue(), ctx.Queue()
-            process = ctx.Process(target=_worker_loop, args=(self.dataset, tasks, results),
+            process = ctx.Process(target=worker_loop, args=(self.dataset, tasks, results),
                                   name=f"kasoku-loader-{number}", daemon=True)
             process.start()
             self._workers.append((process, tasks, results))
@@ -321,72 +318,3 @@ def _default_start_method() -> str:
     if "fork" in methods and not torch.cuda.is_initialized():
         return "fork"
     return "forkserver" if "forkserver" in methods else "spawn"
-
-
-def _worker_loop(dataset, tasks, results) -> None:
-    """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out,
-    until ``None``. A dataset with ``start_batch(indices) -> handle`` and
-    ``finish_batch(handle) -> batch`` has the next queued batch started (its files read, say)
-    before the current one is finished, so the two overlap."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    torch.set_num_threads(1)
-    warnings.simplefilter("ignore")  # the main process warns once per bad file
-    set_epoch = getattr(dataset, "set_epoch", None)
-    staged = hasattr(dataset, "start_batch")
-    reported: set = set()
-    ahead: collections.deque = collections.deque()  # (tag, epoch, handle or error)
-
-    def start(task):
-        tag, epoch, indices = task
-        try:
-            if set_epoch is not None:
-                set_epoch(epoch)
-            handle = dataset.start_batch(indices) if staged else indices
-            return tag, epoch, handle, None
-        except Exception as exc:  # sent back and raised in the main process
-            return tag, epoch, None, _portable(exc)
-
-    stopping = False
-    while ahead or not stopping:
-        if not ahead:
-            task = tasks.get()
-            if task is None:
-                break
-            ahead.append(start(task))
-        if staged and not stopping:
-            try:
-                task = tasks.get_nowait()
-            except queue.Empty:
-                pass
-            else:
-                if task is None:
-                    stopping = True
-                else:
-                    ahead.append(start(task))
-        tag, epoch, handle, error = ahead.popleft()
-        batch = None
-        if error is None:
-            try:
-                if set_epoch is not None:
-                    set_epoch(epoch)
-                batch = tuple(dataset.finish_batch(handle) if staged
-                              else _fetch(dataset, handle))
-            except Exception as exc:  # sent back and raised in the main process
-                error = _portable(exc)
-        bad = {str(p) for p in getattr(dataset, "bad_files", ())} - reported
-        reported |= bad
-        results.put((tag, batch, error, sorted(bad)))
-
-
-def _fetch(dataset, indices: list[int]):
-    if hasattr(dataset, "get_batch"):
-        return dataset.get_batch(torch.tensor(indices, dtype=torch.int64))
-    return tuple(_stack(field) for field in zip(*(dataset[i] for i in indices)))
-
-
-def _portable(exc: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"loader worker failed:\n{traceback.format_exc()}")

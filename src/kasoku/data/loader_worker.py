@@ -1,0 +1,84 @@
+"""What runs inside a ``ProcessLoader`` worker process (``kasoku.data.parallel_loader``):
+the loop that turns ``(tag, epoch, indices)`` tasks into batches, and the sending back of
+errors the main process can unpickle."""
+from __future__ import annotations
+
+import collections
+import pickle
+import queue
+import signal
+import traceback
+import warnings
+
+import torch
+
+from kasoku.data.loader import _stack
+
+
+def worker_loop(dataset, tasks, results) -> None:
+    """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out,
+    until ``None``. A dataset with ``start_batch(indices) -> handle`` and
+    ``finish_batch(handle) -> batch`` has the next queued batch started (its files read, say)
+    before the current one is finished, so the two overlap."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # the main process warns once per bad file
+    set_epoch = getattr(dataset, "set_epoch", None)
+    staged = hasattr(dataset, "start_batch")
+    reported: set = set()
+    ahead: collections.deque = collections.deque()  # (tag, epoch, handle or error)
+
+    def start(task):
+        tag, epoch, indices = task
+        try:
+            if set_epoch is not None:
+                set_epoch(epoch)
+            handle = dataset.start_batch(indices) if staged else indices
+            return tag, epoch, handle, None
+        except Exception as exc:  # sent back and raised in the main process
+            return tag, epoch, None, _portable(exc)
+
+    stopping = False
+    while ahead or not stopping:
+        if not ahead:
+            task = tasks.get()
+            if task is None:
+                break
+            ahead.append(start(task))
+        if staged and not stopping:
+            try:
+                task = tasks.get_nowait()
+            except queue.Empty:
+                pass
+            else:
+                if task is None:
+                    stopping = True
+                else:
+                    ahead.append(start(task))
+        tag, epoch, handle, error = ahead.popleft()
+        batch = None
+        if error is None:
+            try:
+                if set_epoch is not None:
+                    set_epoch(epoch)
+                batch = tuple(dataset.finish_batch(handle) if staged
+                              else _fetch(dataset, handle))
+            except Exception as exc:  # sent back and raised in the main process
+                error = _portable(exc)
+        bad = {str(p) for p in getattr(dataset, "bad_files", ())} - reported
+        reported |= bad
+        results.put((tag, batch, error, sorted(bad)))
+
+
+def _fetch(dataset, indices: list[int]):
+    if hasattr(dataset, "get_batch"):
+        return dataset.get_batch(torch.tensor(indices, dtype=torch.int64))
+    return tuple(_stack(field) for field in zip(*(dataset[i] for i in indices)))
+
+
+def _portable(exc: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"loader worker failed:\n{traceback.format_exc()}")
