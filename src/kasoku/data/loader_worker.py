@@ -1,9 +1,11 @@
 """What runs inside a ``ProcessLoader`` worker process (``kasoku.data.parallel_loader``):
-the loop that turns ``(tag, epoch, indices)`` tasks into batches, and the sending back of
-errors the main process can unpickle."""
+the loop that turns ``(tag, epoch, indices)`` tasks into batches, the sending back of errors
+the main process can unpickle, and the pinning of a worker (process or thread) to its
+CPUs."""
 from __future__ import annotations
 
 import collections
+import os
 import pickle
 import queue
 import signal
@@ -15,11 +17,12 @@ import torch
 from kasoku.data.loader import _stack
 
 
-def worker_loop(dataset, tasks, results) -> None:
+def worker_loop(dataset, tasks, results, cpus=None) -> None:
     """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out,
     until ``None``. A dataset with ``start_batch(indices) -> handle`` and
     ``finish_batch(handle) -> batch`` has the next queued batch started (its files read, say)
-    before the current one is finished, so the two overlap."""
+    before the current one is finished, so the two overlap. ``cpus``: pinned there first."""
+    pin_here(cpus)  # first: the threads torch starts here inherit the mask
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # the main process warns once per bad file
@@ -82,3 +85,25 @@ def _portable(exc: Exception) -> Exception:
         return exc
     except Exception:
         return RuntimeError(f"loader worker failed:\n{traceback.format_exc()}")
+
+
+def cpu_list(cpus) -> list[int] | None:
+    """``worker_cpus`` as a sorted list of CPU ids (None stays None); ``ValueError`` for an
+    empty one or a negative id."""
+    if cpus is None:
+        return None
+    cpus = sorted({int(c) for c in cpus})
+    if not cpus or cpus[0] < 0:
+        raise ValueError(f"worker_cpus must be CPU ids >= 0, got {cpus!r}")
+    return cpus
+
+
+def pin_here(cpus) -> None:
+    """Pin the calling thread (a worker process's first thread; the threads it starts inherit
+    the mask) to ``cpus``, where given; where the affinity API is missing or refuses, it runs
+    where it was."""
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (AttributeError, OSError):
+            pass

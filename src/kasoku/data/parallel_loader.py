@@ -9,6 +9,10 @@ Prefetch stays inside the current epoch: the next epoch's order is drawn (and
 dataset's epoch never changes under work in flight. Work in flight is discarded when the
 state moves elsewhere (``load_state_dict``, ``reset``).
 
+Cores: ``worker_cpus`` pins each worker thread or process to those CPUs as it starts (a CPU
+run gives the loader cores of its own: ``kasoku.accel.loader_cores``); None leaves them where
+the main process runs.
+
 Bad samples: a dataset that skips bad files (``ImageFolder`` without ``strict``) keeps them in
 ``dataset.bad_files``; ``loader.skipped`` / ``loader.skipped_files`` report them, gathered from
 the worker processes for ``ProcessLoader`` (which warns once per file in this process).
@@ -25,7 +29,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor pickling through shared memory
 
 from kasoku.data.loader import SerialLoader, _stack
-from kasoku.data.loader_worker import worker_loop
+from kasoku.data.loader_worker import cpu_list, pin_here, worker_loop
 from kasoku.errors import warn_once
 
 _POLL_S = 0.1
@@ -136,17 +140,25 @@ class ThreadLoader(_PrefetchLoader):
     Pillow and PyTorch release the GIL while decoding and resizing, so per-sample decodes run
     in parallel: each sample of the next ``prefetch_batches`` batches is one pool task
     (``dataset[i]``), stacked as ``SerialLoader`` stacks them; a dataset with ``get_batch``
-    makes one task per batch. Takes ``SerialLoader``'s keyword arguments.
+    makes one task per batch. ``worker_cpus``: the CPUs each pool thread pins itself to (Linux
+    keeps an affinity mask per thread). Takes ``SerialLoader``'s keyword arguments.
     """
 
     def __init__(self, dataset, batch_size: int, num_threads: int | None = None,
-                 prefetch_batches: int = 2, **kwargs):
-        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+                 prefetch_batches: int = 2, worker_cpus=None, **kwargs):
+        self.num_threads = num_threads or self.default_threads()
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
+        self.worker_cpus = cpu_list(worker_cpus)
         self._per_item = not hasattr(dataset, "get_batch")
-        self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-loader")
+        self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="kasoku-loader",
+                                        initializer=pin_here, initargs=(self.worker_cpus,))
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
+
+    @staticmethod
+    def default_threads() -> int:
+        """Threads when none are asked for: 8, or fewer on a machine with fewer cores."""
+        return min(8, os.cpu_count() or 1)
 
     def _submit(self, epoch, position, indices):
         if self._per_item:
@@ -192,7 +204,8 @@ class ProcessLoader(_PrefetchLoader):
     descriptor), so the main process copies nothing until it pins the batch; a float32
     ImageNet batch through a pipe instead costs the main process several copies of ~40 MB and
     caps the loader at a few cores' output. A segment is freed when its last holder
-    closes it, so a killed worker leaks nothing.
+    closes it, so a killed worker leaks nothing. ``worker_cpus``: the CPUs every worker
+    pins itself to as it starts.
 
     A worker that dies (killed, out of memory) makes the next wait for its batch raise
     ``RuntimeError`` naming the worker, its pid, the batch indices and first file; an
@@ -202,10 +215,11 @@ class ProcessLoader(_PrefetchLoader):
 
     def __init__(self, dataset, batch_size: int, num_workers: int | None = None,
                  prefetch_batches: int = 2, pin_memory: bool = False,
-                 start_method: str | None = None, **kwargs):
+                 start_method: str | None = None, worker_cpus=None, **kwargs):
         self.num_workers = num_workers or self.default_workers()
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+        self.worker_cpus = cpu_list(worker_cpus)
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
             warn_once("pin_memory has no effect without CUDA; batches stay pageable")
@@ -232,7 +246,8 @@ class ProcessLoader(_PrefetchLoader):
             ctx.set_forkserver_preload([__name__])  # the server imports torch once
         for number in range(self.num_workers):
             tasks, results = ctx.Queue(), ctx.Queue()
-            process = ctx.Process(target=worker_loop, args=(self.dataset, tasks, results),
+            process = ctx.Process(target=worker_loop,
+                                  args=(self.dataset, tasks, results, self.worker_cpus),
                                   name=f"kasoku-loader-{number}", daemon=True)
             process.start()
             self._workers.append((process, tasks, results))
@@ -310,7 +325,7 @@ class ProcessLoader(_PrefetchLoader):
     def __repr__(self) -> str:
         return (f"ProcessLoader({self.dataset!r}, batch_size={self.batch_size}, "
                 f"num_workers={self.num_workers}, start_method={self.start_method}, "
-                f"rank={self.rank}/{self.world_size})")
+                f"worker_cpus={self.worker_cpus}, rank={self.rank}/{self.world_size})")
 
 
 def _default_start_method() -> str:

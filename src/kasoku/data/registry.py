@@ -36,19 +36,25 @@ class LoaderKind:
     needs: str | None = None
     """What datasets it takes: None (any), ``"in-memory"`` (``inputs``/``targets`` tensors)
     or ``"image-folder"`` (``kasoku.data.imagefolder.ImageFolder``)."""
+    host_workers: Callable[[int | None], int] | None = None
+    """For a kind whose worker processes or threads run on the host's cores and can be pinned
+    there (it takes ``worker_cpus``): how many it runs for the ``N`` of ``KIND:N`` (None: the
+    kind's default); None for the other kinds."""
 
 
 _REGISTRY: dict[str, LoaderKind] = {}
 
 
 def register_loader(name: str, help: str, count: str | None = None, prefetching: bool = False,
-                    chunks: bool = False, needs: str | None = None):
+                    chunks: bool = False, needs: str | None = None,
+                    host_workers: Callable[[int | None], int] | None = None):
     """Decorator of a builder ``build(dataset, batch_size, device, count, **kwargs)``:
     registers the loader kind ``name`` (see ``LoaderKind``)."""
     def deco(build: Callable) -> Callable:
         if name in _REGISTRY:
             raise ValueError(f"loader {name!r} is registered twice")
-        _REGISTRY[name] = LoaderKind(name, build, help, count, prefetching, chunks, needs)
+        _REGISTRY[name] = LoaderKind(name, build, help, count, prefetching, chunks, needs,
+                                     host_workers)
         return build
     return deco
 
@@ -109,14 +115,29 @@ def check_loader_settings(spec: str, batches_per_call: int = 1, prefetch: int | 
     return kind, count
 
 
+def host_workers(spec: str) -> int:
+    """How many worker processes or threads a ``spec`` loader runs on the host's cores (0 for
+    a kind that runs none there, or whose workers cannot be pinned: ``LoaderKind.host_workers``
+    is None)."""
+    kind, count = parse_loader_spec(spec)
+    return kind.host_workers(count) if kind.host_workers is not None else 0
+
+
 def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
-                  batches_per_call: int = 1, prefetch: int | None = None, **kwargs):
+                  batches_per_call: int = 1, prefetch: int | None = None,
+                  worker_cpus=None, **kwargs):
     """The loader ``spec`` names over ``dataset`` (``--loader``). ``batches_per_call`` > 1:
     chunks of that many batches (for ``--steps-per-call``); ``prefetch``: batches kept in
-    flight by the kinds that make them ahead (None: the kind's default); ``kwargs``:
+    flight by the kinds that make them ahead (None: the kind's default); ``worker_cpus``: the
+    CPUs its workers are pinned to (kinds with ``host_workers`` only); ``kwargs``:
     ``SerialLoader``'s. Settings the kind cannot take, and datasets it cannot read, are a
     ``ConfigError`` that says what to use."""
     kind, count = check_loader_settings(spec, batches_per_call, prefetch)
+    if worker_cpus is not None:
+        if kind.host_workers is None:
+            raise ConfigError(f"the {kind.name} loader runs no workers on the host's cores "
+                              f"to pin to CPUs {list(worker_cpus)}")
+        kwargs["worker_cpus"] = worker_cpus
     if prefetch is not None:
         kwargs["prefetch_batches"] = prefetch
     if batches_per_call > 1:
@@ -174,14 +195,25 @@ def _device(dataset, batch_size, device, count, **kwargs):
     return DeviceLoader(dataset, batch_size, device=device, **kwargs)
 
 
-@register_loader("threads", "samples decoded by N threads", count="threads", prefetching=True)
+def _thread_count(count: int | None) -> int:
+    from kasoku.data.parallel_loader import ThreadLoader
+    return count or ThreadLoader.default_threads()
+
+
+def _process_count(count: int | None) -> int:
+    from kasoku.data.parallel_loader import ProcessLoader
+    return count or ProcessLoader.default_workers()
+
+
+@register_loader("threads", "samples decoded by N threads", count="threads", prefetching=True,
+                 host_workers=_thread_count)
 def _threads(dataset, batch_size, device, count, **kwargs):
     from kasoku.data.parallel_loader import ThreadLoader
     return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
 
 
 @register_loader("multiprocess", "batches made by N worker processes", count="processes",
-                 prefetching=True)
+                 prefetching=True, host_workers=_process_count)
 def _multiprocess(dataset, batch_size, device, count, **kwargs):
     from kasoku.data.parallel_loader import ProcessLoader
     return ProcessLoader(dataset, batch_size, num_workers=count,
