@@ -61,6 +61,10 @@ class TrainConfig:
     """Batches the loader keeps in flight ahead of the training step: per worker for
     multiprocess and gpu-jpeg-procs (default 2), in all for threads (2) and gpu-jpeg (3).
     The serial and device loaders make a batch when asked for one."""
+    loader_cores: bool = True
+    """On a CPU, give the loader's worker processes or threads (multiprocess, threads) cores
+    of their own and PyTorch's threads the rest, each side pinned to its cores (the workers
+    get one core each, at most half of them; with --threads T the step keeps T cores)."""
     threads: int | None = None
     """CPU threads for PyTorch's operators (default: one per core, or the workload's choice;
     1 suits tiny models such as sine-lstm, above all when other jobs share the cores)."""

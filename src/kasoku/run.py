@@ -17,9 +17,11 @@ import torch
 
 from kasoku.accel.compose import accelerate, check_config, prewarm
 from kasoku.accel.config import AccelConfig
+from kasoku.accel.loader_cores import apply_loader_cores, release_cores, shared_cores
+from kasoku.accel.loader_cores import describe as describe_cores
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.data.prefetch import wrap_for_device
-from kasoku.data.registry import check_loader_settings, create_loader
+from kasoku.data.registry import check_loader_settings, create_loader, host_workers
 from kasoku.device import resolve_device
 from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.dist import World
@@ -79,8 +81,12 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     if parallel and device.type == "cpu" and not threads:
         # The workers of one machine share its cores.
         threads = max(1, (os.cpu_count() or 1) // local_world_size())
-    if threads:
+    # Before the loaders are built: the split pins every thread this process has by then.
+    cores = None if parallel else loader_cores(train, device, threads)
+    worker_cpus = (cores or {}).get("loader_cpus")
+    if threads and not worker_cpus:
         torch.set_num_threads(threads)
+    pinned = {"worker_cpus": worker_cpus} if worker_cpus else {}
     prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
     torch.manual_seed(seed)
     train_set, val_set = workload.build_datasets(data, seed=seed)
@@ -109,14 +115,16 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
     loader = wrap_for_device(create_loader(
         train.loader, train_set, batch_size, device, seed=seed,
-        batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **shard),
-        device)
+        batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **pinned,
+        **shard), device)
     run_info = {"workload": workload.name, "batch_size": batch_size, "optimizer": optimizer}
     trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
                       metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
                       out=out or train.out or default_out(workload.name),
                       step_fn=accelerated.step_fn, overwrite=train.overwrite,
                       run_info=run_info, writer=world.is_main, handle_signals=not parallel)
+    if cores is not None:
+        trainer.setup["cpu_threads"] = cores
     for extension in [*accelerated.extensions, *schedules(recipe, epochs, warmup_epochs)]:
         trainer.extend(extension)
     if val_set is not None:
@@ -130,7 +138,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         val_shard = dict(shard, pad=False) if shard else {}
         val_loader = wrap_for_device(create_loader(
             train.loader, val_set, val_batch, device, shuffle=False, repeat=False,
-            prefetch=train.prefetch, **val_shard), device)
+            prefetch=train.prefetch, **pinned, **val_shard), device)
         trainer.extend(ext.Evaluator(val_loader, ddp.unwrap(model), workload.loss_fn,
                                      metric_fn=metric_fn, device=device))
     if world.is_main:
@@ -139,6 +147,21 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
         trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger(train))
         trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
     return trainer
+
+
+def loader_cores(train: TrainConfig, device: torch.device, threads: int | None) -> dict | None:
+    """On a CPU, the loader's workers on cores of their own and the step's ``threads`` on the
+    others (``apply_loader_cores``; its record), unless ``train.loader_cores`` is off (the
+    record says so); None where the loader runs no workers on the host, or off the CPU."""
+    workers = host_workers(train.loader)
+    if device.type != "cpu" or not workers:
+        if not train.loader_cores:
+            warn_once(f"--no-loader-cores has no effect: the {train.loader} loader on "
+                      f"{device.type} gives no worker processes or threads cores of their own")
+        return None
+    if not train.loader_cores:
+        return shared_cores(workers, "--no-loader-cores")
+    return apply_loader_cores(workers, threads)
 
 
 def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None) -> None:
@@ -253,8 +276,9 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     if failure is not None:
         _say_again(said)
         raise failure
+    cores = trainer.setup.get("cpu_threads")
     print(f"# {workload.name}  data: {_data_source(workload, data)}  device: {device}  "
-          f"out: {out}",
+          f"out: {out}" + (f"  cores: {describe_cores(cores)}" if cores else ""),
           file=sys.stderr, flush=True)
     _say_again(said)
     if snapshot is not None:
@@ -274,11 +298,18 @@ def _run_and_close(trainer: Trainer) -> None:
     try:
         trainer.run()
     finally:
-        # Worker processes and threads of the parallel loaders end here, on every path.
-        for loader in loaders_of(trainer):
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
+        close_run(trainer)
+
+
+def close_run(trainer: Trainer) -> None:
+    """End what a built trainer holds, on every path: the worker processes and threads of its
+    parallel loaders; this process's threads go back to the CPUs the loader split took them
+    from (``release_cores``)."""
+    for loader in loaders_of(trainer):
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+    release_cores(trainer.setup.get("cpu_threads"))
 
 
 def join_as_worker(world: World, train: TrainConfig, dist_cfg: DistConfig,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.cli.train import KFAC_FLAGS, TRAIN_FLAGS, WORKLOAD_HELP, kfac_config_from_args
+from kasoku.cli.train import (KFAC_FLAGS, LOADER_CORES_FLAG, TRAIN_FLAGS, WORKLOAD_HELP,
+                              kfac_config_from_args)
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.kfac.config import KFACConfig
 
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
     a.add_fields(p.add_argument_group("loader"), TrainConfig, {
         "loader": {"type": a.loader_spec, "metavar": "KIND[:N]",
                    "help": "which loader makes the batches (see kasoku train --help)"},
-        "prefetch": {"metavar": "N"}})
+        "prefetch": {"metavar": "N"}, "loader_cores": LOADER_CORES_FLAG})
     a.add_fields(p.add_argument_group("K-FAC (--optimizer kfac)"), KFACConfig, KFAC_FLAGS)
     add_accel_arguments(p)
     a.add_fields(p.add_argument_group("profile"), ProfileConfig, PROFILE_FLAGS)

@@ -28,6 +28,12 @@ TRAIN_FLAGS = {
     "threads": {"type": a.threads},
     "progress": {"flag": "--no-progress", "action": "store_false", "help": "no progress bar"},
 }
+LOADER_CORES_FLAG = {
+    "flag": "--no-loader-cores", "action": "store_false",
+    "help": "on a CPU, leave the loader's worker processes or threads on the cores of "
+            "PyTorch's threads (by default each side is pinned to cores of its own: the "
+            "workers one core each, at most half of them; with --threads T the training step "
+            "keeps T cores)"}
 DATA_FLAGS = {
     "root": {"flag": "--data", "type": Path, "metavar": "DIR"},
     "download": None, "synthetic": None,
@@ -88,7 +94,7 @@ def add_parser(sub) -> None:
         "loader": {"type": a.loader_spec, "metavar": "KIND[:N]",
                    "help": f"which loader makes the batches (default: serial). {described}"
                    .replace("%", "%%")},
-        "prefetch": {"metavar": "N"}})
+        "prefetch": {"metavar": "N"}, "loader_cores": LOADER_CORES_FLAG})
     a.add_fields(p.add_argument_group("K-FAC (--optimizer kfac)"), KFACConfig, KFAC_FLAGS)
     add_accel_arguments(p)
     add_dist_arguments(p)

@@ -96,6 +96,10 @@ class Trainer:
         self.out = Path(out)
         self.overwrite, self.writer, self.handle_signals = overwrite, writer, handle_signals
         self.run_info = dict(run_info or {})
+        self.setup: dict = {}
+        """How the run was set up on this machine (``cpu_threads``: the cores of the step and
+        of the loader's workers, ``kasoku.accel.loader_cores``): said when it starts; unlike
+        ``run_info``, neither kept in snapshots nor compared on resume."""
         self.last_snapshot_iteration: int | None = None
         """The iteration of the latest snapshot written (or resumed from), None before one."""
         self.stopping = False

@@ -98,12 +98,13 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
     """Steps 1-4 of the module doc on a built trainer; ``speak``: print, confirm and write
     (worker 0 of a data-parallel run, or the only process); ``workers``: how many train
     (the rates are this worker's)."""
-    from kasoku.run import loaders_of
+    from kasoku.run import close_run
     u = trainer.updater
     try:
         result = {"workload": workload.name, "device": str(u.device), "out": str(out),
                   "settings": {**vars(cfg), "batch_size": trainer.run_info["batch_size"],
                                "loader": train.loader,
+                               "cpu_threads": trainer.setup.get("cpu_threads"),
                                "data": "synthetic" if data.synthetic else str(data.root)}}
         result.update(_measure(u, cfg))
         if measure_only:
@@ -128,10 +129,7 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
         if cfg.python:
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
-        for loader in loaders_of(trainer):
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
+        close_run(trainer)
     if not speak:
         return result
     from kasoku.dist.launch import under_launcher
