@@ -1,6 +1,7 @@
 """The ladder's loader rung (``kasoku bench --data DIR``): the rung before it fed by a loader
 from the workload's dataset, end to end in worker processes on the CPU, on an MNIST folder in
-the real IDX format; kasoku's pick of the loader; the settings it refuses."""
+the real IDX format; kasoku's pick of the loader; the settings it refuses; on a CPU, the
+cores split between the step and the loader's workers."""
 import json
 
 import numpy as np
@@ -86,3 +87,52 @@ def test_a_multi_step_rung_is_refused(tmp_path, capsys):
     code, _ = bench(["mnist-mlp", "--device", "cpu", "--config", "fp32,steps_per_call=4",
                      "--data", str(data), "--out", str(tmp_path / "out"), *FAST])
     assert code == 2 and "one batch per step; steps_per_call=4" in capsys.readouterr().err
+
+
+def test_a_loader_with_workers_gets_cores_of_its_own_on_a_cpu(tmp_path):
+    from test_loader_cores import usable_cores
+    if len(usable_cores()) < 2:
+        pytest.skip("needs 2 usable physical cores and the affinity API")
+    data = write_mnist(tmp_path / "mnist", n_train=64, n_test=8)
+    out = tmp_path / "out"
+    code, text = bench(["mnist-mlp", "--batch-size", "16", "--config", "fp32", "--data",
+                        str(data), "--loader", "multiprocess:1", "--out", str(out), *FAST,
+                        "--numerics-steps", "0"])
+    assert code == 0, text
+    rec = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    assert rec["rung"] == fed.LABEL and rec["status"] == "ok"
+    threads = rec["settings"]["cpu_threads"]
+    # --threads 1: the step keeps one core, the one worker takes the last.
+    assert threads["threads"] == rec["env"]["torch_threads"] == 1
+    assert threads["loader_cpus"] == usable_cores()[-1:] and threads["loader_workers"] == 1
+    assert not set(threads["pinned_cpus"]) & set(threads["loader_cpus"])
+    assert f"1 loader worker on CPUs {threads['loader_cpus']}" in text
+
+
+def test_no_loader_cores_leaves_the_workers_on_the_step_cores(tmp_path):
+    data = write_mnist(tmp_path / "mnist", n_train=64, n_test=8)
+    batches = fed.FedBatches(create_workload("mnist-mlp"), data, "multiprocess:1", 16,
+                             torch.device("cpu"), cores=False)
+    try:
+        assert batches.cores == {"loader_workers": 1, "loader_cpus": None,
+                                 "loader_note": "--no-loader-cores"}
+        assert batches.loader.worker_cpus is None
+    finally:
+        batches.close()
+
+
+def test_no_loader_cores_is_a_bench_flag_too():
+    from kasoku.cli import build_parser
+    parser = build_parser()
+    assert parser.parse_args(["bench", "mnist-mlp"]).loader_cores is True
+    assert parser.parse_args(["bench", "mnist-mlp", "--no-loader-cores"]).loader_cores is False
+
+
+def test_the_table_names_the_loader_rungs_cores():
+    from kasoku.bench import report
+    threads = {"threads": 1, "interop_threads": 1, "pinned_cpus": [0], "loader_workers": 2,
+               "loader_cpus": [1], "loader_note": None}
+    rung = {"rung": "+loader", "batch_size": 16, "settings": {"cpu_threads": threads}}
+    plain = {"rung": "plain", "batch_size": 16, "settings": {"cpu_threads": {"threads": 2}}}
+    assert report.loader_core_lines([plain, rung, dict(rung, batch_size=32)]) == [
+        "+loader: 1 compute thread on CPUs [0], 2 loader workers on CPUs [1]"]

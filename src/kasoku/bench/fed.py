@@ -9,6 +9,10 @@ rung before it, it shows what the input pipeline costs. The loader is kasoku's p
 (``fastest_loader``) unless ``--loader`` names one. Batches are dropped at each epoch's end
 when incomplete, so every step has one shape (a captured CUDA graph replays only that shape).
 
+On a CPU, a loader with worker processes or threads gets cores of its own and the step the
+rest (``kasoku.accel.loader_cores``, as ``kasoku train`` does; ``--no-loader-cores``: not),
+decided once the loader is known, before it is built.
+
 The numerics guard does not compare this rung: its batches are real data, not the fixed
 synthetic batches of the other rungs. A loss that is not finite still fails it.
 """
@@ -61,21 +65,32 @@ def check_data(data: Path | None, loader: str | None) -> None:
 class FedBatches:
     """The training split of ``workload`` under ``root``, batched by ``spec`` (or kasoku's
     pick) onto ``device``: ``take(n)`` yields the next ``n`` batches, pulled as they are
-    consumed (inside the timed window)."""
+    consumed (inside the timed window). ``cores``: on a CPU, split the cores of ``affinity``
+    (None: this process's mask) between the step (``threads`` of them, None: the rest) and the
+    loader's workers; ``self.cores`` is ``apply_loader_cores``' record (None where the loader
+    runs no workers on the host)."""
 
     def __init__(self, workload, root: Path, spec: str | None, batch_size: int,
-                 device: torch.device, seed: int = 0):
+                 device: torch.device, seed: int = 0, cores: bool = True,
+                 threads: int | None = None, affinity: set[int] | None = None):
+        from kasoku.accel.loader_cores import apply_loader_cores, shared_cores
         from kasoku.data.prefetch import wrap_for_device
-        from kasoku.data.registry import create_loader
+        from kasoku.data.registry import create_loader, host_workers
         train, _ = workload.build_datasets(DataConfig(root=Path(root)), seed=seed)
         if len(train) < batch_size:
             raise ConfigError(f"--data {root}: {len(train)} training samples, fewer than one "
                               f"batch of {batch_size}")
         self.spec = spec if spec and spec != FASTEST else fastest_loader(train, device.type)
         self.samples = len(train)
+        workers = host_workers(self.spec) if device.type == "cpu" else 0
+        self.cores = None
+        if workers:  # before the loader starts its workers: the split pins every thread here
+            self.cores = apply_loader_cores(workers, threads, affinity) if cores else \
+                shared_cores(workers, "--no-loader-cores")
+        pinned = (self.cores or {}).get("loader_cpus")
         self.loader = wrap_for_device(
-            create_loader(self.spec, train, batch_size, device, seed=seed, drop_last=True),
-            device)
+            create_loader(self.spec, train, batch_size, device, seed=seed, drop_last=True,
+                          **({"worker_cpus": pinned} if pinned else {})), device)
 
     def take(self, n: int):
         for _ in range(n):

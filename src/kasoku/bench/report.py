@@ -141,6 +141,15 @@ def threads_label(records: list[dict]) -> str | None:
     return None
 
 
+def loader_core_lines(records: list[dict]) -> list[str]:
+    """``+loader: 1 compute thread on CPUs [0], 1 loader worker on CPUs [1]``: how a CPU
+    loader rung's cores were split (``kasoku.accel.loader_cores``), once per rung and split."""
+    from kasoku.accel.loader_cores import describe
+    lines = [f"{r['rung']}: {describe(t)}" for r in records
+             if "loader_workers" in (t := (r.get("settings") or {}).get("cpu_threads") or {})]
+    return list(dict.fromkeys(lines))
+
+
 def peak_lines(records: list[dict]) -> list[str]:
     """The matmul peaks the MFU column is read against: measured, and on a CPU the
     first-principles one beside it with the measured share of it."""
@@ -163,7 +172,8 @@ def peak_lines(records: list[dict]) -> list[str]:
 def print_ladder(records: list[dict], title: str | None = None, file=None) -> None:
     """Rung rows x batch-size columns: median rate, speed-up over ``plain`` at the same batch
     size, MFU; then the bottleneck (``bottleneck``) and the numerics verdict of the rung.
-    Under the table: the peaks (``peak_lines``), the rungs skipped on this machine and why
+    Under the table: the peaks (``peak_lines``), the cores of a CPU loader rung's step and
+    workers (``loader_core_lines``), the rungs skipped on this machine and why
     (``skip_lines``), the rungs slower than the one above (``slower_lines``) and each rung's
     verdict line (``verdict_lines``)."""
     rungs, sizes, cells = _grid(records)
@@ -180,6 +190,7 @@ def print_ladder(records: list[dict], title: str | None = None, file=None) -> No
              + f"  [cells: {unit(records)} median, x speed-up vs plain, MFU]")
     print_table(headers, rows, title=title.strip(), file=file)
     for heading, lines in (("peaks (MFU's denominators):", peak_lines(records)),
+                           ("loader cores:", loader_core_lines(records)),
                            ("skipped rungs:", skip_lines(records)),
                            ("slower than the rung above:", slower_lines(records)),
                            ("bottleneck verdicts (a profiled window of each run):",

@@ -11,7 +11,11 @@ A line (schema ``kasoku.bench/1``)::
     config:   {"kind": "plain", ...} or {"kind": "kasoku", <every AccelConfig field>}
     settings: steps_per_window, windows, warmup_steps, numerics_steps, seed, pool_batches,
               optimizer, lr, momentum, weight_decay; cpu_threads (CPU runs: threads,
-              interop_threads, pinned_cpus, as ``kasoku.accel.cpu_threads`` set them)
+              interop_threads, pinned_cpus, as ``kasoku.accel.cpu_threads`` set them; on
+              the loader rung with worker processes or threads also loader_workers,
+              loader_cpus, loader_note and affinity_cpus (the mask split), with threads and
+              pinned_cpus the step's side, as ``kasoku.accel.loader_cores`` split the cores:
+              loader_cpus null and loader_note saying why where they share them)
     data:     source ("synthetic on-device", or "SPEC loader, DIR" for the loader rung),
               input_shape, input_dtype, input_range, target; the loader rung also loader
               (the spec), root, train_samples

@@ -74,6 +74,8 @@ class SweepConfig:
     """The loader rung's loader spec (None: kasoku's pick, ``fed.fastest_loader``)."""
     profile_steps: int = 6
     """Steps of each run's profiled window, judged for its bottleneck verdict (0: none)."""
+    loader_cores: bool = True
+    """On a CPU, the loader rung's workers on cores of their own."""
 
 
 @dataclass
@@ -189,7 +191,8 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
                         pool_batches=cfg.pool_batches, numerics_only=numerics_only,
                         kernels=0 if numerics_only else cfg.kernels,
                         profile_steps=0 if numerics_only else cfg.profile_steps,
-                        data=str(cfg.data) if rung.loader else None)
+                        data=str(cfg.data) if rung.loader else None,
+                        loader_cores=cfg.loader_cores)
     cmd = [sys.executable, "-m", "kasoku.bench.worker", request_to_json(req)]
     t0 = time.perf_counter()
     status, stdout, stderr = _run_process(cmd, cfg.timeout_s)

@@ -78,6 +78,8 @@ class WorkerRequest:
     profile_steps: int = 6
     """Steps of the profiled window after the windows (and after ``kernels``), analysed into
     ``figures["profile"]`` for the sweep's bottleneck verdict; 0: none."""
+    loader_cores: bool = True
+    """On a CPU, the loader rung's workers on cores of their own (``kasoku.bench.fed``)."""
 
 
 def run(req: WorkerRequest) -> dict:
@@ -86,6 +88,8 @@ def run(req: WorkerRequest) -> dict:
     device = torch.device(req.device)
     wl = create_workload(req.workload)
     threads = req.threads or (wl.cpu_threads if device.type == "cpu" else None)
+    # The loader rung splits the CPUs this process had before its threads were pinned.
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     cpu_threads = _set_threads(device.type, threads)  # first: environment() records them
     record = {
         "workload": req.workload, "rung": req.rung.label, "batch_size": req.batch_size,
@@ -103,7 +107,7 @@ def run(req: WorkerRequest) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        _measure(req, wl, device, record)
+        _measure(req, wl, device, record, affinity)
         record["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
         record["status"] = "oom" if _is_oom(exc) else "error"
@@ -114,7 +118,8 @@ def run(req: WorkerRequest) -> dict:
     return record
 
 
-def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None:
+def _measure(req: WorkerRequest, wl, device: torch.device, record: dict,
+             affinity: set[int] | None = None) -> None:
     notes = record["notes"]
     torch.manual_seed(req.seed)
     model = wl.build_model()
@@ -133,8 +138,13 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict) -> None
         if not req.data:
             raise ValueError(f"rung {req.rung.label} is fed by a loader: it needs --data DIR")
         from kasoku.bench.fed import FedBatches
-        fed = FedBatches(wl, req.data, req.rung.loader, req.batch_size, device, seed=req.seed)
+        fed = FedBatches(wl, req.data, req.rung.loader, req.batch_size, device, seed=req.seed,
+                         cores=req.loader_cores, threads=req.threads or wl.cpu_threads,
+                         affinity=affinity)
         record["data"] = {**record["data"], **fed.describe(req.data)}
+        if fed.cores:  # the split re-set the threads and pinning recorded at the start
+            record["settings"]["cpu_threads"].update(fed.cores)
+            record["env"]["torch_threads"] = torch.get_num_threads()
         try:
             _measure_steps(req, wl, model, device, lr, record, lambda n, start: fed.take(n))
         finally:

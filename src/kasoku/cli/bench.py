@@ -51,6 +51,10 @@ def add_parser(sub) -> None:
                    "(default: kasoku's pick: device for an in-memory dataset such as MNIST or "
                    "CIFAR-10, gpu-jpeg for a JPEG folder on a GPU, else multiprocess with one "
                    "worker per core)")
+    p.add_argument("--no-loader-cores", dest="loader_cores", action="store_false",
+                   help="on a CPU, leave the +loader rung's worker processes or threads on the "
+                   "cores of PyTorch's threads (by default each side is pinned to cores of its "
+                   "own, as in kasoku train)")
     p.add_argument("--steps", type=a.positive_int,
                    help="steps per timed window (default: 20 GPU, 30 CPU)")
     p.add_argument("--windows", type=a.positive_int, default=3,
@@ -153,4 +157,5 @@ def sweep_config(args, wl, device, out: Path):
                        warmup=args.warmup if args.warmup is not None else defaults["warmup"],
                        numerics_steps=args.numerics_steps, timeout_s=args.timeout,
                        seed=args.seed, threads=args.threads, peak_size=args.peak_size,
-                       kernels=args.kernels, data=args.data, loader=args.loader)
+                       kernels=args.kernels, data=args.data, loader=args.loader,
+                       loader_cores=args.loader_cores)
