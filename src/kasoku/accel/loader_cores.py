@@ -7,7 +7,10 @@ intra-op thread per physical core, each on a core of its own) for a run that als
 run_cpu hands each instance a contiguous slice of the sorted physical cores
 (``--ncores-per-instance``); here the step is one slice and the loader the other. Without the
 split, PyTorch's threads take every core and the workers land on the same ones; an OpenMP
-thread preempted by a decode holds up the whole parallel region at its barrier.
+thread preempted by a decode holds up the whole parallel region at its barrier. The split
+costs the step the workers' cores: where the loader has little to do (an in-memory dataset
+whose batch is one gather), a compute-bound step runs slower by their share, and
+``--no-loader-cores`` gives them back.
 
 How many cores the workers get, of the C physical cores this process may use: with no
 thread count asked for, one per worker and at most half, ``min(N, C // 2)`` (the step keeps
