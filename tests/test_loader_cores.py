@@ -214,6 +214,22 @@ def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, res
     assert os.sched_getaffinity(0) == before and _thread_cpus() == before
 
 
+def test_turning_it_off_where_there_is_nothing_to_split_is_said(tmp_path):
+    from kasoku.config import DataConfig, TrainConfig
+    from kasoku.errors import KasokuWarning, reset_warnings
+    from kasoku.run import build_trainer, close_run
+    from kasoku.workloads import create_workload
+    reset_warnings()
+    train = TrainConfig(epochs=1, batch_size=16, device="cpu", loader="serial",
+                        loader_cores=False, progress=False, out=tmp_path / "run")
+    with pytest.warns(KasokuWarning, match="--no-loader-cores has no effect: the serial"):
+        trainer = build_trainer(create_workload("mnist-mlp"),
+                                DataConfig(synthetic=True, synthetic_train_size=32,
+                                           synthetic_val_size=16), train)
+    close_run(trainer)
+    assert "cpu_threads" not in trainer.setup
+
+
 def test_the_flag_turns_it_off():
     from kasoku.cli import build_parser
     from kasoku.cli.args import config_from
