@@ -47,11 +47,12 @@ def test_split_on_two_sockets_of_hyperthreaded_cores(tmp_path):
     cpus = core_cpus(root)
     assert cpus == list(range(8))  # one hardware thread per core, as the compute threads
     assert split_cores(cpus, 2) == CoreSplit((0, 1, 2, 3, 4, 5), (6, 7))
-    assert split_cores(cpus, 8) == CoreSplit((0, 1, 2, 3), (4, 5, 6, 7))  # at most half
+    assert split_cores(cpus, 8) == CoreSplit((0, 1, 2, 3, 4, 5), (6, 7))  # at most a quarter
     assert split_cores(cpus, 2, threads=3) == CoreSplit((0, 1, 2), (6, 7))
     assert split_cores(cpus, 6, threads=5) == CoreSplit((0, 1, 2, 3, 4), (5, 6, 7))
-    # A mask of two cores' four hardware threads: 1 + 1.
-    assert split_cores(core_cpus(root, {0, 8, 1, 9}), 4) == CoreSplit((0,), (1,))
+    # A mask of two cores' four hardware threads: shared, unless a thread count is asked for.
+    assert "2 physical cores usable" in split_cores(core_cpus(root, {0, 8, 1, 9}), 4)
+    assert split_cores(core_cpus(root, {0, 8, 1, 9}), 4, threads=1) == CoreSplit((0,), (1,))
     # One core, two hardware threads: nothing to split.
     assert "1 physical core usable" in split_cores(core_cpus(root, {3, 11}), 1)
 
@@ -59,7 +60,9 @@ def test_split_on_two_sockets_of_hyperthreaded_cores(tmp_path):
 def test_split_on_a_two_core_vm(tmp_path):
     root = fake_tree(tmp_path, name="AMD EPYC", vendor="AuthenticAMD", family=25, model=1,
                      flags=EPYC_FLAGS, topology=[(0, 0), (0, 1)])
-    assert split_cores(core_cpus(root), 1) == CoreSplit((0,), (1,))
+    # A core of two would cost the step half its compute: shared unless --threads says 1.
+    assert "would cost the step half" in split_cores(core_cpus(root), 1)
+    assert split_cores(core_cpus(root), 1, threads=1) == CoreSplit((0,), (1,))
     assert "take all 2 physical cores" in split_cores(core_cpus(root), 1, threads=2)
 
 
@@ -70,14 +73,14 @@ def test_the_step_always_keeps_a_core(cores):
         for threads in [None, *range(1, cores + 2)]:
             split = split_cores(cpus, workers, threads)
             if isinstance(split, str):
-                assert cores < 2 or threads >= cores
+                assert cores < 2 or (threads is None and cores < 4) or threads >= cores
                 continue
             step, loader = set(split.compute_cpus), set(split.worker_cpus)
             assert step and loader and not step & loader and step | loader <= set(cpus)
             assert len(loader) <= workers
             assert len(step) == (threads or cores - len(loader))
             if threads is None:
-                assert len(loader) <= cores // 2
+                assert len(loader) <= cores // 4
     with pytest.raises(ValueError, match=">= 1"):
         split_cores([0, 1], 0)
 
@@ -155,7 +158,8 @@ def _thread_cpus() -> set[int]:
                                           ("threads:2", AffinityReport)])
 def test_workers_run_on_their_cores_and_the_step_on_the_others(spec, dataset, restore_cpus):
     torch.ones(256, 256) @ torch.ones(256, 256)  # PyTorch's pool started before the split
-    record = apply_loader_cores(host_workers(spec))
+    # A thread count asked for: the split happens on any machine of 2 cores or more.
+    record = apply_loader_cores(host_workers(spec), threads=len(usable_cores()) - 1)
     step, workers = set(record["pinned_cpus"]), set(record["loader_cpus"])
     assert step and workers and not step & workers, record
     assert record["threads"] == torch.get_num_threads() == len(step)
@@ -179,6 +183,7 @@ def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus)
     affinity, cpus = os.sched_getaffinity(0), usable_cores()
     for on, spec in ((True, "multiprocess:1"), (False, "multiprocess:1"), (True, "serial")):
         train = TrainConfig(epochs=1, batch_size=16, device="cpu", loader=spec,
+                            threads=len(cpus) - 1,
                             loader_cores=on, progress=False, out=tmp_path / f"{on}-{spec}")
         trainer = build_trainer(create_workload("mnist-mlp"), data, train)
         try:
@@ -206,6 +211,7 @@ def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, res
     train_workload("mnist-mlp", DataConfig(synthetic=True, synthetic_train_size=64,
                                            synthetic_val_size=16),
                    TrainConfig(epochs=1, batch_size=16, device="cpu", loader="threads:1",
+                               threads=len(usable_cores()) - 1,
                                progress=False, out=tmp_path / "run"))
     header = capsys.readouterr().err.splitlines()[0]
     cpus = usable_cores()
