@@ -34,3 +34,26 @@ def one_thread_fresh_lever_warnings():
     reset_warnings()
     yield
     torch.set_num_threads(before)
+
+
+_START_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+_START_THREADS = torch.get_num_threads()
+
+
+def _restore_cpus_and_threads() -> None:
+    if _START_CPUS is not None and os.sched_getaffinity(0) != _START_CPUS:
+        from kasoku.accel.loader_cores import pin_threads
+        pin_threads(_START_CPUS)
+    if torch.get_num_threads() != _START_THREADS:
+        torch.set_num_threads(_START_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _cpus_and_threads_restored():
+    """Every test starts and ends with this process's threads on the CPUs, and PyTorch's
+    thread count, the session started with: a bench worker run in-process (a module fixture
+    among them) pins the calling thread (one core per thread asked for), a run with a loader
+    split pins them all, and a test after them would see fewer cores than the machine has."""
+    _restore_cpus_and_threads()
+    yield
+    _restore_cpus_and_threads()

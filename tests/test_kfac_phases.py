@@ -193,3 +193,14 @@ def test_kasoku_profile_reports_kfac_phases_and_verdict(tmp_path, capsys):
     assert 'id="kfac"' in (out / "report.html").read_text()
     spans = {trace.phase_name(s) for s in trace.load(out / "trace.json").phases}
     assert {"forward", "kfac_factors", "kfac_precondition"} <= spans
+
+
+def test_time_next_times_the_next_step_whatever_the_draw():
+    clock = PhaseClock("cpu", sample_every=10**6)  # almost never timed by the draw
+    clock.step()
+    clock.time_next()
+    clock.step()  # the step that begins now is timed
+    clock.mark("data")
+    clock.mark("forward")
+    clock.step()
+    assert clock.steps == 1 and "time/forward" in clock.take()

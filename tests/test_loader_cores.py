@@ -25,7 +25,10 @@ def usable_cores() -> list[int]:
     return (core_cpus("/", os.sched_getaffinity(0)) or []) if HAS_AFFINITY else []
 
 
-needs_two_cores = pytest.mark.skipif(len(usable_cores()) < 2,
+CORES = usable_cores()
+"""Read once, when the tests are collected: the cores the skip mark below counted."""
+
+needs_two_cores = pytest.mark.skipif(len(CORES) < 2,
                                      reason="needs 2 usable physical cores and the affinity API")
 
 
@@ -159,7 +162,8 @@ def _thread_cpus() -> set[int]:
 def test_workers_run_on_their_cores_and_the_step_on_the_others(spec, dataset, restore_cpus):
     torch.ones(256, 256) @ torch.ones(256, 256)  # PyTorch's pool started before the split
     # A thread count asked for: the split happens on any machine of 2 cores or more.
-    record = apply_loader_cores(host_workers(spec), threads=len(usable_cores()) - 1)
+    record = apply_loader_cores(host_workers(spec), threads=len(CORES) - 1)
+    assert "pinned_cpus" in record, record
     step, workers = set(record["pinned_cpus"]), set(record["loader_cpus"])
     assert step and workers and not step & workers, record
     assert record["threads"] == torch.get_num_threads() == len(step)
@@ -207,7 +211,7 @@ def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus)
 def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, restore_cpus):
     from kasoku.config import DataConfig, TrainConfig
     from kasoku.run import train_workload
-    before = os.sched_getaffinity(0)
+    before, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
     train_workload("mnist-mlp", DataConfig(synthetic=True, synthetic_train_size=64,
                                            synthetic_val_size=16),
                    TrainConfig(epochs=1, batch_size=16, device="cpu", loader="threads:1",
@@ -218,6 +222,37 @@ def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, res
     assert header.endswith(f"cores: {len(cpus) - 1} compute thread{'s' * (len(cpus) > 2)} on "
                            f"CPUs {cpus[:-1]}, 1 loader worker on CPUs {cpus[-1:]}"), header
     assert os.sched_getaffinity(0) == before and _thread_cpus() == before
+    assert torch.get_num_threads() == threads_before
+
+
+@needs_two_cores
+def test_a_build_that_fails_after_the_split_gives_the_cores_back(tmp_path, monkeypatch):
+    import multiprocessing
+
+    import kasoku.run
+    from kasoku.config import DataConfig, TrainConfig
+    from kasoku.run import build_trainer
+    from kasoku.workloads import create_workload
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the trainer could not be made")
+
+    monkeypatch.setattr(kasoku.run, "Trainer", refuse)  # after the loaders were built
+    data = DataConfig(synthetic=True, synthetic_train_size=64, synthetic_val_size=16)
+    train = TrainConfig(epochs=1, batch_size=16, device="cpu", loader="multiprocess:1",
+                        threads=len(CORES) - 1, progress=False, out=tmp_path / "run")
+    before, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
+    children = set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="could not be made"):
+        build_trainer(create_workload("mnist-mlp"), data, train)
+    assert os.sched_getaffinity(0) == before and _thread_cpus() == before
+    assert torch.get_num_threads() == threads_before
+    assert set(multiprocessing.active_children()) <= children  # the loader's workers ended
+
+
+def test_a_thread_count_below_one_is_refused():
+    with pytest.raises(ValueError, match="threads must be None or >= 1"):
+        split_cores([0, 1, 2, 3], 1, threads=0)
 
 
 def test_turning_it_off_where_there_is_nothing_to_split_is_said(tmp_path):

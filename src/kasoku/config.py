@@ -64,7 +64,8 @@ class TrainConfig:
     loader_cores: bool = True
     """On a CPU, give the loader's worker processes or threads (multiprocess, threads) cores
     of their own and PyTorch's threads the rest, each side pinned to its cores (the workers
-    get one core each, at most half of them; with --threads T the step keeps T cores)."""
+    get one core each, at most a quarter of them, none below 4 cores; with --threads T the
+    step keeps T cores and the workers get the others)."""
     threads: int | None = None
     """CPU threads for PyTorch's operators (default: one per core, or the workload's choice;
     1 suits tiny models such as sine-lstm, above all when other jobs share the cores)."""

@@ -54,7 +54,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     group is joined (``kasoku.dist.ddp.join``): the model is wrapped in DDP before it is
     compiled, each loader yields this worker's shard, evaluation sums over all workers, and
     only worker 0 logs, prints and plots (every worker takes part in a snapshot; worker 0
-    writes it). ``train.batch_size`` is per worker."""
+    writes it). ``train.batch_size`` is per worker. A CPU loader split pins this process
+    (``loader_cores``): ``close_run(trainer)`` when done; a failed build unpins itself."""
     train.check()
     recipe, accel = workload.recipe, accel or AccelConfig()
     world = world or World()
@@ -87,65 +88,74 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     if threads and not worker_cpus:
         torch.set_num_threads(threads)
     pinned = {"worker_cpus": worker_cpus} if worker_cpus else {}
-    prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
-    torch.manual_seed(seed)
-    train_set, val_set = workload.build_datasets(data, seed=seed)
-    if batch_size > len(train_set):
-        warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
-                  f"samples: each step takes all of them")
-    metric_fn = workload.metric_fn if workload.has_accuracy else None
-    model = workload.build_model()
-    if world.world_size > 1:
-        # The same weights everywhere (DDP also broadcasts worker 0's), then a random stream of
-        # each worker's own (dropout masks differ between shards).
-        torch.manual_seed(seed + 1_000_003 * world.rank)
-    # K-FAC hooks the layers of ``model`` as they are when accelerate builds the optimizer:
-    # after its in-place levers (it refuses compile), and inside DDP: accelerate wraps its own
-    # reference, this closure keeps the inner module.
-    accelerated = accelerate(
-        model, workload.loss_fn, metric_fn, accel, device,
-        lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
-                                            momentum=recipe.momentum,
-                                            weight_decay=recipe.weight_decay,
-                                            model=model, kfac=kfac),
-        distribute=(lambda m: ddp.wrap(m, dist_cfg, device)) if parallel else None)
-    model = accelerated.model
-    _share_loss_scale(accelerated)
-    shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
-    # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
-    loader = wrap_for_device(create_loader(
-        train.loader, train_set, batch_size, device, seed=seed,
-        batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **pinned,
-        **shard), device)
-    run_info = {"workload": workload.name, "batch_size": batch_size, "optimizer": optimizer}
-    trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
-                      metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
-                      out=out or train.out or default_out(workload.name),
-                      step_fn=accelerated.step_fn, overwrite=train.overwrite,
-                      run_info=run_info, writer=world.is_main, handle_signals=not parallel)
-    if cores is not None:
-        trainer.setup["cpu_threads"] = cores
-    for extension in [*accelerated.extensions, *schedules(recipe, epochs, warmup_epochs)]:
-        trainer.extend(extension)
-    if val_set is not None:
-        # Evaluation needs no small batches; with the dataset resident on the device, a few
-        # large ones (MNIST's 10,000 in 10) cost a fraction of a hundred small ones' launches;
-        # a recipe may take more at once (mnist-mlp: all 10,000).
-        val_batch = recipe.eval_batch_size or \
-            max(batch_size, 1000 if train.loader == "device" else 100)
-        # Each worker evaluates its share of the samples, none twice (no padding); the
-        # Evaluator sums over the workers. The model unwrapped: evaluation needs no DDP.
-        val_shard = dict(shard, pad=False) if shard else {}
-        val_loader = wrap_for_device(create_loader(
-            train.loader, val_set, val_batch, device, shuffle=False, repeat=False,
-            prefetch=train.prefetch, **pinned, **val_shard), device)
-        trainer.extend(ext.Evaluator(val_loader, ddp.unwrap(model), workload.loss_fn,
-                                     metric_fn=metric_fn, device=device))
-    if world.is_main:
-        extend_reports(trainer, workload, train, has_val=val_set is not None)
-    else:  # the other workers take part in snapshots (their RNG states) and write nothing
-        trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger(train))
-        trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
+    built: list = []  # the loaders made so far, closed if building fails
+    try:
+        prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
+        torch.manual_seed(seed)
+        train_set, val_set = workload.build_datasets(data, seed=seed)
+        if batch_size > len(train_set):
+            warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
+                      f"samples: each step takes all of them")
+        metric_fn = workload.metric_fn if workload.has_accuracy else None
+        model = workload.build_model()
+        if world.world_size > 1:
+            # The same weights everywhere (DDP also broadcasts worker 0's), then a random stream of
+            # each worker's own (dropout masks differ between shards).
+            torch.manual_seed(seed + 1_000_003 * world.rank)
+        # K-FAC hooks the layers of ``model`` as they are when accelerate builds the optimizer:
+        # after its in-place levers (it refuses compile), and inside DDP: accelerate wraps its own
+        # reference, this closure keeps the inner module.
+        accelerated = accelerate(
+            model, workload.loss_fn, metric_fn, accel, device,
+            lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
+                                                momentum=recipe.momentum,
+                                                weight_decay=recipe.weight_decay,
+                                                model=model, kfac=kfac),
+            distribute=(lambda m: ddp.wrap(m, dist_cfg, device)) if parallel else None)
+        model = accelerated.model
+        _share_loss_scale(accelerated)
+        shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
+        # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
+        loader = wrap_for_device(create_loader(
+            train.loader, train_set, batch_size, device, seed=seed,
+            batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **pinned,
+            **shard), device)
+        built.append(loader)
+        run_info = {"workload": workload.name, "batch_size": batch_size, "optimizer": optimizer}
+        trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
+                          metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
+                          out=out or train.out or default_out(workload.name),
+                          step_fn=accelerated.step_fn, overwrite=train.overwrite,
+                          run_info=run_info, writer=world.is_main, handle_signals=not parallel)
+        if cores is not None:
+            trainer.setup["cpu_threads"] = cores
+        for extension in [*accelerated.extensions, *schedules(recipe, epochs, warmup_epochs)]:
+            trainer.extend(extension)
+        if val_set is not None:
+            # Evaluation needs no small batches; with the dataset resident on the device, a few
+            # large ones (MNIST's 10,000 in 10) cost a fraction of a hundred small ones' launches;
+            # a recipe may take more at once (mnist-mlp: all 10,000).
+            val_batch = recipe.eval_batch_size or \
+                max(batch_size, 1000 if train.loader == "device" else 100)
+            # Each worker evaluates its share of the samples, none twice (no padding); the
+            # Evaluator sums over the workers. The model unwrapped: evaluation needs no DDP.
+            val_shard = dict(shard, pad=False) if shard else {}
+            val_loader = wrap_for_device(create_loader(
+                train.loader, val_set, val_batch, device, shuffle=False, repeat=False,
+                prefetch=train.prefetch, **pinned, **val_shard), device)
+            built.append(val_loader)
+            trainer.extend(ext.Evaluator(val_loader, ddp.unwrap(model), workload.loss_fn,
+                                         metric_fn=metric_fn, device=device))
+        if world.is_main:
+            extend_reports(trainer, workload, train, has_val=val_set is not None)
+        else:  # the other workers take part in snapshots (their RNG states) and write nothing
+            trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger(train))
+            trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
+    except BaseException:
+        for made in built:
+            getattr(made, "close", lambda: None)()
+        release_cores(cores)  # the caller's threads back where they were
+        raise
     return trainer
 
 
@@ -254,7 +264,7 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     existed = train.out is not None and Path(train.out).exists()
     # What building says (a lever skipped here, a setting ignored) comes after the line that
     # names the run; a mistake found while building is the only line printed.
-    failure, out = None, None
+    failure, out, trainer = None, None, None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", KasokuWarning)
         try:
@@ -270,6 +280,8 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
                 trainer.load_state_dict(state, source=snapshot)
         except BaseException as exc:
             failure = exc
+            if trainer is not None:  # built, then refused the snapshot: its loaders and cores
+                close_run(trainer)
             if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()  # nothing ran: leave no empty run folder behind
     said = list(said)  # the warnings are said again outside the recording

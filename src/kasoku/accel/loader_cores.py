@@ -64,6 +64,8 @@ def split_cores(cpus: list[int], num_workers: int, threads: int | None = None
     there is none. ``threads``: the step's thread count asked for (None: the cores it gets)."""
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be None or >= 1, got {threads}")
     cores = len(cpus)
     if cores < 2:
         return f"{cores} physical core{'s' * (cores != 1)} usable: nothing to split"
@@ -87,7 +89,8 @@ def apply_loader_cores(num_workers: int, threads: int | None = None,
     PyTorch's intra-op threads to ``threads`` or else one per step core. Call it before the
     loader is built, hand the loader ``worker_cpus`` = the record's ``loader_cpus``, and call
     ``release_cores(record)`` when the run is over. Returns a record for the run:
-    ``{"threads", "pinned_cpus" (the step's), "loader_workers", "loader_cpus", "loader_note":
+    ``{"threads", "threads_before" (PyTorch's thread count before), "pinned_cpus" (the
+    step's), "loader_workers", "loader_cpus", "loader_note":
     None, "affinity_cpus" (the mask split)}``, or where nothing was changed
     ``{"loader_workers", "loader_cpus": None, "loader_note": why}`` (``shared_cores``)."""
     try:
@@ -103,18 +106,23 @@ def apply_loader_cores(num_workers: int, threads: int | None = None,
     if not pin_threads(split.compute_cpus):
         return shared_cores(num_workers, "this process could not be pinned to CPUs "
                                          f"{list(split.compute_cpus)}")
+    before = torch.get_num_threads()
     torch.set_num_threads(threads or len(split.compute_cpus))
-    return {"threads": torch.get_num_threads(), "pinned_cpus": list(split.compute_cpus),
+    return {"threads": torch.get_num_threads(), "threads_before": before,
+            "pinned_cpus": list(split.compute_cpus),
             "loader_workers": num_workers, "loader_cpus": list(split.worker_cpus),
             "loader_note": None, "affinity_cpus": sorted(affinity)}
 
 
 def release_cores(record: dict | None) -> None:
     """Put this process's threads back on the CPUs ``apply_loader_cores`` split (its
-    record's ``affinity_cpus``), so that a library call leaves its caller's threads where it
-    found them; nothing for a record of shared cores, or None."""
+    record's ``affinity_cpus``) and PyTorch's thread count back to ``threads_before``, so
+    that a library call leaves its caller's threads as it found them; nothing for a record of
+    shared cores, or None."""
     if record and record.get("affinity_cpus"):
         pin_threads(record["affinity_cpus"])
+        if record.get("threads_before"):
+            torch.set_num_threads(record["threads_before"])
 
 
 def shared_cores(num_workers: int, why: str) -> dict:

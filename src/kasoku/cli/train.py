@@ -32,9 +32,10 @@ LOADER_CORES_FLAG = {
     "flag": "--no-loader-cores", "action": "store_false",
     "help": "on a CPU, leave the loader's worker processes or threads on the cores of "
             "PyTorch's threads (by default each side is pinned to cores of its own: the "
-            "workers one core each, at most a quarter of them, none below 4 cores; with --threads "
-            "T the training step keeps T cores and the workers get the others). A loader with little to do, such as one over an in-memory "
-            "dataset, leaves its cores idle: the step may be faster with all of them"}
+            "workers one core each, at most a quarter of them, none below 4 cores; with "
+            "--threads T the training step keeps T cores and the workers get the others). A "
+            "loader with little to do, such as one over an in-memory dataset, leaves its "
+            "cores idle: the step may be faster with all of them"}
 DATA_FLAGS = {
     "root": {"flag": "--data", "type": Path, "metavar": "DIR"},
     "download": None, "synthetic": None,

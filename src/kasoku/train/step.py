@@ -107,8 +107,8 @@ class Updater:
 
     ``phases`` times every step's phases (``kasoku.perf.profile.phases.PhaseClock``: data
     wait, copy, forward, backward, update, K-FAC's, other); LogReport logs them.
-    ``phase_timing=False`` times nothing. Assigning another clock to ``phases`` (a profiled window's) gives the step
-    that clock's marks from the next step on.
+    ``phase_timing=False`` times nothing. Assigning another clock to ``phases`` (a profiled
+    window's) gives the step that clock's marks from the next step on.
     """
 
     def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,

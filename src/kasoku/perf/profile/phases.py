@@ -177,6 +177,11 @@ class PhaseClock:
             if not self.cuda:
                 self._phase = None  # the untimed steps' time belongs to no phase
 
+    def time_next(self) -> None:
+        """Time the next step, whatever the draw (a short measured window then holds at
+        least one timed step); the gaps after it are drawn as before."""
+        self._countdown = 1
+
     def _end_step(self) -> None:
         if self.cuda:
             if self._marks:  # the step was timed: its end is now
@@ -267,6 +272,9 @@ class NoClock:
         return None
 
     def step(self) -> None:
+        pass
+
+    def time_next(self) -> None:
         pass
 
     def take(self) -> dict:

@@ -163,6 +163,8 @@ def _measure(u, cfg: ProfileConfig) -> dict:
     clock = u.phases
     if cycle > 1:  # steps unalike on a schedule (K-FAC's): each timed, none left to chance
         u.phases = every_step_clock(device)
+    else:  # steps alike: the clock's sample, but never none in a short window
+        clock.time_next()
     try:
         samples0 = u.samples
         t0 = time.perf_counter()
