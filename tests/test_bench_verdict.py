@@ -9,6 +9,7 @@ import pytest
 from kasoku.bench import worker
 from kasoku.bench.report import bottleneck, print_ladder, verdict_lines
 from kasoku.bench.rungs import PLAIN, cpu_ladder
+from kasoku.bench.runner import make_runner
 from kasoku.bench.sweep import _add_verdict
 from kasoku.perf.profile.phases import markable, no_mark
 from kasoku.perf.profile.verdict import judge
@@ -37,7 +38,7 @@ def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phase
     wl = create_workload("mnist-mlp")
     model = wl.build_model()
     pool = make_pool(batch_spec(wl, model), 8, torch.device("cpu"), 2)
-    runner = worker.make_runner(rung, wl, model, torch.device("cpu"), wl.recipe.lr, [])
+    runner = make_runner(rung, wl, model, torch.device("cpu"), wl.recipe.lr, [])
 
     def slow_loader(n, start):  # lazy, as a loader rung's: each batch is made when pulled
         for i in range(start, start + n):

@@ -122,7 +122,7 @@ from kasoku.accel.config import AccelConfig  # noqa: E402
 from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
 from kasoku.bench.rungs import Rung  # noqa: E402
 from kasoku.bench.timing import timed  # noqa: E402
-from kasoku.bench.worker import _make_runner  # noqa: E402
+from kasoku.bench.runner import make_runner  # noqa: E402
 from kasoku.workloads import create_workload  # noqa: E402
 
 cfg = AccelConfig(precision="bf16", channels_last=True, cudnn_benchmark=True,
@@ -131,7 +131,7 @@ wl = create_workload("imagenet-resnet50")
 torch.manual_seed(0)
 model = wl.build_model().to(dev)
 pool = make_pool(batch_spec(wl, model), BATCH, dev, 4, seed=0)
-runner = _make_runner(Rung("decode-interference", cfg), wl, model, dev, wl.recipe.lr, [])
+runner = make_runner(Rung("decode-interference", cfg), wl, model, dev, wl.recipe.lr, [])
 timed(dev, lambda: runner(cycle(pool, 12, 0)))
 side = torch.cuda.Stream(dev, priority=-5)
 train_stream = torch.cuda.Stream(dev) if a.train_stream else torch.cuda.current_stream(dev)

@@ -59,7 +59,7 @@ if a.autotune_pointwise:
 from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
 from kasoku.bench.rungs import rung_from_spec  # noqa: E402
 from kasoku.bench.timing import measure_windows, timed  # noqa: E402
-from kasoku.bench.worker import _make_runner  # noqa: E402
+from kasoku.bench.runner import make_runner  # noqa: E402
 from kasoku.perf.profile.kernels import format_breakdown, profile_steps  # noqa: E402
 from kasoku.workloads import create_workload  # noqa: E402
 
@@ -89,7 +89,7 @@ if a.stem_pad:
     model.stem[0] = PaddedStem(model.stem[0], a.stem_pad)
 pool = make_pool(batch_spec(wl, model), a.batch_size, dev, 4, seed=0)
 notes = []
-runner = _make_runner(rung, wl, model, dev, wl.recipe.lr, notes)
+runner = make_runner(rung, wl, model, dev, wl.recipe.lr, notes)
 _, first = timed(dev, lambda: runner(cycle(pool, 1, 0)))
 _, warm = timed(dev, lambda: runner(cycle(pool, 10, 1)))
 m, loss = measure_windows(runner, pool, dev, a.batch_size, a.steps, a.windows, start=11)

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from kasoku.bench.rungs import rung_from_spec
 from kasoku.bench.pool import batch_spec, make_pool
-from kasoku.bench.worker import _make_runner
+from kasoku.bench.runner import make_runner
 from kasoku.workloads import create_workload
 
 
@@ -27,7 +27,7 @@ def kernel_table(config: str, batch_size: int, steps: int) -> None:
     model = wl.build_model().cuda()
     device = torch.device("cuda")
     rung = rung_from_spec(config, "cuda")
-    runner = _make_runner(rung, wl, model, device, wl.recipe.lr, [])
+    runner = make_runner(rung, wl, model, device, wl.recipe.lr, [])
     pool = make_pool(batch_spec(wl, model), batch_size, device, 4)
     runner(pool * 5)  # warm-up: compilation, cuBLAS handles, optimizer state
     torch.cuda.synchronize()

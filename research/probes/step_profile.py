@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from kasoku.bench.pool import batch_spec, cycle, make_pool
 from kasoku.bench.rungs import rung_from_spec
 from kasoku.bench.timing import measure_windows, timed
-from kasoku.bench.worker import _make_runner
+from kasoku.bench.runner import make_runner
 from kasoku.perf.profile.kernels import breakdown, classify
 from kasoku.workloads import create_workload
 
@@ -43,7 +43,7 @@ def prepare(bs: int, cfg: str):
     model = wl.build_model().to(dev)
     pool = make_pool(batch_spec(wl, model), bs, dev, 4, seed=0)
     notes = []
-    runner = _make_runner(rung, wl, model, dev, wl.recipe.lr, notes)
+    runner = make_runner(rung, wl, model, dev, wl.recipe.lr, notes)
     _, first = timed(dev, lambda: runner(cycle(pool, 1, 0)))
     timed(dev, lambda: runner(cycle(pool, 10, 1)))
     m, _ = measure_windows(runner, pool, dev, bs, 20, 5, start=11)

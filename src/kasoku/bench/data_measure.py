@@ -27,7 +27,7 @@ class LoaderModel:
     def __init__(self, name: str, accel: AccelConfig | None, device: torch.device, seed: int):
         from kasoku.bench.pool import batch_spec
         from kasoku.bench.rungs import Rung
-        from kasoku.bench.worker import make_runner
+        from kasoku.bench.runner import make_runner
         from kasoku.workloads import create_workload
         self.name, self.device, self.notes = name, device, []
         self.workload = create_workload(name)

@@ -22,7 +22,6 @@ learning rate of those rungs by 1e4, so the numerics guard has something to catc
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import resource
@@ -35,10 +34,10 @@ import torch
 
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.memory_format import has_conv2d
-from kasoku.bench import plain
 from kasoku.bench.numerics import DEFAULT_STEPS
 from kasoku.bench.pool import batch_spec, cycle, make_pool
 from kasoku.bench.rungs import Rung, compute_dtype
+from kasoku.bench.runner import make_runner
 from kasoku.bench.timing import measure_windows, timed
 from kasoku.perf.sysinfo import environment
 from kasoku.workloads import create_workload
@@ -261,45 +260,6 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
         if key in figures:
             figures[key] = figures[key][:PROFILE_TOP]
     return figures
-
-
-def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], distribute=None):
-    """The rung's training steps as a ``Runner`` (``kasoku.bench.timing``): one step per
-    batch it is given, returning the last loss. The plain rung is the hand-written loop of
-    ``kasoku.bench.plain``; every other rung is ``accelerate``'s step for its config. Notes
-    of levers skipped on this device are appended to ``notes``. A kasoku rung's runner
-    carries its step function as ``step_fn`` (where a profiled window attaches its phase
-    marks) and its model as ``model``; the plain loop takes none. ``distribute``: as
-    ``accelerate`` takes it (``kasoku scale``'s data-parallel steps)."""
-    from kasoku.optim import make_optimizer
-    r = wl.recipe
-    if rung.is_plain:
-        plain.setup_backends()
-        optimizer = plain.make_optimizer(r, model.parameters(), lr)
-        return functools.partial(plain.train_steps, model, optimizer, loss_fn=wl.loss_fn)
-    from kasoku.accel.compose import accelerate
-
-    def build_optimizer(params, impl):
-        return make_optimizer(r.optimizer, params, lr, momentum=r.momentum,
-                              weight_decay=r.weight_decay, impl=impl)
-
-    # No metric: the plain rung computes none, and each rung must do the same arithmetic for
-    # its rate to be read against plain's (the accuracy is the trainer's reporting, not part
-    # of the training step being timed).
-    acc = accelerate(model, wl.loss_fn, None, rung.config, device, build_optimizer,
-                     distribute=distribute)
-    notes.extend(acc.notes)
-    acc.model.train()
-    step_fn, acc_model, optimizer = acc.step_fn, acc.model, acc.optimizer
-
-    def run_steps(batches):
-        for batch in batches:
-            observation = step_fn(acc_model, batch, optimizer)
-        return observation["main/loss"]
-
-    run_steps.step_fn = step_fn
-    run_steps.model = acc_model
-    return run_steps
 
 
 def _is_oom(exc: BaseException) -> bool:

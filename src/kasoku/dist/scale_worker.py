@@ -126,7 +126,7 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     parameters the step trains."""
     import torch
     from kasoku.bench.pool import cycle
-    from kasoku.bench.worker import make_runner
+    from kasoku.bench.runner import make_runner
 
     torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
     model = wl.build_model().to(device)
