@@ -42,14 +42,20 @@ def test_loader_rung_feeds_the_rung_before_it_from_the_dataset(tmp_path):
     assert f"note: {fed.LABEL}: the fp32 rung fed by the loader kasoku picks" in text
 
 
-def test_a_named_loader_is_used(tmp_path):
+def _fed_mnist_rung(tmp_path, loader: str) -> tuple[dict, str]:
+    """bench's fp32 rung on small real-format MNIST fed by ``loader``: its record and the
+    printed text (the command has succeeded)."""
     data = write_mnist(tmp_path / "mnist", n_train=64, n_test=8)
     out = tmp_path / "out"
     code, text = bench(["mnist-mlp", "--batch-size", "16", "--config", "fp32", "--data",
-                        str(data), "--loader", "serial", "--out", str(out), *FAST,
+                        str(data), "--loader", loader, "--out", str(out), *FAST,
                         "--numerics-steps", "0"])
     assert code == 0, text
-    rec = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1], text
+
+
+def test_a_named_loader_is_used(tmp_path):
+    rec, _ = _fed_mnist_rung(tmp_path, "serial")
     assert rec["rung"] == fed.LABEL and rec["data"]["loader"] == "serial"
     assert rec["status"] == "ok"
 
@@ -93,13 +99,7 @@ def test_a_loader_with_workers_gets_cores_of_its_own_on_a_cpu(tmp_path):
     from test_loader_cores import usable_cores
     if len(usable_cores()) < 2:
         pytest.skip("needs 2 usable physical cores and the affinity API")
-    data = write_mnist(tmp_path / "mnist", n_train=64, n_test=8)
-    out = tmp_path / "out"
-    code, text = bench(["mnist-mlp", "--batch-size", "16", "--config", "fp32", "--data",
-                        str(data), "--loader", "multiprocess:1", "--out", str(out), *FAST,
-                        "--numerics-steps", "0"])
-    assert code == 0, text
-    rec = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1]
+    rec, text = _fed_mnist_rung(tmp_path, "multiprocess:1")
     assert rec["rung"] == fed.LABEL and rec["status"] == "ok"
     threads = rec["settings"]["cpu_threads"]
     # --threads 1: the step keeps one core, the one worker takes the last.
