@@ -17,11 +17,11 @@ import torch
 
 from kasoku.accel.compose import accelerate, check_config, prewarm
 from kasoku.accel.config import AccelConfig
-from kasoku.accel.loader_cores import apply_loader_cores, release_cores, shared_cores
+from kasoku.accel.loader_cores import loader_split, release_cores
 from kasoku.accel.loader_cores import describe as describe_cores
 from kasoku.config import DataConfig, TrainConfig
 from kasoku.data.prefetch import wrap_for_device
-from kasoku.data.registry import check_loader_settings, create_loader, host_workers
+from kasoku.data.registry import check_loader_settings, create_loader
 from kasoku.device import resolve_device
 from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.dist import World
@@ -161,17 +161,13 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
 
 def loader_cores(train: TrainConfig, device: torch.device, threads: int | None) -> dict | None:
     """On a CPU, the loader's workers on cores of their own and the step's ``threads`` on the
-    others (``apply_loader_cores``; its record), unless ``train.loader_cores`` is off (the
-    record says so); None where the loader runs no workers on the host, or off the CPU."""
-    workers = host_workers(train.loader)
-    if device.type != "cpu" or not workers:
-        if not train.loader_cores:
-            warn_once(f"--no-loader-cores has no effect: the {train.loader} loader on "
-                      f"{device.type} gives no worker processes or threads cores of their own")
-        return None
-    if not train.loader_cores:
-        return shared_cores(workers, "--no-loader-cores")
-    return apply_loader_cores(workers, threads)
+    others (``loader_split``; its record), unless ``train.loader_cores`` is off (the record
+    says so); None where the loader runs no workers on the host, or off the CPU."""
+    cores = loader_split(train.loader, device.type, train.loader_cores, threads)
+    if cores is None and not train.loader_cores:
+        warn_once(f"--no-loader-cores has no effect: the {train.loader} loader on "
+                  f"{device.type} gives no worker processes or threads cores of their own")
+    return cores
 
 
 def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None) -> None:

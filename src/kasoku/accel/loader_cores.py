@@ -114,6 +114,21 @@ def apply_loader_cores(num_workers: int, threads: int | None = None,
             "loader_note": None, "affinity_cpus": sorted(affinity)}
 
 
+def loader_split(spec: str, device_type: str, on: bool = True, threads: int | None = None,
+                 affinity: set[int] | None = None) -> dict | None:
+    """The cores of a run whose loader is ``spec`` on ``device_type``: None where the loader
+    runs no workers on the host or the run is not on a CPU; else ``apply_loader_cores``' record
+    (``on``), or the record of shared cores saying ``--no-loader-cores``. What ``kasoku
+    train`` and bench's loader rung both decide, before the loader is built."""
+    from kasoku.data.registry import host_workers
+    workers = host_workers(spec) if device_type == "cpu" else 0
+    if not workers:
+        return None
+    if not on:
+        return shared_cores(workers, "--no-loader-cores")
+    return apply_loader_cores(workers, threads, affinity)
+
+
 def release_cores(record: dict | None) -> None:
     """Put this process's threads back on the CPUs ``apply_loader_cores`` split (its
     record's ``affinity_cpus``) and PyTorch's thread count back to ``threads_before``, so

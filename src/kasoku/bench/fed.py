@@ -73,20 +73,17 @@ class FedBatches:
     def __init__(self, workload, root: Path, spec: str | None, batch_size: int,
                  device: torch.device, seed: int = 0, cores: bool = True,
                  threads: int | None = None, affinity: set[int] | None = None):
-        from kasoku.accel.loader_cores import apply_loader_cores, shared_cores
+        from kasoku.accel.loader_cores import loader_split
         from kasoku.data.prefetch import wrap_for_device
-        from kasoku.data.registry import create_loader, host_workers
+        from kasoku.data.registry import create_loader
         train, _ = workload.build_datasets(DataConfig(root=Path(root)), seed=seed)
         if len(train) < batch_size:
             raise ConfigError(f"--data {root}: {len(train)} training samples, fewer than one "
                               f"batch of {batch_size}")
         self.spec = spec if spec and spec != FASTEST else fastest_loader(train, device.type)
         self.samples = len(train)
-        workers = host_workers(self.spec) if device.type == "cpu" else 0
-        self.cores = None
-        if workers:  # before the loader starts its workers: the split pins every thread here
-            self.cores = apply_loader_cores(workers, threads, affinity) if cores else \
-                shared_cores(workers, "--no-loader-cores")
+        # Before the loader starts its workers: the split pins every thread here.
+        self.cores = loader_split(self.spec, device.type, cores, threads, affinity)
         pinned = (self.cores or {}).get("loader_cpus")
         self.loader = wrap_for_device(
             create_loader(self.spec, train, batch_size, device, seed=seed, drop_last=True,
