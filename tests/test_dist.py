@@ -47,13 +47,61 @@ def assert_same(a: dict, b: dict, **tol) -> None:
         torch.testing.assert_close(a[k], b[k], **tol, msg=lambda m: f"{k}: {m}")
 
 
-def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path):
+# Two workers with batch B and one process with 2B take the same samples in each step, so their
+# gradients are the same mean, but not the same floating-point sums: each worker's GEMM sums B
+# per-sample products for every weight's gradient and gloo adds the two halves, while the one
+# process sums all 2B in the order its kernel blocks the batch. Float addition is not
+# associative, so each gradient element differs in its last bits (up to ~2 x 2B x u x the sum
+# of the terms' magnitudes, u the unit roundoff), and which elements differ, by how much, is
+# the CPU's BLAS kernel's choice (AVX-512 on an AMD EPYC, AMX-era blocking on a Xeon). Adam
+# then divides each element's step by the root of its own second moment: for a weight whose
+# gradient is mostly cancellation (|g| << the sum of its terms' magnitudes), a last-bit
+# difference becomes a visible difference of its step, and no fixed tolerance holds for every
+# element on every kernel. In float32 (u = 2^-24), 20 Adam steps of mnist-mlp ended 4.1e-6 apart
+# on the EPYC and 1.5e-5 to 4.6e-5 on AMX Xeons (1 to 8 of 1,000,000 elements over atol 1e-5 +
+# rtol 1e-4; this test and the two-machine one below both failed there in float32).
+# So the comparison runs the same model in float64 (u = 2^-53): to first order the difference
+# scales with u, 2^-29 of float32's, which puts the worst float32 case seen at 8.6e-14 (3.7e-14
+# measured on the EPYC); ATOL_FP64 leaves about 100x above that for kernels that round worse,
+# and is far below what a wrong step gives (gradients twice the mean, as summing the workers'
+# instead of averaging them would give: weights 0.015 apart after these 20 steps).
+ATOL_FP64 = 1e-11
+
+MLP64 = textwrap.dedent('''
+    import torch
+    from kasoku.workloads.common import synthetic_image_datasets
+    from kasoku.workloads.mnist_mlp import SYNTHETIC_SIZES, MnistMLP
+
+    class UnitDouble:
+        def __call__(self, x):
+            return x.to(torch.float64) / 255.0
+
+    class MnistMLP64(MnistMLP):
+        """mnist-mlp (its model, recipe and synthetic data) in float64."""
+        def build_model(self):
+            return super().build_model().double()
+
+        def build_datasets(self, data, seed=0):
+            return synthetic_image_datasets(data, (1, 28, 28), 10, SYNTHETIC_SIZES,
+                                            UnitDouble(), seed=seed, name="synthetic-mnist")
+    ''')
+
+
+@pytest.fixture
+def mlp64(tmp_path) -> str:
+    (tmp_path / "mlp64.py").write_text(MLP64)
+    return f"{tmp_path / 'mlp64.py'}:MnistMLP64"
+
+
+def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path, mlp64):
     # 2 workers x 30 = one process x 60: the same samples in each step, the mean gradient.
-    two = kasoku("train", *MNIST, "--procs", "2", "--batch-size", "30", "--epochs", "1",
-                 "--out", tmp_path / "two")
-    kasoku("train", *MNIST, "--batch-size", "60", "--epochs", "1", "--out", tmp_path / "one")
+    two = kasoku("train", mlp64, *MNIST[1:], "--procs", "2", "--batch-size", "30", "--epochs",
+                 "1", "--out", tmp_path / "two")
+    kasoku("train", mlp64, *MNIST[1:], "--batch-size", "60", "--epochs", "1", "--out",
+           tmp_path / "one")
     assert "2 processes (gloo), batch 30 per worker, 60 in all" in two.stderr
-    assert_same(weights(tmp_path / "two"), weights(tmp_path / "one"), rtol=1e-4, atol=1e-5)
+    assert weights(tmp_path / "one")["net.1.weight"].dtype == torch.float64
+    assert_same(weights(tmp_path / "two"), weights(tmp_path / "one"), rtol=0, atol=ATOL_FP64)
     # Evaluation over both workers' shares is the one process's over the whole set.
     last = [_log(tmp_path / d)[-1] for d in ("two", "one")]
     assert last[0]["validation/main/loss"] == pytest.approx(last[1]["validation/main/loss"],
@@ -169,22 +217,23 @@ def test_a_hung_collective_times_out_with_one_line_naming_the_worker(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_two_machines_on_one_host_train_together(tmp_path):
+def test_two_machines_on_one_host_train_together(tmp_path, mlp64):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "kasoku", "train", *MNIST, "--procs", "1", "--nnodes", "2",
-         "--node-rank", str(rank), "--rdzv-endpoint", f"localhost:{port}", "--batch-size",
-         "30", "--epochs", "1", "--out", str(tmp_path / "run")],
+        [sys.executable, "-m", "kasoku", "train", mlp64, *MNIST[1:], "--procs", "1",
+         "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"localhost:{port}",
+         "--batch-size", "30", "--epochs", "1", "--out", str(tmp_path / "run")],
         env=env, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     errs = [node.communicate(timeout=180)[1] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], errs
     assert "2 processes (gloo), batch 30 per worker, 60 in all" in errs[0]
-    kasoku("train", *MNIST, "--batch-size", "60", "--epochs", "1", "--out", tmp_path / "one")
-    assert_same(weights(tmp_path / "run"), weights(tmp_path / "one"), rtol=1e-4, atol=1e-5)
+    kasoku("train", mlp64, *MNIST[1:], "--batch-size", "60", "--epochs", "1", "--out",
+           tmp_path / "one")
+    assert_same(weights(tmp_path / "run"), weights(tmp_path / "one"), rtol=0, atol=ATOL_FP64)
 
 
 def test_settings_that_cannot_work_are_one_line(capsys):
