@@ -19,11 +19,12 @@ import time
 
 import torch
 
-from kasoku.bench.rungs import parse_config
-from kasoku.config import DataConfig, TrainConfig
-from kasoku.dist import World, ddp
-from kasoku.dist.config import DistConfig
-from kasoku.run import build_trainer, loaders_of
+from kasoku.commands.bench.rungs import parse_config
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
+from kasoku.distributed import World, ddp
+from kasoku.distributed.config import DistConfig
+from kasoku.commands.train import build_trainer, loaders_of
 from kasoku.workloads import create_workload
 
 

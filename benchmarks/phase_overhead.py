@@ -30,10 +30,11 @@ import time
 import torch
 
 from kasoku.accel.config import AccelConfig
-from kasoku.bench.rungs import gpu_ladder
-from kasoku.config import DataConfig, TrainConfig
-from kasoku.perf.profile.phases import NoClock, PhaseClock
-from kasoku.run import build_trainer, loaders_of
+from kasoku.commands.bench.rungs import gpu_ladder
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
+from kasoku.core.phases import NoClock, PhaseClock
+from kasoku.commands.train import build_trainer, loaders_of
 from kasoku.workloads import create_workload
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from kasoku.bench.results import append_result, read_results
+from kasoku.commands.bench.results import append_result, read_results
 
 ACC = "validation/main/accuracy"
 

@@ -12,7 +12,7 @@ from kasoku.accel.compose import accelerate
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.graph import CudaGraphStep, prepare_optimizer_for_graph
 from kasoku.accel.notes import LeverWarning, reset_warnings
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.optim import make_optimizer
 from kasoku.train.step import StandardStep
 

@@ -15,7 +15,7 @@ from kasoku.accel.graph import apply_cuda_graph, prepare_optimizer_for_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last
 from kasoku.accel.notes import LeverWarning
 from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.models.mlp import MLP
 from kasoku.optim import make_optimizer
 from kasoku.train.step import StandardStep

@@ -16,7 +16,7 @@ from kasoku.data.cifar10 import AugmentedArrayDataset
 from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
 from kasoku.data.loader import SerialLoader
 from kasoku.data.transforms import ToUnitFloat
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.train import LogReport, ProgressBar, Trainer
 from kasoku.train.step import StandardStep
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kasoku.cli import main
-from kasoku.dist import allreduce_bench as arb
-from kasoku.dist.allreduce_worker import FAIL_ENV
-from kasoku.dist.launch import plan_worlds
-from kasoku.errors import ConfigError
+from kasoku.commands import allreduce_bench as arb
+from kasoku.commands.allreduce_worker import FAIL_ENV
+from kasoku.distributed.launch import plan_worlds
+from kasoku.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, size", [("4096", 4096), ("4K", 4096), ("1M", 2 ** 20),

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kasoku.accel.cpu_threads import apply_cpu_threads, default_threads
-from kasoku.bench import report, rungs as rungs_mod
-from kasoku.bench.rungs import NO_BF16_HARDWARE, PLAIN, cpu_ladder, resolve, rung_from_spec
-from kasoku.bench.sweep import SweepConfig, run_sweep
+from kasoku.commands.bench import report, rungs as rungs_mod
+from kasoku.commands.bench.rungs import NO_BF16_HARDWARE, PLAIN, cpu_ladder, resolve, rung_from_spec
+from kasoku.commands.bench.sweep import SweepConfig, run_sweep
 from kasoku.perf.cpuinfo import CpuInfo
 
 AVX2 = CpuInfo(vendor="AuthenticAMD", family=25, model=1, physical_cores=2, clock_ghz=2.5,

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from kasoku.bench import fed
+from kasoku.commands.bench import fed
 from kasoku.data.base import ArrayDataset
 from kasoku.data.imagefolder import ImageFolder
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.workloads import create_workload
 from test_bench_ladder import FAST, bench
 from test_data_mnist import write_mnist
@@ -129,7 +129,7 @@ def test_no_loader_cores_is_a_bench_flag_too():
 
 
 def test_the_table_names_the_loader_rungs_cores():
-    from kasoku.bench import report
+    from kasoku.commands.bench import report
     threads = {"threads": 1, "interop_threads": 1, "pinned_cpus": [0], "loader_workers": 2,
                "loader_cpus": [1], "loader_note": None}
     rung = {"rung": "+loader", "batch_size": 16, "settings": {"cpu_threads": threads}}

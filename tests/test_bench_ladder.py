@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from kasoku.cli import main
-from kasoku.bench.sweep import SweepResult
-from kasoku.bench.worker import DIVERGE_ENV, OOM_ENV
+from kasoku.commands.bench.sweep import SweepResult
+from kasoku.commands.bench.worker import DIVERGE_ENV, OOM_ENV
 
 pytestmark = pytest.mark.slow  # one sweep of 12 worker processes, ~30 s on 2 cores
 
@@ -96,7 +96,7 @@ def test_each_run_records_where_its_step_time_goes(sweep):
 
 
 def test_each_run_records_its_bottleneck_and_the_table_shows_it(sweep):
-    from kasoku.bench.report import short_rule
+    from kasoku.commands.bench.report import short_rule
     from kasoku.perf.profile.verdict import RULES
     _, text, records, _ = sweep
     # a verdict names its rule, with the rule's family first where it has one
@@ -162,7 +162,7 @@ def test_report_redraws_from_the_lines_alone(sweep):
 
 
 def test_each_rung_of_a_long_ladder_has_its_own_color():
-    from kasoku.bench.report import rung_colors
+    from kasoku.commands.bench.report import rung_colors
     for n in (3, 10, 13, 20):
         colors = rung_colors(n)
         assert len(colors) == n and len(set(colors)) == n, n

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from kasoku.bench import worker
-from kasoku.bench.report import bottleneck, print_ladder, verdict_lines
-from kasoku.bench.rungs import PLAIN, cpu_ladder
-from kasoku.bench.runner import make_runner
-from kasoku.bench.sweep import _add_verdict
-from kasoku.perf.profile.phases import markable, no_mark
+from kasoku.commands.bench import worker
+from kasoku.commands.bench.report import bottleneck, print_ladder, verdict_lines
+from kasoku.commands.bench.rungs import PLAIN, cpu_ladder
+from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.sweep import _add_verdict
+from kasoku.core.phases import markable, no_mark
 from kasoku.perf.profile.verdict import judge
 from kasoku.perf.profile.window import Window
 
@@ -33,7 +33,7 @@ def fp32_run():
                                            (PLAIN, {"data", "compute"})])
 def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phases):
     import torch
-    from kasoku.bench.pool import batch_spec, make_pool
+    from kasoku.commands.bench.pool import batch_spec, make_pool
     from kasoku.workloads import create_workload
     wl = create_workload("mnist-mlp")
     model = wl.build_model()

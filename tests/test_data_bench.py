@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from kasoku.bench.data_bench import DataBenchRequest, expand_loaders, run_data_bench
-from kasoku.bench.data_sources import prepare_jpeg_folders
+from kasoku.commands.bench.data_bench import DataBenchRequest, expand_loaders, run_data_bench
+from kasoku.commands.bench.data_sources import prepare_jpeg_folders
 from kasoku.cli import main
-from kasoku.config import DataConfig
+from kasoku.data.config import DataConfig
 from kasoku.data.jpeg_synth import make_jpeg_folder
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.perf.cpu import busy_cores, cpu_seconds, process_cpu_seconds
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -213,7 +213,7 @@ def test_prefetch_must_be_positive(tmp_path, capsys):
 
 
 def test_process_loaders_get_windows_long_enough_for_their_workers():
-    from kasoku.bench.data_measure import scaled_to_workers as _scaled_to_workers
+    from kasoku.commands.bench.data_measure import scaled_to_workers as _scaled_to_workers
     req = DataBenchRequest(warmup=3, batches=10)
     assert _scaled_to_workers(req, "serial") is req
     two = _scaled_to_workers(req, "multiprocess:2")  # warm-up 2N = 4, windows 4N = 8 < 10

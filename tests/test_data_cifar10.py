@@ -7,7 +7,7 @@ import torch
 
 from kasoku.data.cifar10 import (HOLDOUT_NAME, cifar10_datasets, load_cifar10, read_cifar_bin,
                                  read_cifar_pickle)
-from kasoku.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError
 
 
 def random_batch(n, seed):

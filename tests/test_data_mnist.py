@@ -8,7 +8,7 @@ import torch
 
 from kasoku.data import mnist
 from kasoku.data.mnist import load_mnist, mnist_datasets, read_idx
-from kasoku.errors import DataError
+from kasoku.core.errors import DataError
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

@@ -1,10 +1,10 @@
-"""``kasoku.dist.World``: a process's place in a job, read from torchrun's environment, and
+"""``kasoku.distributed.World``: a process's place in a job, read from torchrun's environment, and
 the single-process commands' refusal to run as one of several workers."""
 import pytest
 
 from kasoku.cli import main
-from kasoku.dist import World, require_single_process
-from kasoku.errors import ConfigError
+from kasoku.distributed import World, require_single_process
+from kasoku.core.errors import ConfigError
 
 
 def test_the_environment_describes_the_world():

@@ -12,7 +12,7 @@ import pytest
 from kasoku.data import download
 from kasoku.data.cifar10 import load_cifar10
 from kasoku.data.download import DATASETS, download_file, extract_tar, fetch_dataset
-from kasoku.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

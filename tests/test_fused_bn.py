@@ -10,7 +10,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel import fused_bn
 from kasoku.accel.compose import check_config
 from kasoku.accel.fused_bn import FusedBatchNormAct2d, apply_fused_bn, fusable
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.accel.notes import reset_warnings
 from kasoku.models.norm import BatchNormAct2d
 from kasoku.models.resnet import Bottleneck, ResNet, resnet50

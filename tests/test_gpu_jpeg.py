@@ -15,7 +15,7 @@ from kasoku.data.gpu_jpeg import GpuJpegLoader, crop_resize_normalize, val_box
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
-from kasoku.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError
 
 SIZE = 32
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.loss_scale import LossScaler
-from kasoku.errors import ConfigError, KasokuWarning
+from kasoku.core.errors import ConfigError, KasokuWarning
 from kasoku.kfac import KFAC, KFACConfig, check_levers
 from kasoku.kfac.eigen import EighError
 from kasoku.optim import make_optimizer
@@ -215,7 +215,7 @@ def test_fp16_loss_scale_is_divided_out_of_g():
     model2, _, _ = tiny()
     scaler = LossScaler("cpu", init_scale=2.0 ** 12)
     scaled = kfac_of(model2, EXACT)
-    scaled.loss_scale = scaler.scale_value  # what kasoku.run hands it under fp16
+    scaled.loss_scale = scaler.scale_value  # what kasoku.commands.train hands it under fp16
     scaler.zero_grad(model2, scaled)
     scaler.backward(F.cross_entropy(model2(x), y))
     scaler.step(scaled)

@@ -73,7 +73,7 @@ def test_build_trainer_hands_the_loss_scale_to_kfac():
     from types import SimpleNamespace
 
     from kasoku.accel.loss_scale import PrecisionState
-    from kasoku.run import _share_loss_scale
+    from kasoku.commands.train import _share_loss_scale
     model, _, _ = tiny()
     scaler = LossScaler("cpu")
     accelerated = SimpleNamespace(optimizer=kfac_of(model), extensions=[PrecisionState(scaler)])

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from kasoku.cli import main
-from kasoku.config import DataConfig, TrainConfig
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
 from kasoku.kfac import KFACConfig
-from kasoku.perf.profile import phases as phases_mod
+from kasoku.core import phases as phases_mod
 from kasoku.perf.profile import trace
-from kasoku.perf.profile.phases import KFAC_PHASES, PHASES, NoClock, PhaseClock, no_mark
+from kasoku.core.phases import KFAC_PHASES, PHASES, NoClock, PhaseClock, no_mark
 from kasoku.perf.profile.timeline import PHASE_COLORS
-from kasoku.run import build_trainer
+from kasoku.commands.train import build_trainer
 from kasoku.workloads import create_workload
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
@@ -156,7 +157,7 @@ def test_every_phase_has_a_colour_and_kfac_phases_are_listed():
 
 
 def test_profile_measures_whole_cycles_with_every_step_timed(tmp_path):
-    from kasoku.perf.profile.session import ProfileConfig, _measure
+    from kasoku.commands.profile import ProfileConfig, _measure
     u = kfac_trainer(tmp_path).updater
     sampled = u.phases = PhaseClock("cpu", sample_every=10**6)  # times nothing, nearly
     result = _measure(u, ProfileConfig(skip=1, measure_steps=3))

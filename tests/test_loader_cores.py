@@ -14,7 +14,7 @@ from kasoku.accel.loader_cores import (CoreSplit, apply_loader_cores, describe, 
                                        split_cores)
 from kasoku.data.base import ArrayDataset
 from kasoku.data.registry import create_loader, host_workers
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import core_cpus
 from test_cpuinfo import EPYC_FLAGS, XEON_FLAGS, fake_tree
 
@@ -180,8 +180,9 @@ def test_workers_run_on_their_cores_and_the_step_on_the_others(spec, dataset, re
 
 @needs_two_cores
 def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus):
-    from kasoku.config import DataConfig, TrainConfig
-    from kasoku.run import build_trainer, close_run
+    from kasoku.data.config import DataConfig
+    from kasoku.train.config import TrainConfig
+    from kasoku.commands.train import build_trainer, close_run
     from kasoku.workloads import create_workload
     data = DataConfig(synthetic=True, synthetic_train_size=64, synthetic_val_size=16)
     affinity, cpus = os.sched_getaffinity(0), usable_cores()
@@ -209,8 +210,9 @@ def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus)
 
 @needs_two_cores
 def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, restore_cpus):
-    from kasoku.config import DataConfig, TrainConfig
-    from kasoku.run import train_workload
+    from kasoku.data.config import DataConfig
+    from kasoku.train.config import TrainConfig
+    from kasoku.commands.train import train_workload
     before, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
     train_workload("mnist-mlp", DataConfig(synthetic=True, synthetic_train_size=64,
                                            synthetic_val_size=16),
@@ -229,15 +231,16 @@ def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, res
 def test_a_build_that_fails_after_the_split_gives_the_cores_back(tmp_path, monkeypatch):
     import multiprocessing
 
-    import kasoku.run
-    from kasoku.config import DataConfig, TrainConfig
-    from kasoku.run import build_trainer
+    import kasoku.commands.train
+    from kasoku.data.config import DataConfig
+    from kasoku.train.config import TrainConfig
+    from kasoku.commands.train import build_trainer
     from kasoku.workloads import create_workload
 
     def refuse(*args, **kwargs):
         raise RuntimeError("the trainer could not be made")
 
-    monkeypatch.setattr(kasoku.run, "Trainer", refuse)  # after the loaders were built
+    monkeypatch.setattr(kasoku.commands.train, "Trainer", refuse)  # after the loaders were built
     data = DataConfig(synthetic=True, synthetic_train_size=64, synthetic_val_size=16)
     train = TrainConfig(epochs=1, batch_size=16, device="cpu", loader="multiprocess:1",
                         threads=len(CORES) - 1, progress=False, out=tmp_path / "run")
@@ -256,9 +259,10 @@ def test_a_thread_count_below_one_is_refused():
 
 
 def test_turning_it_off_where_there_is_nothing_to_split_is_said(tmp_path):
-    from kasoku.config import DataConfig, TrainConfig
-    from kasoku.errors import KasokuWarning, reset_warnings
-    from kasoku.run import build_trainer, close_run
+    from kasoku.data.config import DataConfig
+    from kasoku.train.config import TrainConfig
+    from kasoku.core.errors import KasokuWarning, reset_warnings
+    from kasoku.commands.train import build_trainer, close_run
     from kasoku.workloads import create_workload
     reset_warnings()
     train = TrainConfig(epochs=1, batch_size=16, device="cpu", loader="serial",
@@ -274,7 +278,7 @@ def test_turning_it_off_where_there_is_nothing_to_split_is_said(tmp_path):
 def test_the_flag_turns_it_off():
     from kasoku.cli import build_parser
     from kasoku.cli.args import config_from
-    from kasoku.config import TrainConfig
+    from kasoku.train.config import TrainConfig
     parser = build_parser()
     for argv, want in ((["train", "mnist-mlp"], True),
                        (["train", "mnist-mlp", "--no-loader-cores"], False),

@@ -12,7 +12,7 @@ from kasoku.data.loader import SerialLoader
 from kasoku.data.transforms import ToUnitFloat
 from kasoku.data.registry import (accepts, create_loader, list_loaders, loader_kind,
                                   parse_loader_spec, register_loader, spec_forms)
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 BATCH, IMAGE = 4, 16
 

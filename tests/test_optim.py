@@ -7,7 +7,7 @@ from torch import nn
 
 from kasoku.accel.lamb import LAMB
 from kasoku.accel.lars import LARS
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.optim import make_optimizer
 
 

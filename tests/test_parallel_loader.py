@@ -12,7 +12,7 @@ from kasoku.data.base import ArrayDataset
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.loader import SerialLoader
 from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
-from kasoku.errors import DataError
+from kasoku.core.errors import DataError
 
 LOADERS = {
     "threads": lambda ds, bs, **kw: ThreadLoader(ds, bs, num_threads=2, **kw),
@@ -168,7 +168,7 @@ def test_close_stops_the_workers():
 
 
 def test_make_loader_parses_counts():
-    from kasoku.errors import ConfigError
+    from kasoku.core.errors import ConfigError
     from kasoku.data.registry import create_loader
     cpu = torch.device("cpu")
     with create_loader("threads:3", array_set(), 4, cpu) as loader:
@@ -181,7 +181,7 @@ def test_make_loader_parses_counts():
 
 
 def test_prefetch_sets_the_batches_in_flight():
-    from kasoku.errors import ConfigError
+    from kasoku.core.errors import ConfigError
     from kasoku.data.registry import create_loader
     cpu, data = torch.device("cpu"), array_set(40)  # 20 batches of 2
     expected = batches(SerialLoader(data, 2, seed=0), 10)

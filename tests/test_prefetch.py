@@ -199,8 +199,9 @@ def test_trainer_with_a_wrapped_loader_trains_and_resumes_exactly(tmp_path, cut)
 def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
     """What --device cuda does, on the CPU: the train and val loaders wrapped, the run and a
     resume giving the bare loaders' weights, the train loader closed at the end."""
-    from kasoku.config import DataConfig, TrainConfig
-    from kasoku.run import train_workload
+    from kasoku.data.config import DataConfig
+    from kasoku.train.config import TrainConfig
+    from kasoku.commands.train import train_workload
 
     wrapped = []
 
@@ -216,8 +217,8 @@ def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
                                                              loader=loader), resume=resume)
 
     straight = run(tmp_path / "straight", 2)
-    import kasoku.run
-    monkeypatch.setattr(kasoku.run, "wrap_for_device", always_wrap)
+    import kasoku.commands.train
+    monkeypatch.setattr(kasoku.commands.train, "wrap_for_device", always_wrap)
     run(tmp_path / "split", 1, loader="threads:2")
     split = run(tmp_path / "split", 2, resume=tmp_path / "split" / "snapshot_latest.pt",
                 loader="threads:2")

@@ -9,11 +9,12 @@ import torch
 
 from kasoku.accel.memory_format import ChannelsLastInputs
 from kasoku.cli import main
-from kasoku.config import DataConfig, TrainConfig
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
 from kasoku.perf.profile import trace
-from kasoku.perf.profile.phases import PHASES, PhaseClock, markable, summarize
+from kasoku.core.phases import PHASES, PhaseClock, markable, summarize
 from kasoku.perf.profile.window import ProfileWindow, profiling
-from kasoku.run import build_trainer
+from kasoku.commands.train import build_trainer
 from kasoku.train.step import StandardStep
 from kasoku.workloads import create_workload
 

@@ -265,7 +265,7 @@ def test_cpu_verdict_follows_cpu_info(monkeypatch):
     """The context a CPU run's verdict is judged with comes from kasoku.perf.cpuinfo: a CPU
     without bf16 hardware is never told to use bf16."""
     from kasoku.perf import cpuinfo
-    from kasoku.perf.profile.session import cpu_bf16
+    from kasoku.commands.profile import cpu_bf16
     f = figures(Builder().steps(4, 1000, cpu_step()), device="cpu", config={"precision": "fp32"})
     avx2 = cpuinfo.CpuInfo(flags=("avx2", "fma"))
     monkeypatch.setattr(cpuinfo, "cpu_info", lambda: avx2)
@@ -312,7 +312,7 @@ def kfac_context(method="eigen", factor_update_freq=1, inv_update_freq=10, **sec
 
     from kasoku.kfac import KFACConfig
     from kasoku.perf.profile.kfac_cost import kfac_figures
-    from kasoku.perf.profile.phases import summarize
+    from kasoku.core.phases import summarize
     opt = kfac_of(tiny()[0], KFACConfig(method=method, factor_update_freq=factor_update_freq,
                                         inv_update_freq=inv_update_freq))
     return kfac_figures(summarize(seconds, 1), opt, steps=20)

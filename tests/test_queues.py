@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from kasoku.perf import queues
+from kasoku.core import queues
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from kasoku.cli import main
-from kasoku.dist import scale
-from kasoku.dist.launch import cpu_cores
-from kasoku.dist.scale_worker import FAIL_ENV, SCHEMA
+from kasoku.commands import scale
+from kasoku.distributed.launch import cpu_cores
+from kasoku.commands.scale_worker import FAIL_ENV, SCHEMA
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -13,7 +13,7 @@ from kasoku.data.loader import SerialLoader
 from kasoku.train import (CosineLR, Evaluator, FailOnNonNumber, LinearWarmup, LogReport,
                           PlotReport, PrintReport, ProgressBar, Snapshot, StepLR, Trainer,
                           TrainingInterrupted, load_snapshot)
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.train.extensions import NonFiniteError
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kasoku.accel.triton_adam import TritonAdam
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.optim import make_optimizer
 
 SHAPES = [(40, 17), (40,), (3, 40), (3,), (6, 5, 3, 3)]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kasoku.cli import main
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.workloads import Workload, create_workload
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "stripes_cnn.py"

@@ -15,7 +15,7 @@ from kasoku.accel.compose import accelerate, check_config
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.conv_matmul import Conv1x1Matmul, apply_matmul_1x1
 from kasoku.accel.wgrad_stream import WgradStreamConv2d, apply_wgrad_stream, convert
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.models.resnet import Bottleneck, ResNet
 from kasoku.optim import make_optimizer
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kasoku.bench.timing import graph_replay_ms
+from kasoku.commands.bench.timing import graph_replay_ms
 
 SHAPES = [(1000, 784), (1000,), (1000, 1000), (1000,), (10, 1000), (10,)]
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.bench.timing import graph_replay_ms
+from kasoku.commands.bench.timing import graph_replay_ms
 from kasoku.workloads import create_workload
 
 try:

@@ -56,7 +56,7 @@ p.add_argument("--probe", action="store_true")
 p.add_argument("--ahead", default="2",
                help="steps queued on the GPU at most (>= 1), comma-separated values")
 a = p.parse_args()
-from kasoku.perf.queues import queues, request_queues  # noqa: E402
+from kasoku.core.queues import queues, request_queues  # noqa: E402
 request_queues()  # as kasoku's command line does; a value set outside is kept
 print(f"CUDA_DEVICE_MAX_CONNECTIONS: {queues()}", flush=True)
 dev = torch.device("cuda")
@@ -119,10 +119,10 @@ for name, fn in decoders.items():
     print(f"ALONE {name}: {sorted(round(r) for r in rates)} img/s", flush=True)
 
 from kasoku.accel.config import AccelConfig  # noqa: E402
-from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
-from kasoku.bench.rungs import Rung  # noqa: E402
-from kasoku.bench.timing import timed  # noqa: E402
-from kasoku.bench.runner import make_runner  # noqa: E402
+from kasoku.commands.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
+from kasoku.commands.bench.rungs import Rung  # noqa: E402
+from kasoku.commands.bench.timing import timed  # noqa: E402
+from kasoku.commands.bench.runner import make_runner  # noqa: E402
 from kasoku.workloads import create_workload  # noqa: E402
 
 cfg = AccelConfig(precision="bf16", channels_last=True, cudnn_benchmark=True,

@@ -16,7 +16,7 @@ import json
 import torch
 
 from kasoku.accel import bn_kernels, fused_bn
-from kasoku.bench.timing import graph_replay_ms
+from kasoku.commands.bench.timing import graph_replay_ms
 from kasoku.models.norm import BatchNormAct2d
 
 # (channels, side, relu, residual, layers of this shape in ResNet-50 v1.5 at 224x224)

@@ -56,10 +56,10 @@ if a.autotune_pointwise:
     import torch._inductor.config as inductor_config
     inductor_config.max_autotune_pointwise = True
 
-from kasoku.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
-from kasoku.bench.rungs import rung_from_spec  # noqa: E402
-from kasoku.bench.timing import measure_windows, timed  # noqa: E402
-from kasoku.bench.runner import make_runner  # noqa: E402
+from kasoku.commands.bench.pool import batch_spec, cycle, make_pool  # noqa: E402
+from kasoku.commands.bench.rungs import rung_from_spec  # noqa: E402
+from kasoku.commands.bench.timing import measure_windows, timed  # noqa: E402
+from kasoku.commands.bench.runner import make_runner  # noqa: E402
 from kasoku.perf.profile.kernels import format_breakdown, profile_steps  # noqa: E402
 from kasoku.workloads import create_workload  # noqa: E402
 

@@ -15,9 +15,9 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kasoku.bench.rungs import rung_from_spec
-from kasoku.bench.pool import batch_spec, make_pool
-from kasoku.bench.runner import make_runner
+from kasoku.commands.bench.rungs import rung_from_spec
+from kasoku.commands.bench.pool import batch_spec, make_pool
+from kasoku.commands.bench.runner import make_runner
 from kasoku.workloads import create_workload
 
 

@@ -29,7 +29,7 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kasoku.bench.pool import cycle
+from kasoku.commands.bench.pool import cycle
 from step_profile import group, prepare
 
 STEPS = 10

@@ -17,10 +17,10 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kasoku.bench.pool import batch_spec, cycle, make_pool
-from kasoku.bench.rungs import rung_from_spec
-from kasoku.bench.timing import measure_windows, timed
-from kasoku.bench.runner import make_runner
+from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
+from kasoku.commands.bench.rungs import rung_from_spec
+from kasoku.commands.bench.timing import measure_windows, timed
+from kasoku.commands.bench.runner import make_runner
 from kasoku.perf.profile.kernels import breakdown, classify
 from kasoku.workloads import create_workload
 

@@ -1,17 +1,44 @@
-"""kasoku (加速): measure, explain and accelerate deep-learning training on PyTorch."""
-__version__ = "0.1.0"
+"""kasoku (加速): measure, explain and accelerate deep-learning training on PyTorch.
 
-from kasoku.accel.config import AccelConfig  # noqa: E402
-from kasoku.config import DataConfig, TrainConfig  # noqa: E402
-from kasoku.data.base import ArrayDataset  # noqa: E402
-from kasoku.data.loader import SerialLoader  # noqa: E402
-from kasoku.data.registry import create_loader, list_loaders, register_loader  # noqa: E402
-from kasoku.errors import ConfigError, DataError  # noqa: E402
-from kasoku.train import Trainer, TrainingInterrupted  # noqa: E402
-from kasoku.workloads.registry import (Recipe, Workload, create_workload,  # noqa: E402
-                                       list_workloads, register_workload)
+The public API below is imported on first use (PEP 562): ``import kasoku`` and ``kasoku
+--version`` start without loading torch, and ``from kasoku import Trainer`` loads what it
+names."""
+from __future__ import annotations
 
-__all__ = ["AccelConfig", "ArrayDataset", "ConfigError", "DataConfig", "DataError", "Recipe",
-           "SerialLoader", "TrainConfig", "Trainer", "TrainingInterrupted", "Workload",
-           "create_loader", "create_workload", "list_loaders", "list_workloads",
-           "register_loader", "register_workload"]
+import importlib
+
+from kasoku.core.version import __version__
+
+_EXPORTS = {
+    "AccelConfig": "kasoku.accel.config",
+    "ArrayDataset": "kasoku.data.base",
+    "ConfigError": "kasoku.core.errors",
+    "DataConfig": "kasoku.data.config",
+    "DataError": "kasoku.core.errors",
+    "Recipe": "kasoku.workloads.registry",
+    "SerialLoader": "kasoku.data.loader",
+    "TrainConfig": "kasoku.train.config",
+    "Trainer": "kasoku.train",
+    "TrainingInterrupted": "kasoku.train",
+    "Workload": "kasoku.workloads.registry",
+    "create_loader": "kasoku.data.registry",
+    "create_workload": "kasoku.workloads.registry",
+    "list_loaders": "kasoku.data.registry",
+    "list_workloads": "kasoku.workloads.registry",
+    "register_loader": "kasoku.data.registry",
+    "register_workload": "kasoku.workloads.registry",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kasoku' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -5,7 +5,7 @@ from typing import Iterable
 
 import torch
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb", "kfac")
 IMPLS = ("loop", "foreach", "fused", "compiled", "triton")

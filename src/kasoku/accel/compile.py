@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kasoku.accel.notes import skip
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 GRAPHING_MODES = ("reduce-overhead", "max-autotune")

@@ -20,7 +20,7 @@ from kasoku.accel.multistep import ShortChunkCheck, apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 DDP_WARMUP_STEPS = 11
 """Eager DDP steps before a step is captured, as PyTorch's CUDA-graph notes ask: DDP rebuilds
@@ -112,7 +112,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     extensions to register. Invalid combinations raise ``ConfigError``; a lever that cannot
     apply on this device or model is skipped with one warning and a note.
 
-    ``distribute``: wraps the model for data-parallel training (``kasoku.dist.ddp.wrap``),
+    ``distribute``: wraps the model for data-parallel training (``kasoku.distributed.ddp.wrap``),
     applied after the layout, dtype and kasoku's layers and before compilation, which then
     sees DDP's buckets (PyTorch's order: DDP first, then ``torch.compile``).
 

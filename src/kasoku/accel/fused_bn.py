@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from kasoku._triton import interpreting
+from kasoku.core.lazy_kernel import interpreting
 from kasoku.accel._recast import recast
 from kasoku.accel.bn_kernels import as_matrix, grids, kernels, launch_options, tiles
 from kasoku.accel.notes import skip

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from kasoku.accel.notes import skip, warn_once
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 WARMUP_STEPS = 3
 

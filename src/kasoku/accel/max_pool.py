@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kasoku._triton import LazyKernel, interpreting
+from kasoku.core.lazy_kernel import LazyKernel, interpreting
 from kasoku.accel._recast import recast
 
 BLOCK_P = 32

@@ -7,8 +7,8 @@ accelerated (a bench subprocess, a test session).
 """
 from __future__ import annotations
 
-from kasoku import errors
-from kasoku.errors import KasokuWarning, reset_warnings
+from kasoku.core import errors
+from kasoku.core.errors import KasokuWarning, reset_warnings
 
 __all__ = ["LeverWarning", "reset_warnings", "skip", "warn_once"]
 

@@ -30,7 +30,7 @@ from torch import nn
 from kasoku.accel.config import PRECISIONS
 from kasoku.accel.loss_scale import LossScaler, MasterWeights, PrecisionState
 from kasoku.accel.notes import skip
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.train.step import StandardStep
 
 

@@ -10,7 +10,7 @@ small-batch rate as the paper does; both end at the scaled rate after the warmup
 """
 from __future__ import annotations
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 GOYAL_BASE_BATCH = 256
 GOYAL_WARMUP_EPOCHS = 5.0

@@ -75,7 +75,7 @@ def apply_fast_stem(model: nn.Module, device=None, notes: list[str] | None = Non
     kernels, in place. Skipped with a note on devices other than CUDA (the folding was
     measured faster there only, the kernels run there only) and on models with neither kind
     of layer."""
-    from kasoku._triton import interpreting
+    from kasoku.core.lazy_kernel import interpreting
     from kasoku.accel.max_pool import MaxPool2dKernel
     device = torch.device(device) if device is not None else None
     if device is not None and device.type != "cuda" and not interpreting():

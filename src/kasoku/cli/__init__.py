@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 import warnings
 
-from kasoku import __version__
 from kasoku.cli import args as a
-from kasoku.errors import ConfigError, DataError, KasokuWarning
+from kasoku.core.errors import ConfigError, DataError, KasokuWarning, NonFiniteError
+from kasoku.core.queues import request_queues
+from kasoku.core.version import __version__
 
 EXIT_USAGE = 2
 """A user's mistake: a bad value, a missing file, an incompatible snapshot."""
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``kasoku ARGV``; returns the exit code (0 done, 1 the work failed, 2 a mistake in
     the command or its inputs, 128 + N stopped by signal N)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    from kasoku.perf.queues import request_queues
+    if argv == ["--version"]:  # answered before the parser, whose flags need torch (~1.5 s)
+        print(f"kasoku {__version__}")
+        return 0
     request_queues()  # before anything starts CUDA: side streams need queues of their own
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
@@ -60,7 +63,7 @@ def run_as_program() -> None:
     """``python -m kasoku``: ``main`` as a process's whole life. In a worker of a
     data-parallel run it ends through ``exit_worker`` (see there: the interpreter's shutdown
     can abort a process that used gloo)."""
-    from kasoku.dist.launch import exit_worker, under_launcher
+    from kasoku.distributed.launch import exit_worker, under_launcher
     code = main()
     if under_launcher():
         exit_worker(code)
@@ -69,7 +72,6 @@ def run_as_program() -> None:
 
 def _run(args) -> int:
     from kasoku.train import SnapshotError
-    from kasoku.train.extensions import NonFiniteError
     try:
         return args.handler(args)
     except (ConfigError, DataError, SnapshotError) as exc:
@@ -81,12 +83,12 @@ def _run(args) -> int:
     except KeyboardInterrupt as exc:
         return getattr(exc, "exit_code", 130)
     except Exception as exc:
-        from kasoku.dist.launch import under_launcher
+        from kasoku.distributed.launch import under_launcher
         if not under_launcher():
             raise
         # A worker of a data-parallel run: one line naming it, not a traceback from each.
-        from kasoku.dist.ddp import describe_failure
-        from kasoku.dist.world import World
+        from kasoku.distributed.ddp import describe_failure
+        from kasoku.distributed.world import World
         timeout = getattr(args, "dist_timeout", None) or 300.0
         print(f"kasoku: error: {describe_failure(exc, World.from_env().rank, timeout)}",
               file=sys.stderr, flush=True)
@@ -99,10 +101,10 @@ def _error(exc: BaseException) -> None:
 
 def _worker() -> str:
     """``worker R: `` in a worker of a data-parallel run of several, else nothing."""
-    from kasoku.dist.launch import under_launcher
+    from kasoku.distributed.launch import under_launcher
     if not under_launcher():
         return ""
-    from kasoku.dist.world import World
+    from kasoku.distributed.world import World
     try:
         world = World.from_env()
     except ConfigError:

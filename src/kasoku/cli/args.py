@@ -12,7 +12,7 @@ import math
 import sys
 import typing
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,8 +50,8 @@ def nonnegative_int(text: str) -> int:
 
 
 def threads(text: str) -> int:
-    """A whole number from 1 to ``kasoku.config.max_threads()``."""
-    from kasoku.config import max_threads
+    """A whole number from 1 to ``kasoku.train.config.max_threads()``."""
+    from kasoku.train.config import max_threads
     value = positive_int(text)
     most = max_threads()
     if value > most:

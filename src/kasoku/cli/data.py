@@ -5,8 +5,8 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.config import TrainConfig
-from kasoku.errors import ConfigError
+from kasoku.train.config import TrainConfig
+from kasoku.core.errors import ConfigError
 
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="dataset tools: make-jpeg, download, bench")
@@ -105,7 +105,7 @@ def _add_bench(dsub) -> None:
 
 
 def _loader_list(text: str) -> list[str]:
-    from kasoku.bench.data_bench import expand_loaders
+    from kasoku.commands.bench.data_bench import expand_loaders
     try:
         return expand_loaders(text)
     except ConfigError as exc:
@@ -140,12 +140,12 @@ def _download(args) -> int:
 
 def _bench(args) -> int:
     from kasoku.accel.config import AccelConfig
-    from kasoku.bench import data_bench
-    from kasoku.config import DataConfig
+    from kasoku.commands.bench import data_bench
+    from kasoku.data.config import DataConfig
     from kasoku.train.run_dir import OUTPUT_ROOT
     out = args.out or OUTPUT_ROOT / "data-bench"
     if args.report:
-        from kasoku.bench.data_report import report_data_bench
+        from kasoku.commands.bench.data_report import report_data_bench
         chart = report_data_bench(out)
         print(f"chart: {chart}" if chart else "nothing was measured: no chart")
         return 0

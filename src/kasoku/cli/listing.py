@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kasoku.data.registry import list_loaders, loader_kind
-    from kasoku.report import print_table
+    from kasoku.commands.table import print_table
     from kasoku.workloads import create_workload, list_workloads
     rows = []
     for name in list_workloads():

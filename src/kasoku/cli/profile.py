@@ -1,5 +1,5 @@
 """``kasoku profile``: argv -> the ``kasoku train`` configs plus ``ProfileConfig`` ->
-``kasoku.perf.profile.session.profile_workload``; prints the figures and the verdict."""
+``kasoku.commands.profile.profile_workload``; prints the figures and the verdict."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,8 @@ from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.train import (KFAC_FLAGS, LOADER_CORES_FLAG, TRAIN_FLAGS, WORKLOAD_HELP,
                               kfac_config_from_args)
-from kasoku.config import DataConfig, TrainConfig
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
 from kasoku.kfac.config import KFACConfig
 
 PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
@@ -26,7 +27,7 @@ _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
 
 
 def add_parser(sub) -> None:
-    from kasoku.perf.profile.session import ProfileConfig
+    from kasoku.commands.profile import ProfileConfig
     p = sub.add_parser("profile", help="where each step's time goes, the bottleneck and the "
                        "next lever (--confirm proves it)",
                        description="Profile a short window of a workload's training steps "
@@ -48,8 +49,8 @@ def add_parser(sub) -> None:
     a.add_fields(p.add_argument_group("K-FAC (--optimizer kfac)"), KFACConfig, KFAC_FLAGS)
     add_accel_arguments(p)
     a.add_fields(p.add_argument_group("profile"), ProfileConfig, PROFILE_FLAGS)
-    from kasoku.cli.dist import DIST_FLAGS
-    from kasoku.dist.config import DistConfig
+    from kasoku.cli.distributed import DIST_FLAGS
+    from kasoku.distributed.config import DistConfig
     group = p.add_argument_group(
         "data-parallel", "profile worker 0 of N workers (PyTorch's DistributedDataParallel) "
         "as kasoku train --gpus/--procs runs them; --batch-size is per worker")
@@ -59,10 +60,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kasoku.cli.dist import dist_config_from_args
-    from kasoku.dist import World
-    from kasoku.dist.launch import under_launcher
-    from kasoku.perf.profile.session import ProfileConfig, profile_workload
+    from kasoku.cli.distributed import dist_config_from_args
+    from kasoku.distributed import World
+    from kasoku.distributed.launch import under_launcher
+    from kasoku.commands.profile import ProfileConfig, profile_workload
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     train.progress = False
@@ -86,8 +87,8 @@ def _launch(args, dist, cfg) -> int:
     """Start the workers (each runs this command as one of them), then, with ``--confirm``,
     run the A/B from here: each side launches its own workers."""
     from kasoku.accel.compose import check_config
-    from kasoku.dist.launch import launch
-    from kasoku.perf.profile.session import confirm_saved
+    from kasoku.distributed.launch import launch
+    from kasoku.commands.profile import confirm_saved
     from kasoku.train.run_dir import out_or_new
     from kasoku.workloads import create_workload
     check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
@@ -119,7 +120,7 @@ def ladder_lines(result: dict) -> list[str]:
 
 def summary(result: dict) -> str:
     """The figures, the verdict and the ladder as a few lines of text."""
-    from kasoku.perf.profile.phases import format_phases
+    from kasoku.core.phases import format_phases
     from kasoku.perf.profile.kfac_cost import format_kfac
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]

@@ -1,5 +1,5 @@
 """``kasoku scale``: argv -> ``ScaleConfig`` and the worker counts ->
-``kasoku.dist.scale.run_scale``; prints the table and the explanation, draws the chart.
+``kasoku.commands.scale.run_scale``; prints the table and the explanation, draws the chart.
 
     kasoku scale imagenet-resnet50 --gpus 1,2,4 --batch-size 256
     kasoku scale mnist-mlp --procs 1,2
@@ -21,7 +21,7 @@ CPU_DEFAULT_RUNG = "+fused"
 
 
 def add_parser(sub) -> None:
-    from kasoku.dist.config import ALLREDUCE_DTYPES, DistConfig
+    from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
     p = sub.add_parser(
         "scale", help="data-parallel scaling: throughput on 1, 2, 4... workers, and what "
         "limits it",
@@ -70,9 +70,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Plan, measure, report. Returns 0, or 1 when a worker failed; a request this machine
     cannot run raises ``ConfigError`` before any folder is made."""
-    from kasoku.dist import World, require_single_process
-    from kasoku.dist.launch import plan_worlds
-    from kasoku.dist.scale import (CHART_FILE, RESULTS_FILE, WorkersFailed, plot_scale,
+    from kasoku.distributed import World, require_single_process
+    from kasoku.distributed.launch import plan_worlds
+    from kasoku.commands.scale import (CHART_FILE, RESULTS_FILE, WorkersFailed, plot_scale,
                                    print_results, run_scale)
     from kasoku.train.run_dir import out_or_new
     from kasoku.workloads import create_workload
@@ -103,9 +103,9 @@ def run(args) -> int:
 
 def scale_config(args, wl, device_type: str):
     """The ``ScaleConfig`` of parsed arguments (the batch size set per run)."""
-    from kasoku.bench.rungs import default_ladder, resolve, rung_from_spec
-    from kasoku.dist.config import DistConfig
-    from kasoku.dist.scale import ScaleConfig
+    from kasoku.commands.bench.rungs import default_ladder, resolve, rung_from_spec
+    from kasoku.distributed.config import DistConfig
+    from kasoku.commands.scale import ScaleConfig
     from kasoku.accel.memory_format import has_conv2d
 
     dist = a.config_from(args, DistConfig, gpus=None, procs=None)  # the counts are lists here

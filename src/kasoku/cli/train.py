@@ -1,5 +1,5 @@
 """``kasoku train``: argv -> ``DataConfig``, ``TrainConfig``, ``AccelConfig`` ->
-``kasoku.run.train_workload``."""
+``kasoku.commands.train.train_workload``."""
 from __future__ import annotations
 
 import sys
@@ -7,8 +7,9 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.cli.dist import add_dist_arguments, dist_config_from_args
-from kasoku.config import DataConfig, TrainConfig
+from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
 from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFAC_METHODS, KFACConfig
 from kasoku.kfac.factors import FACTOR_PRECISIONS
 from kasoku.optim import OPTIMIZERS
@@ -104,8 +105,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kasoku.dist.launch import launch, under_launcher
-    from kasoku.run import train_workload
+    from kasoku.distributed.launch import launch, under_launcher
+    from kasoku.commands.train import train_workload
     from kasoku.train import TrainingInterrupted
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)

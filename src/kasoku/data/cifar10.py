@@ -17,7 +17,7 @@ import torch
 
 from kasoku.data.base import ArrayDataset
 from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat, random_crop_flip
-from kasoku.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError
 
 RECORD_BYTES = 1 + 3 * 32 * 32
 HOLDOUT_NAME = "CIFAR-10 holdout (batch 5)"

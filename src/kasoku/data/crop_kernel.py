@@ -26,7 +26,7 @@ import threading
 
 import torch
 
-from kasoku._triton import LazyKernel, interpreting
+from kasoku.core.lazy_kernel import LazyKernel, interpreting
 
 ENV = "KASOKU_CROP_KERNEL"
 """``torch`` makes gpu-jpeg crop with PyTorch ops instead of the kernel (for comparisons)."""

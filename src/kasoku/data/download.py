@@ -16,7 +16,7 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-from kasoku.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError
 
 _MNIST = "https://yann.lecun.com/exdb/mnist/"
 DATASETS = {

@@ -9,7 +9,7 @@ Triton kernel (``kasoku.data.crop_kernel``) on a GPU, else the same arithmetic a
 (``crop_resize_normalize``).
 The next batches are prepared on a side CUDA stream by a background thread while the current
 one trains; the training stream waits on an event, never on the host. The side streams need
-hardware queues of their own (``kasoku.perf.queues``), and the next epoch's first batches are
+hardware queues of their own (``kasoku.core.queues``), and the next epoch's first batches are
 started before this epoch ends.
 
 The order, sharding and ``(epoch, position)`` resume state are ``SerialLoader``'s, and each
@@ -41,8 +41,8 @@ from kasoku.data.jpeg_decoders import (HWC, CpuImage, make_decoder, pillow_decod
 from kasoku.data.parallel_loader import _PrefetchLoader
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
                                     crop_flip_params_batch, resize_shorter_to)
-from kasoku.errors import DataError
-from kasoku.perf.queues import check_queues
+from kasoku.core.errors import DataError
+from kasoku.core.queues import check_queues
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,

@@ -24,7 +24,7 @@ from PIL import Image
 
 from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
                                     crop_flip_params, resize_shorter_to)
-from kasoku.errors import DataError, warn_once
+from kasoku.core.errors import DataError, warn_once
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)

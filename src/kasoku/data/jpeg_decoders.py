@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kasoku.errors import DataError, warn_once
+from kasoku.core.errors import DataError, warn_once
 
 DECODERS = ("auto", "nvimgcodec", "torchvision", "pillow")
 DECODER_ENV = "KASOKU_GPU_JPEG_DECODER"

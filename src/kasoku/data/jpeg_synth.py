@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 MARKER = ".kasoku-make-jpeg.json"
 # (grid cells across the image's longer side, amplitude in 8-bit levels): coarse lighting down

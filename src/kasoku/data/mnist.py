@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from kasoku.data.base import ArrayDataset
-from kasoku.errors import DataError
+from kasoku.core.errors import DataError
 
 FILES = {
     True: ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),

@@ -30,7 +30,7 @@ import torch.multiprocessing  # noqa: F401 - registers tensor pickling through s
 
 from kasoku.data.loader import SerialLoader, _stack
 from kasoku.data.loader_worker import cpu_list, pin_here, worker_loop
-from kasoku.errors import warn_once
+from kasoku.core.errors import warn_once
 
 _POLL_S = 0.1
 """How often a wait for a worker's batch checks that the worker is still alive."""

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.kfac.factors import FACTOR_PRECISIONS
 
 KFAC_BASES = ("momentum", "sgd", "adam")

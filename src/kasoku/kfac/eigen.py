@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from kasoku.errors import warn_once
-from kasoku.train.extensions import NonFiniteError
+from kasoku.core.errors import warn_once
+from kasoku.core.errors import NonFiniteError
 
 
 class EighError(NonFiniteError):

@@ -12,7 +12,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from kasoku.errors import ConfigError
+from kasoku.core.errors import ConfigError
 from kasoku.kfac.config import KFACConfig
 from kasoku.kfac.preconditioner import KFACPreconditioner
 

@@ -15,7 +15,7 @@ When things happen, on step ``t`` (``t`` counts ``step`` calls):
   averages are eigendecomposed; then every layer with an eigenbasis has its gradient replaced
   by the preconditioned one, all of them scaled by the KL clip.
 
-With data-parallel workers (a process group of more than one, ``kasoku.dist.ddp.active``), the
+With data-parallel workers (a process group of more than one, ``kasoku.distributed.ddp.active``), the
 batch statistics are averaged over the workers before they enter the running averages, and on
 inverse steps each worker eigendecomposes its share of the factors and sends the eigenbases to
 the others (``kasoku.kfac.distributed``): every worker holds the same factors and eigenbases,
@@ -26,7 +26,7 @@ Each training forward pass of the whole model starts over: the statistics of a p
 never ran (a loss-scaled step skipped for an overflow) are dropped, not mixed into the next.
 So with gradient accumulation over several passes, only the last pass's factors count.
 
-Its work is timed as phases of its own (``kasoku.perf.profile.phases.KFAC_PHASES``) when a
+Its work is timed as phases of its own (``kasoku.core.phases.KFAC_PHASES``) when a
 phase clock's ``mark`` is given (``mark``; kasoku's Updater gives it the one the step takes):
 ``kfac_factors`` in the hooks and for the running averages, ``kfac_inverse``,
 ``kfac_precondition``; each hands back to the phase it interrupted (forward, backward,
@@ -47,11 +47,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from kasoku.dist import ddp
-from kasoku.errors import ConfigError, warn_once
+from kasoku.distributed import ddp
+from kasoku.core.errors import ConfigError, warn_once
 from kasoku.kfac import distributed, eigen, factors
 from kasoku.kfac.config import KFACConfig
-from kasoku.perf.profile.phases import no_mark
+from kasoku.core.phases import no_mark
 
 _STATE_KEYS = ("A", "G", "QA", "LA", "QG", "LG")
 """A layer's state in a state dict: the two running factors, then per factor either its

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from kasoku.perf import queues
+from kasoku.core import queues
+from kasoku.core.version import __version__
 from kasoku.perf.cpuinfo import cpu_info
 
 
@@ -18,10 +19,9 @@ def environment(device: torch.device | str | None = None) -> dict:
     """A JSON-ready dict. With a CUDA ``device`` it names that GPU and the driver (this
     initializes CUDA in the calling process); otherwise it stays on the host side."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    import kasoku
     env = {
-        "kasoku_version": getattr(kasoku, "__version__", None),
-        "kasoku_git": git_revision(Path(kasoku.__file__).resolve().parent),
+        "kasoku_version": __version__,
+        "kasoku_git": git_revision(Path(__file__).resolve().parents[1]),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -12,7 +12,7 @@ import datetime as dt
 import errno
 from pathlib import Path
 
-from kasoku.errors import ConfigError, warn_once
+from kasoku.core.errors import ConfigError, warn_once
 from kasoku.train.snapshot import SnapshotError
 
 AUTO = "auto"

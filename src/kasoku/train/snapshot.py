@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kasoku.errors import KasokuWarning
+from kasoku.core.errors import KasokuWarning
 
 
 class SnapshotError(ValueError):

@@ -1,10 +1,10 @@
-"""The standard extensions of a ``kasoku train`` run (``kasoku.run.build_trainer``): the
+"""The standard extensions of a ``kasoku train`` run (``kasoku.commands.train.build_trainer``): the
 log, the printed table and plots, snapshots, the progress bar, and the learning-rate
 schedule of the workload's recipe. ``workload`` is a ``kasoku.workloads.Workload``."""
 from __future__ import annotations
 
-from kasoku.config import TrainConfig
-from kasoku.errors import ConfigError
+from kasoku.train.config import TrainConfig
+from kasoku.core.errors import ConfigError
 from kasoku.train import extensions as ext
 from kasoku.train.trainer import Trainer
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from kasoku.perf.profile.phases import NoClock, PhaseClock, markable, no_mark
+from kasoku.core.phases import NoClock, PhaseClock, markable, no_mark
 from kasoku.train.reporter import Reporter
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -62,7 +62,7 @@ class StandardStep:
     has no branch.
 
     ``mark(phase)`` is called as each phase begins (forward, backward, update, other: the
-    metric); the Updater sets it to its phase clock (``kasoku.perf.profile.phases``), a no-op
+    metric); the Updater sets it to its phase clock (``kasoku.core.phases``), a no-op
     otherwise.
     """
     mark = staticmethod(no_mark)
@@ -105,7 +105,7 @@ class Updater:
     last batch of an epoch may be short); ``elapsed_time`` counts seconds inside ``run()``
     across resumes; ``observation`` is the current call's dict.
 
-    ``phases`` times every step's phases (``kasoku.perf.profile.phases.PhaseClock``: data
+    ``phases`` times every step's phases (``kasoku.core.phases.PhaseClock``: data
     wait, copy, forward, backward, update, K-FAC's, other); LogReport logs them.
     ``phase_timing=False`` times nothing. Assigning another clock to ``phases`` (a profiled
     window's) gives the step that clock's marks from the next step on.

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from kasoku.errors import KasokuWarning, warn_once
+from kasoku.core.errors import KasokuWarning, warn_once
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
 from kasoku.train.run_dir import prepare_out
 from kasoku.train.snapshot import SnapshotError, capture_rng_state, load_snapshot, \
@@ -73,7 +73,7 @@ class Trainer:
     snapshots; a resume from a snapshot whose values differ is refused, naming both. ``out``
     holding another run's files (``kasoku.train.run_dir.RUN_FILES``) is refused when the run
     starts fresh, unless ``overwrite``: a second run never writes over a first one's log.
-    ``phase_timing``: time every step's phases (``kasoku.perf.profile.phases``; LogReport logs
+    ``phase_timing``: time every step's phases (``kasoku.core.phases``; LogReport logs
     them as ``time/...``). ``writer``: whether this process owns ``out`` (False in the workers
     of a data-parallel run other than worker 0, which neither check nor clear it).
     ``handle_signals``: SIGINT/SIGTERM finish the step and write a snapshot (off in a
@@ -117,7 +117,7 @@ class Trainer:
     @property
     def module(self) -> torch.nn.Module:
         """The model without its data-parallel wrapper (``model`` when it has none)."""
-        from kasoku.dist.ddp import unwrap
+        from kasoku.distributed.ddp import unwrap
         return unwrap(self.model)
 
     step_fn = property(lambda self: self.updater.step_fn,
@@ -294,14 +294,14 @@ class Trainer:
 def _rng_by_worker() -> list | None:
     """Every worker's RNG states, in rank order, in a data-parallel run (None alone): a
     collective, so every worker takes the snapshot's state at the same iteration."""
-    from kasoku.dist import ddp
+    from kasoku.distributed import ddp
     return ddp.gather_objects(capture_rng_state()) if ddp.active() else None
 
 
 def _my_rng(state: dict) -> dict:
     """This worker's RNG states from a snapshot: its own when the snapshot has one per worker
     of this run's number of workers, else worker 0's."""
-    from kasoku.dist import ddp
+    from kasoku.distributed import ddp
     by_worker = state.get("rng_by_worker")
     if by_worker and ddp.active():
         import torch.distributed as dist

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from kasoku.config import DataConfig
+from kasoku.data.config import DataConfig
 from kasoku.models import LeNet5
 from kasoku.workloads.common import CIFAR10_HOLDOUT_TRAIN, cifar10_holdout
 from kasoku.workloads.registry import Recipe, Workload, register_workload

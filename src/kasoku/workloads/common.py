@@ -7,10 +7,10 @@ from typing import Callable
 
 import torch
 
-from kasoku.config import DataConfig
+from kasoku.data.config import DataConfig
 from kasoku.data.synthetic import SyntheticDataset
 from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat
-from kasoku.errors import DataError
+from kasoku.core.errors import DataError
 
 
 class SyntheticSplit:

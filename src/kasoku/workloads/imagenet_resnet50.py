@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from kasoku.config import DataConfig
+from kasoku.data.config import DataConfig
 from kasoku.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ToUnitFloat
 from kasoku.models import resnet50
 from kasoku.workloads.common import require_root, synthetic_image_datasets

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from kasoku.config import DataConfig
+from kasoku.data.config import DataConfig
 from kasoku.data.transforms import ToUnitFloat
 from kasoku.models import MLP
 from kasoku.workloads.common import require_root, synthetic_image_datasets

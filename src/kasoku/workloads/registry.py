@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from kasoku.config import DataConfig
-from kasoku.errors import ConfigError
+from kasoku.data.config import DataConfig
+from kasoku.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

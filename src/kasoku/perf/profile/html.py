@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from kasoku.perf.profile.kfac_cost import format_kfac
-from kasoku.perf.profile.phases import PHASES
+from kasoku.core.phases import PHASES
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;

@@ -20,7 +20,7 @@ base optimizer's run itself).
 """
 from __future__ import annotations
 
-from kasoku.perf.profile.phases import KFAC_PHASES, PhaseClock
+from kasoku.core.phases import KFAC_PHASES, PhaseClock
 
 _WORDS = {"kfac_factors": "factors", "kfac_inverse": "inverse",
           "kfac_precondition": "preconditioning"}
@@ -44,13 +44,13 @@ def every_step_clock(device) -> PhaseClock:
 
 def kfac_figures(phases: dict, optimizer, steps: int | None = None) -> dict:
     """``{"kfac": {...}, "kfac_pct": % of the step}`` from ``phases`` (``PhaseClock.take``'s
-    dict) when ``optimizer`` is K-FAC, else ``{}``. ``kfac``: ``ms_per_step`` and ``pct`` (all
+    dict) of a K-FAC ``optimizer`` (``kasoku.kfac.KFAC``: the caller tells), ``{}`` when the
+    phases hold no step. ``kfac``: ``ms_per_step`` and ``pct`` (all
     its phases), ``phases_ms`` and ``phases_pct`` (each), ``step_ms``, ``without_ms`` (the
     step less K-FAC's phases), ``ratio`` (the step over that), its settings (``base``,
     ``method``, ``factor_update_freq``, ``inv_update_freq``, ``cycle_steps``) and ``steps``
     (the steps measured)."""
-    from kasoku.kfac import KFAC
-    if not isinstance(optimizer, KFAC) or "time/step" not in phases:
+    if "time/step" not in phases:
         return {}
     step_ms = phases["time/step"]
     phases_ms = {p: phases.get(f"time/{p}", 0.0) for p in KFAC_PHASES}

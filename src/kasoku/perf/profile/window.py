@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kasoku.perf.profile import trace as trace_mod
-from kasoku.perf.profile.phases import PhaseClock
+from kasoku.core.phases import PhaseClock
 from kasoku.perf.profile.verdict import judge
 
 

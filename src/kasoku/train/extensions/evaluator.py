@@ -68,7 +68,7 @@ class Evaluator:
                 metric = metric.float() * n
                 metric_sum = metric if metric_sum is None else metric_sum + metric
             count += n
-        from kasoku.dist import ddp
+        from kasoku.distributed import ddp
         if ddp.active():  # each worker saw its share of the samples: the sums of all
             zero = torch.zeros((), device=device)
             sums = ddp.sum_over_workers([zero if loss_sum is None else loss_sum,

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from kasoku.core.errors import NonFiniteError
 from kasoku.train.reporter import PRIORITY_EDITOR
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or a parameter became NaN or Inf."""
 
 
 class FailOnNonNumber:

@@ -26,7 +26,7 @@ class LogReport:
     interval, exposed as ``log_trigger``. ``keys``: the observation keys to log (None: all).
     Unless ``keys`` is given, each line also has the step's phases timed since the previous
     line (``time/step``, ``time/data``, ``time/forward``... in ms, ``time/data%``... in % of
-    the step; ``kasoku.perf.profile.phases``).
+    the step; ``kasoku.core.phases``).
     ``log`` and the running sums are in its state, so a resumed run continues the same log;
     ``initialize`` rewrites the file from ``log``, dropping lines written after the snapshot.
     When the run fails, the file is cut back to the latest snapshot's moment too, so the log

@@ -1,0 +1,362 @@
+"""``kasoku profile``: build the run as ``kasoku train`` would, time it unprofiled, profile a
+short window, judge it, draw it, and (``confirm``) prove the verdict with an A/B of fresh
+processes.
+
+Steps of one profile, on the trainer's own updater (the extensions -- log, snapshots,
+evaluation -- do not run):
+1. ``skip`` steps absorb compilation, graph capture and autotuning (timed, reported);
+2. ``measure_steps`` steps timed as a whole (CUDA events and one synchronize) with the phase
+   clock on: the throughput and phases without the profiler; with K-FAC, whole cycles of its
+   factor and inverse steps, every step timed (``kasoku.perf.profile.kfac_cost``);
+3. the profiled window (``kasoku.perf.profile.window``): ``warmup`` + ``steps`` steps;
+4. the analysis, MFU against the measured matmul peak, the verdict; ``profile.json``,
+   ``trace.json``, ``timeline.png``, ``report.html`` in ``out``.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kasoku.core.phases import format_phases
+from kasoku.perf.profile.verdict import MIN_GAIN
+
+
+@dataclass
+class ProfileConfig:
+    steps: int = 10
+    """Steps recorded by the profiler (after its warm-up steps)."""
+    warmup: int = 3
+    """Profiler warm-up steps before the recorded ones."""
+    skip: int = 10
+    """Steps run first and not profiled: compilation, graph capture, autotuning."""
+    measure_steps: int = 20
+    """Steps timed without the profiler (the throughput beside the profiled figures); with
+    --optimizer kfac, rounded up to whole cycles of its factor and inverse steps."""
+    confirm: bool = False
+    """Run the A/B that proves the verdict (each side a fresh process) and print both."""
+    python: bool = False
+    """Add a host-side sampling profile of the step (pyinstrument; pip install pyinstrument)."""
+
+
+def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Path | None = None,
+                     measure_only: bool = False, argv: list[str] | None = None,
+                     dist_cfg=None, kfac=None) -> dict:
+    """Profile workload ``name`` with the settings of ``kasoku train`` (``data``, ``train``,
+    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``); returns the result dict written
+    to ``out/profile.json``. ``measure_only``:
+    steps 1 and 2 only, the result printed as one JSON line (a side of ``confirm``).
+    ``argv``: the command line, for ``confirm`` to vary.
+
+    ``dist_cfg`` (a ``DistConfig`` asking for workers, in a process the launcher started):
+    this process is one worker of a data-parallel run, every worker steps and is profiled
+    in lockstep, and worker 0 judges, writes and prints (the other workers' traces go to
+    ``out/workerR``); ``confirm`` is left to the launching process."""
+    from kasoku.accel.compose import check_config
+    from kasoku.data.registry import check_loader_settings
+    from kasoku.distributed import World, require_single_process
+    from kasoku.commands.train import build_trainer
+    from kasoku.train.run_dir import make_out_dir, out_or_new
+    from kasoku.workloads import create_workload
+    world = World.from_env()
+    parallel = dist_cfg is not None and dist_cfg.asked
+    if not parallel:
+        require_single_process(world, "kasoku profile")
+    train.check()
+    check_config(accel)
+    check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
+    if cfg.python:
+        _require_pyinstrument()
+    workload = create_workload(name)
+    out = out_or_new(out, workload.name, "profile", "the profile")
+    if parallel:
+        from kasoku.commands.device import resolve_device
+        from kasoku.commands.train import join_as_worker
+        train = join_as_worker(world, train, dist_cfg, resolve_device(train.device))
+        if not world.is_main:
+            out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
+    try:
+        trainer = build_trainer(workload, data, train, accel, out=out,
+                                world=world if parallel else None,
+                                dist_cfg=dist_cfg if parallel else None, kfac=kfac)
+        return _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
+                        argv, speak=world.is_main or not parallel,
+                        workers=world.world_size if parallel else 1)
+    finally:
+        if parallel:
+            from kasoku.distributed import ddp
+            ddp.leave()
+
+
+def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Path,
+             measure_only: bool, argv, speak: bool, workers: int = 1) -> dict:
+    """Steps 1-4 of the module doc on a built trainer; ``speak``: print, confirm and write
+    (worker 0 of a data-parallel run, or the only process); ``workers``: how many train
+    (the rates are this worker's)."""
+    from kasoku.commands.train import close_run
+    u = trainer.updater
+    try:
+        result = {"workload": workload.name, "device": str(u.device), "out": str(out),
+                  "settings": {**vars(cfg), "batch_size": trainer.run_info["batch_size"],
+                               "loader": train.loader,
+                               "cpu_threads": trainer.setup.get("cpu_threads"),
+                               "data": "synthetic" if data.synthetic else str(data.root)}}
+        result.update(_measure(u, cfg))
+        if measure_only:
+            return result
+        result["workers"] = workers
+        if speak:
+            print(f"# {workload.name}  device: {u.device}  out: {out}"
+                  + (f"  workers: {workers} (rates per worker)" if workers > 1 else ""),
+                  file=sys.stderr)
+            print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s over "
+                  f"{result['measured_steps']} steps, {format_phases(result['phases'])}",
+                  file=sys.stderr)
+        from kasoku.perf.profile.window import profile_updater
+        context = _context(workload, trainer, train, accel, result)
+        figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
+                                  samples_per_step=result["samples_per_step"])
+        unprofiled_shares(figures, result)
+        from kasoku.perf.profile.verdict import judge
+        figures.pop("verdict")
+        result["figures"] = figures
+        result["verdict"] = judge(figures).to_dict()
+        if cfg.python:
+            result["python_profile"] = str(_python_profile(u, out, cfg.steps))
+    finally:
+        close_run(trainer)
+    if not speak:
+        return result
+    from kasoku.distributed.launch import under_launcher
+    if cfg.confirm and argv is not None and not under_launcher():
+        result["ladder"] = confirm(argv, result)
+    _write(out, result)
+    return result
+
+
+def confirm_saved(out: Path, argv: list[str]) -> dict:
+    """``confirm`` for a data-parallel profile, from the process that launched its workers
+    (worker 0 wrote ``out/profile.json``): each side launches its own workers. The report is
+    written again with the ladder; returns the result."""
+    result = json.loads((Path(out) / "profile.json").read_text())
+    result["ladder"] = confirm(argv, result)
+    _write(Path(out), result)
+    return result
+
+
+def _measure(u, cfg: ProfileConfig) -> dict:
+    from kasoku.perf.profile.kfac_cost import cycle_steps, every_step_clock, measured_steps
+    device = u.device
+    t0 = time.perf_counter()
+    for _ in range(cfg.skip):
+        u.update()
+    _sync(device)
+    skip_s = time.perf_counter() - t0
+    u.phases.take()
+    cycle = cycle_steps(u.optimizer)
+    steps = measured_steps(cfg.measure_steps, cycle)
+    clock = u.phases
+    if cycle > 1:  # steps unalike on a schedule (K-FAC's): each timed, none left to chance
+        u.phases = every_step_clock(device)
+    else:  # steps alike: the clock's sample, but never none in a short window
+        clock.time_next()
+    try:
+        samples0 = u.samples
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            u.update()
+        u.phases.step()  # the last step's phases end here, with its work
+        _sync(device)  # note: sync, the measured steps' device work inside the span
+        elapsed = time.perf_counter() - t0
+        phases = u.phases.take()
+    finally:
+        u.phases = clock
+    samples = u.samples - samples0
+    return {"skip_s": skip_s, "measure_s": elapsed, "measured_steps": steps,
+            "cycle_steps": cycle, "samples_per_s": samples / elapsed,
+            "samples_per_step": samples // max(1, steps),
+            "phases": phases, "phases_split": u.phases_split}
+
+
+def unprofiled_shares(figures: dict, result: dict) -> None:
+    """Restate the shares of the step for the run without the profiler, which slows the host
+    (every operator it records costs microseconds) but hardly the kernels: the step time and
+    data wait come from the unprofiled steps (phase clock), the device's busy time from the
+    trace's kernels; the idle rest is split between host launch and other as in the trace.
+    The profiled figures stay under ``profiled``."""
+    keys = ("step_ms", "busy_pct", "data_pct", "idle_data_pct", "idle_host_pct",
+            "idle_other_pct")
+    figures["profiled"] = {k: figures[k] for k in keys if k in figures}
+    step_ms = 1e3 * result["samples_per_step"] / result["samples_per_s"]
+    data = result["phases"].get("time/data%", 0.0)
+    figures.update(step_ms=step_ms, data_pct=data)
+    if "device_ms" in figures:
+        busy = min(100.0, 100.0 * figures["device_ms"] / step_ms)
+        rest = max(0.0, 100.0 - busy - data)
+        host, other = figures["profiled"]["idle_host_pct"], figures["profiled"]["idle_other_pct"]
+        host_share = host / (host + other) if host + other > 0 else 0.0
+        figures.update(busy_pct=busy, idle_data_pct=data, idle_host_pct=rest * host_share,
+                       idle_other_pct=rest * (1 - host_share))
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _context(workload, trainer, train, accel, result: dict) -> dict:
+    """What the verdict needs beyond the trace: the levers, the loader, MFU."""
+    import dataclasses
+    context = {"config": dataclasses.asdict(accel), "loader": train.loader,
+               "batch_size": trainer.run_info["batch_size"],
+               "has_conv": any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
+               "unprofiled_samples_per_s": result["samples_per_s"],
+               **cpu_bf16()}
+    context.update(_mfu(workload, trainer, accel, result))
+    from kasoku.kfac import KFAC
+    from kasoku.perf.profile.kfac_cost import kfac_figures
+    if isinstance(trainer.updater.optimizer, KFAC):
+        context.update(kfac_figures(result["phases"], trainer.updater.optimizer,
+                                    result["measured_steps"]))
+    return context
+
+
+def cpu_bf16() -> dict:
+    """What the verdict needs to know of this CPU's bf16 hardware (``kasoku.perf.cpuinfo``):
+    ``cpu_bf16`` (whether bf16 products run on bf16 units) and ``cpu_bf16_isa`` (which)."""
+    from kasoku.perf.cpuinfo import cpu_info
+    info = cpu_info()
+    return {"cpu_bf16": info.bf16_hardware, "cpu_bf16_isa": info.bf16_isa}
+
+
+def _mfu(workload, trainer, accel, result: dict) -> dict:
+    """MFU (GPU) or the fraction of the CPU's fp32 peak, from the unprofiled step time."""
+    from kasoku.commands.bench.pool import batch_spec
+    from kasoku.commands.bench.rungs import Rung, compute_dtype
+    from kasoku.perf.flops import count_step_flops
+    from kasoku.perf.mfu import compute_mfu
+    from kasoku.perf.peak import measure_matmul_peak
+    device = trainer.updater.device
+    batch = result["samples_per_step"]
+    try:
+        model = workload.build_model()
+        flops = count_step_flops(model, batch_spec(workload, model).make_batch,
+                                 workload.loss_fn, batch).total
+        dtype = compute_dtype(Rung("run", accel))
+        peak = measure_matmul_peak(device, dtype, size=None if device.type == "cuda" else 1024)
+    except (RuntimeError, ValueError, NotImplementedError) as exc:
+        return {"mfu": None, "mfu_note": f"N/A: {exc}"}
+    step_s = batch / result["samples_per_s"]
+    value, note = compute_mfu(flops, step_s, peak.flops_per_s, dtype)
+    key = "mfu" if device.type == "cuda" else "peak_fraction"
+    out = {key: value, "mfu_note": note, "flops_per_step": flops, "peak_dtype": dtype,
+           "peak_flops_per_s": peak.flops_per_s}
+    if device.type == "cpu" and dtype in ("fp32", "bf16"):
+        from kasoku.perf.cpuinfo import theoretical_peak
+        theory = theoretical_peak(dtype)  # beside the measured one: an honest denominator
+        if theory is not None:
+            out.update(peak_theory=theory.to_dict(), peak_theory_text=theory.describe())
+    return out
+
+
+def _require_pyinstrument() -> None:
+    from kasoku.core.errors import ConfigError
+    try:
+        import pyinstrument  # noqa: F401
+    except ImportError:
+        raise ConfigError("--python needs pyinstrument: pip install pyinstrument") from None
+
+
+def _python_profile(u, out: Path, steps: int) -> Path:
+    """pyinstrument's sampling profile of ``steps`` steps, as ``python.html`` and text."""
+    from pyinstrument import Profiler
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    for _ in range(steps):
+        u.update()
+    _sync(u.device)
+    profiler.stop()
+    path = out / "python.html"
+    path.write_text(profiler.output_html())
+    (out / "python.txt").write_text(profiler.output_text(unicode=False, color=False))
+    return path
+
+
+def confirm(argv: list[str], result: dict) -> list[dict]:
+    """The verdict's experiments, each side a fresh ``kasoku profile --measure-only`` process:
+    the run as given, then each experiment's arguments added (a later flag wins). A row per
+    side: label, samples/s, ratio to the run as given, what the rule predicted, outcome."""
+    base_argv = _without_own(argv)
+    rows = [{"label": "as given", **_measure_side(base_argv)}]
+    base = rows[0].get("samples_per_s")
+    for exp in result["verdict"]["experiments"]:
+        side = _measure_side(base_argv + list(exp["args"]))
+        ratio = side["samples_per_s"] / base if side.get("samples_per_s") and base else None
+        predicted = f">= {MIN_GAIN:.2f}x" if exp["faster"] else f"< {MIN_GAIN:.2f}x"
+        if ratio is None:
+            outcome = f"not measured: {side.get('error', 'failed')}"
+        else:
+            outcome = "confirmed" if (ratio >= MIN_GAIN) == exp["faster"] else "refuted"
+        rows.append({"label": exp["label"], "args": " ".join(exp["args"]), **side,
+                     "ratio": ratio, "expected": predicted, "outcome": outcome})
+    rows[0].update(ratio=1.0, expected="", outcome="")
+    return rows
+
+
+_OWN_FLAGS = {"--confirm": 0, "--python": 0, "--out": 1, "--measure-only": 0}
+
+
+def _without_own(argv: list[str]) -> list[str]:
+    """The ``kasoku profile`` arguments that choose the run (not this profile's outputs)."""
+    kept, skip = [], 0
+    for token in argv:
+        if skip:
+            skip -= 1
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in _OWN_FLAGS:
+            skip = _OWN_FLAGS[flag] if "=" not in token else 0
+            continue
+        kept.append(token)
+    return kept
+
+
+def _measure_side(argv: list[str], timeout_s: float = 900) -> dict:
+    cmd = [sys.executable, "-m", "kasoku", *argv, "--measure-only"]
+    print(f"confirm: kasoku {' '.join(argv)} ...", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"error": err}
+    data = json.loads(lines[-1])
+    return {"samples_per_s": data["samples_per_s"], "phases": data["phases"]}
+
+
+def _write(out: Path, result: dict) -> None:
+    from kasoku.perf.profile import trace as trace_mod
+    figures = result.get("figures")
+    png = None
+    if figures is not None:
+        try:
+            from kasoku.perf.profile.timeline import draw_timeline
+            png = draw_timeline(trace_mod.load(out / "trace.json"), out / "timeline.png",
+                                title=f"{result['workload']}: {result['verdict']['rule']}")
+            result["timeline"] = str(png)
+        except ImportError as exc:  # matplotlib is optional
+            result["timeline"] = f"not drawn: {exc}"
+        from kasoku.perf.profile.html import write_report
+        result["report"] = str(write_report(
+            out / "report.html", title=f"kasoku profile: {result['workload']}",
+            verdict=result["verdict"], figures=figures, phases=result["phases"],
+            timeline_png=png, ladder=result.get("ladder"), settings=result["settings"],
+            python_profile=result.get("python_profile")))
+    (out / "profile.json").write_text(json.dumps(result, indent=1, default=str))

@@ -1,0 +1,250 @@
+"""``kasoku scale``: when data-parallel training pays, and why (seed 001 found two GPUs slower
+than one for the small networks and faster for ResNet-152; seed 003 explains the all-reduce).
+
+For each worker count N (``--gpus 1,2,4``: a process per GPU over NCCL; ``--procs 1,2``: CPU
+processes over gloo), one launch of N workers through PyTorch's elastic launcher
+(``kasoku.distributed.launch.run_module``). Each worker (``kasoku.commands.scale_worker``) trains on
+synthetic batches already on its device, the per-worker batch fixed (weak scaling, as
+data-parallel training is used), and times:
+
+- the step **alone** (no DDP; all N workers run it at once, so they share the machine as in
+  training but exchange nothing),
+- the **data-parallel** step (DDP: the gradient buckets all-reduced during the backward
+  pass),
+- the **all-reduce alone**: the gradients' bytes in DDP's bucket sizes, nothing to overlap.
+
+From those, per N:
+
+    throughput          = N x batch / data-parallel step time
+    scaling efficiency  = throughput / (N x the throughput of 1 worker alone)
+    exposed all-reduce  = data-parallel step - step alone   (the all-reduce, and DDP's own
+                          bookkeeping, not hidden behind the backward pass)
+    hidden              = all-reduce alone - exposed        (what the overlap saved)
+
+and one line saying what limits the scaling: the exposed all-reduce, or workers that slow each
+other down (on one CPU, N processes split its cores), with what would help. On the CPU each
+worker gets cores / N threads (``--threads`` to set it), so the N workers never ask for more
+cores than there are. The baseline of the efficiency is 1 worker alone: a single process
+without DDP, what one would run without ``--gpus``.
+
+Records: ``OUT/results.jsonl`` (schema ``kasoku.scale/1``, a line per N, appended as each
+launch ends), a table, a summary line per N, and ``OUT/scale.png``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kasoku.commands.bench.results import carry_results
+from kasoku.distributed.launch import WorkersFailed, cpu_cores, run_module
+
+RESULTS_FILE = "results.jsonl"
+CHART_FILE = "scale.png"
+EXPOSED_PCT = 15.0
+"""An exposed all-reduce of at least this share of the step is named as the limit."""
+SLOWDOWN = 1.15
+"""Workers whose step alone takes at least this multiple of one worker's slow each other."""
+GOOD_EFFICIENCY = 0.9
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    workload: str
+    label: str
+    """The rung measured: a ladder label or a ``--config`` spec."""
+    config: dict
+    """``Rung.config_dict()`` of the rung."""
+    batch_size: int
+    """Per worker."""
+    steps: int = 20
+    windows: int = 5
+    warmup: int = 15
+    seed: int = 0
+    threads: int | None = None
+    """CPU threads per worker (None: the machine's cores / N)."""
+    bucket_mb: float = 25.0
+    static_graph: bool = False
+    allreduce_dtype: str = "fp32"
+    timeout_s: float = 300.0
+
+
+def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None) -> list[dict]:
+    """Launch each world size in turn; append its record to ``out/results.jsonl`` as it ends
+    and return them all. A failed launch raises ``WorkersFailed`` after the earlier records
+    are kept."""
+    file = file or sys.stdout
+    out = Path(out)
+    device_type = "cuda" if backend == "nccl" else "cpu"
+    records = []
+    for n in world_sizes:
+        threads = cfg.threads or max(1, cpu_cores() // n)
+        what = f"{cfg.workload} with {n} worker{'s' * (n != 1)}"
+        print(f"# {what}: {backend} on {device_type}, {cfg.label}, batch {cfg.batch_size} per "
+              f"worker (global {cfg.batch_size * n})"
+              + (f", {threads} thread{'s' * (threads != 1)} each" if device_type == "cpu"
+                 else "") + f"; {cfg.warmup} warm-up + {cfg.windows} x {cfg.steps} steps, "
+              f"alone then data-parallel", file=file, flush=True)
+        with tempfile.TemporaryDirectory(prefix="kasoku-scale-") as tmp:
+            request = dict(asdict(cfg), device_type=device_type, threads=threads,
+                           results=str(Path(tmp) / RESULTS_FILE))
+            try:
+                run_module("kasoku.commands.scale_worker", json.dumps(request), n,
+                           Path(tmp) / "logs", out, what, tag=f"{n}workers")
+            finally:
+                records += carry_results(Path(request["results"]), out)
+    return records
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Per record (in worker-count order): speed-up and efficiency over 1 worker alone, the
+    compute slowdown of the workers alone, and the explanation line. The baseline is the
+    1-worker record's step alone; without one, the smallest worker count's step alone (said
+    in ``baseline``)."""
+    if not records:
+        return []
+    ordered = sorted(records, key=lambda r: r["world_size"])
+    base = next((r for r in ordered if r["world_size"] == 1), ordered[0])
+    base_rate = base["alone_samples_per_s_per_worker"]
+    base_ms = base["alone_step_ms"]
+    baseline = "1 worker alone (no DDP)" if base["world_size"] == 1 else \
+        f"one of {base['world_size']} workers alone (no 1-worker run)"
+    rows = []
+    for r in ordered:
+        n = r["world_size"]
+        speedup = r["samples_per_s"] / base_rate
+        row = {"world_size": n, "samples_per_s": r["samples_per_s"], "speedup": speedup,
+               "efficiency": speedup / n, "slowdown": r["alone_step_ms"] / base_ms,
+               "exposed_pct": r["exposed_allreduce_pct"], "baseline": baseline}
+        row["explanation"] = explain(r, row)
+        rows.append(row)
+    return rows
+
+
+def explain(r: dict, row: dict) -> str:
+    """One line: what N workers give over one, and what limits it, with what would help."""
+    n = r["world_size"]
+    exposed, comm = r["exposed_allreduce_ms"], r["allreduce_alone_ms"]
+    if n == 1:
+        head = (f"{r['workload']}, 1 worker through DDP: {row['speedup']:.2f}x the throughput "
+                f"of one process without DDP")
+        if row["exposed_pct"] >= EXPOSED_PCT:
+            return head + (f"; DDP's bookkeeping and its all-reduce among one worker take "
+                           f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
+                           f"{r['step_ms']:.2f})")
+        return head + "; DDP costs little here"
+    head = (f"{r['workload']}, {n} workers: {row['speedup']:.2f}x the throughput of 1 worker "
+            f"alone ({row['efficiency']:.0%} scaling efficiency)")
+    hidden = max(0.0, comm - exposed)
+    causes, help_ = [], []
+    if row["exposed_pct"] >= EXPOSED_PCT:
+        text = (f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
+                f"{r['step_ms']:.2f}) is all-reduce not hidden behind the backward pass")
+        if exposed > 1.2 * comm:
+            text += (f", more than the all-reduce alone takes ({comm:.2f} ms): exchange and "
+                     f"compute slow each other down"
+                     + (" on the shared cores" if r["device_type"] == "cpu" else ""))
+        else:
+            text += f" (the all-reduce alone takes {comm:.2f} ms; {hidden:.2f} ms of it is hidden)"
+        causes.append((row["exposed_pct"], text))
+        help_.append("a bigger per-worker batch (more compute per all-reduce)")
+        if r["allreduce_dtype"] == "fp32":
+            help_.append("--allreduce-dtype bf16 (half the bytes)")
+        if r["device_type"] == "cuda" and not (r["config"].get("cuda_graph")):
+            help_.append("a CUDA-graph step (less host time per step)")
+    if row["slowdown"] >= SLOWDOWN:
+        share = 100.0 * (r["alone_step_ms"] - r["alone_step_ms"] / row["slowdown"]) \
+            / r["step_ms"]
+        why = (f"the {n} processes share this CPU's cores ({r['threads_per_worker']} "
+               f"thread{'s' * (r['threads_per_worker'] != 1)} each)"
+               if r["device_type"] == "cpu" else "they share the host, its memory and links")
+        causes.append((share, f"each worker's step alone takes {row['slowdown']:.2f}x one "
+                              f"worker's: {why}"))
+        if r["device_type"] == "cpu":
+            help_.append("on one machine, one process with all the cores (processes pay off "
+                         "across machines)")
+    if not causes:
+        if row["efficiency"] >= GOOD_EFFICIENCY:
+            return head + (f"; the all-reduce ({comm:.2f} ms alone) is hidden behind the "
+                           f"backward pass but for {exposed:.2f} ms")
+        return head + "; no single cause stands out (see the step times)"
+    causes.sort(key=lambda c: -c[0])
+    return head + "; " + "; ".join(c for _, c in causes) + \
+        (". Would help: " + ", ".join(help_) if help_ else "")
+
+
+def print_results(records: list[dict], file=None) -> list[dict]:
+    """The table (a row per worker count) and the explanation lines; returns the summary."""
+    from kasoku.commands.table import print_table
+    file = file or sys.stdout
+    rows = summarize(records)
+    by_n = {r["world_size"]: r for r in records}
+    unit = records[0].get("unit", "samples") if records else "samples"
+    table = []
+    for row in rows:
+        r = by_n[row["world_size"]]
+        table.append([str(row["world_size"]), str(r["global_batch_size"]),
+                      f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}x",
+                      f"{row['efficiency']:.0%}", f"{r['step_ms']:.2f}",
+                      f"{r['alone_step_ms']:.2f}", f"{r['exposed_allreduce_ms']:.2f}",
+                      f"{row['exposed_pct']:.0f}%", f"{r['allreduce_alone_ms']:.2f}"])
+    if rows:
+        print_table(["workers", "global batch", f"{unit}/s", "speed-up", "efficiency",
+                     "step (ms)", "alone (ms)", "exposed all-reduce (ms)", "exposed %",
+                     "all-reduce alone (ms)"], table,
+                    title=f"scaling: {records[0]['workload']}, {records[0]['rung']}, "
+                          f"{records[0]['backend']}; speed-up over {rows[0]['baseline']}",
+                    file=file)
+        for row in rows:
+            print(row["explanation"], file=file)
+    return rows
+
+
+def plot_scale(records: list[dict], path: Path) -> Path | None:
+    """Left: throughput against workers, with the ideal (N x 1 worker alone). Right: each
+    worker count's step time split into the step alone and the exposed all-reduce."""
+    rows = summarize(records)
+    if not rows:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    by_n = {r["world_size"]: r for r in records}
+    ns = [row["world_size"] for row in rows]
+    base = rows[0]["samples_per_s"] / rows[0]["speedup"]
+    fig = Figure(figsize=(10.0, 4.2))
+    FigureCanvasAgg(fig)
+    ax, bx = fig.subplots(1, 2)
+    ax.plot(ns, [row["samples_per_s"] for row in rows], "o-", color="C0", label="measured")
+    ax.plot(ns, [n * base for n in ns], "--", color="0.5", label="ideal (N x 1 worker alone)")
+    for row in rows:
+        ax.annotate(f"{row['efficiency']:.0%}", (row["world_size"], row["samples_per_s"]),
+                    textcoords="offset points", xytext=(4, -12), fontsize=8)
+    ax.set_xticks(ns)
+    ax.set_xlabel("workers")
+    ax.set_ylabel(f"{records[0].get('unit', 'samples')}/s (median window)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    alone = [by_n[n]["alone_step_ms"] for n in ns]
+    exposed = [by_n[n]["exposed_allreduce_ms"] for n in ns]
+    labels = [str(n) for n in ns]
+    bx.bar(labels, alone, color="C0", label="step alone (no DDP)")
+    bx.bar(labels, exposed, bottom=alone, color="C3", label="exposed all-reduce")
+    bx.set_xlabel("workers")
+    bx.set_ylabel("ms per step")
+    bx.grid(alpha=0.3, axis="y")
+    bx.legend(fontsize=8)
+    first = records[0]
+    fig.suptitle(f"{first['workload']} data-parallel: {first['rung']}, batch "
+                 f"{first['batch_size_per_worker']} per worker, {first['backend']} on "
+                 f"{first['env'].get('device_name', first['device_type'])}", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+    return path
+
+
+__all__ = ["ScaleConfig", "WorkersFailed", "run_scale", "summarize", "explain",
+           "print_results", "plot_scale"]

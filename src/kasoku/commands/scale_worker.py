@@ -1,0 +1,217 @@
+"""One worker of ``kasoku scale`` (``kasoku.commands.scale`` says what is measured and why):
+``python -m kasoku.commands.scale_worker REQUEST_JSON``, started by the elastic launcher, joins the
+process group from the launcher's environment, times the workload's step three ways and, as
+rank 0, appends one record to the request's results file.
+
+1. **alone**: the step without DDP, every worker running it at the same time (so the workers
+   share the machine as they will in training, but exchange nothing);
+2. **data-parallel**: the same step with the model wrapped in DDP (the buckets all-reduced
+   during the backward pass);
+3. **all-reduce alone**: the gradients' bytes all-reduced in DDP's bucket sizes, with nothing
+   to overlap with.
+
+Each timed window starts after a barrier and ends when this rank's device is done; a window's
+time is the slowest rank's (a step is not done before its last worker is), the figure the
+median over windows. Warm-up steps (compilation, autotuning, DDP's bucket rebuild, graph
+capture) run before and are reported, not timed.
+
+Test hook (environment): ``KASOKU_SCALE_SIMULATE_FAILURE=RANK`` makes that rank fail after
+the process group is up.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from kasoku.commands.bench.results import append_result
+from kasoku.distributed.launch import failure_recorded, worker_main
+
+SCHEMA = "kasoku.scale/1"
+FAIL_ENV = "KASOKU_SCALE_SIMULATE_FAILURE"
+COMM_REPS = 5
+"""Timed repetitions of the all-reduce-alone measurement."""
+
+
+def worker(request: dict) -> None:
+    """Measure ``request`` in this process, one rank of the job the launcher's environment
+    describes; rank 0 appends the record to ``request["results"]``."""
+    import torch
+    import torch.distributed as dist
+    from kasoku.distributed import ddp
+    from kasoku.distributed.world import World
+
+    world = World.from_env()
+    device = ddp.worker_device(world, request["device_type"])
+    if device.type == "cpu":
+        torch.set_num_threads(request["threads"])
+    ddp.join(world, device, request["timeout_s"])
+    try:
+        with failure_recorded():
+            if os.environ.get(FAIL_ENV, "").strip() == str(world.rank):
+                raise RuntimeError(f"simulated failure of rank {world.rank} ({FAIL_ENV})")
+            record = measure(request, device, world.world_size)
+            if world.rank == 0:
+                results = Path(request["results"])
+                append_result(results.parent, record, results.name)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(request: dict, device, world_size: int) -> dict:
+    """The record of one world size (every rank computes it; rank 0's is written)."""
+    import torch
+    from kasoku.commands.bench.pool import batch_spec, make_pool
+    from kasoku.commands.bench.worker import config_from_dict
+    from kasoku.commands.bench.rungs import Rung
+    from kasoku.distributed.config import DistConfig
+    from kasoku.perf.sysinfo import environment
+    from kasoku.workloads import create_workload
+
+    wl = create_workload(request["workload"])
+    rung = Rung(request["label"], config_from_dict(request["config"]))
+    cfg = DistConfig(bucket_mb=request["bucket_mb"], static_graph=request["static_graph"],
+                     allreduce_dtype=request["allreduce_dtype"])
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(request["seed"])
+    spec = batch_spec(wl, wl.build_model())
+    # Each worker its own batches, as a sharded loader gives it.
+    pool = make_pool(spec, request["batch_size"], device, 4, seed=request["seed"] + rank)
+    notes: list[str] = []
+
+    from kasoku.distributed import ddp
+    alone, _ = _time_steps(request, wl, rung, device, pool, notes, distribute=None)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    wrapped, params = _time_steps(request, wl, rung, device, pool, notes,
+                                  distribute=lambda model: ddp.wrap(model, cfg, device))
+    comm = _time_allreduce(params, cfg, device)
+    step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
+    exposed_ms = max(0.0, step_ms - alone_ms)
+    b = request["batch_size"]
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return {
+        "schema": SCHEMA, "workload": wl.name, "unit": wl.sample_unit,
+        "world_size": world_size, "backend": torch.distributed.get_backend(),
+        "device_type": device.type, "rung": rung.label, "config": rung.config_dict(),
+        "batch_size_per_worker": b, "global_batch_size": b * world_size,
+        "threads_per_worker": request["threads"] if device.type == "cpu" else None,
+        "bucket_mb": cfg.bucket_mb, "static_graph": cfg.static_graph,
+        "allreduce_dtype": cfg.allreduce_dtype,
+        "settings": {k: request[k] for k in ("steps", "windows", "warmup", "seed")},
+        "step_ms": step_ms, "step_ms_windows": wrapped["step_ms_windows"],
+        "alone_step_ms": alone_ms, "alone_step_ms_windows": alone["step_ms_windows"],
+        "exposed_allreduce_ms": exposed_ms,
+        "exposed_allreduce_pct": 100.0 * exposed_ms / step_ms if step_ms else 0.0,
+        "allreduce_alone_ms": comm["ms"], "allreduce_buckets": comm["buckets"],
+        "grad_mb": comm["bytes"] / 1e6,
+        "samples_per_s": b * world_size / (step_ms / 1e3),
+        "samples_per_s_per_worker": b / (step_ms / 1e3),
+        "alone_samples_per_s_per_worker": b / (alone_ms / 1e3),
+        "warmup_s": {"alone": alone["warmup_s"], "data_parallel": wrapped["warmup_s"]},
+        "timing": "perf_counter around a synchronize, slowest rank",
+        "notes": list(dict.fromkeys(notes)), "env": environment(device), "time": now,
+    }
+
+
+def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distribute
+                ) -> tuple[dict, list]:
+    """Warm-up, then ``windows`` timed windows of ``steps`` steps of the rung's step (DDP's
+    when ``distribute`` is given): the slowest rank's time per step of each window, and the
+    parameters the step trains."""
+    import torch
+    from kasoku.commands.bench.pool import cycle
+    from kasoku.commands.bench.runner import make_runner
+
+    torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
+    model = wl.build_model().to(device)
+    if rung.is_plain and distribute is not None:  # the plain loop has no levers to order
+        model = distribute(model)
+        distribute = None
+    runner = make_runner(rung, wl, model, device, wl.recipe.lr, notes, distribute=distribute)
+    steps, done = request["steps"], 0
+    _barrier(device)
+    t0 = time.perf_counter()
+    for _ in range(max(1, request["warmup"])):
+        runner(cycle(pool, 1, done))
+        done += 1
+    _sync(device)
+    warmup_s = time.perf_counter() - t0
+    windows = []
+    for _ in range(request["windows"]):
+        _barrier(device)
+        t0 = time.perf_counter()
+        runner(cycle(pool, steps, done))
+        _sync(device)  # note: the window ends when this rank's device is done
+        windows.append((time.perf_counter() - t0) * 1e3 / steps)
+        done += steps
+    slowest = _max_over_ranks(windows, device)
+    params = [p for p in getattr(runner, "model", model).parameters() if p.requires_grad]
+    return {"step_ms": statistics.median(slowest), "step_ms_windows": slowest,
+            "warmup_s": warmup_s}, params
+
+
+def _time_allreduce(params: list, cfg, device) -> dict:
+    """The gradients all-reduced with nothing to overlap with: flat buffers of DDP's bucket
+    size (``cfg.bucket_mb``) in the wire dtype (``cfg.allreduce_dtype``, else the
+    parameters'), timed ``COMM_REPS`` times; the slowest rank's median, in ms."""
+    import torch
+    import torch.distributed as dist
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.allreduce_dtype,
+                                                                 params[0].dtype)
+    width = dtype.itemsize
+    total = sum(p.numel() for p in params) * width
+    cap = max(width, int(cfg.bucket_mb * 1e6 // width * width))
+    sizes = [min(cap, total - start) for start in range(0, total, cap)]
+    buffers = [torch.zeros(size // width, dtype=dtype, device=device) for size in sizes]
+    for buf in buffers:  # warm-up: the communicator's buffers for these sizes
+        dist.all_reduce(buf)
+    times = []
+    for _ in range(COMM_REPS):
+        _barrier(device)
+        t0 = time.perf_counter()
+        for buf in buffers:
+            dist.all_reduce(buf)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    slowest = _max_over_ranks(times, device)
+    return {"ms": statistics.median(slowest), "buckets": len(buffers), "bytes": total}
+
+
+def _barrier(device) -> None:
+    import torch.distributed as dist
+    _sync(device)
+    dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
+    _sync(device)  # the barrier's own kernel is not timed
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _max_over_ranks(values: list[float], device) -> list[float]:
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A worker: ``python -m kasoku.commands.scale_worker REQUEST_JSON`` under the launcher."""
+    from kasoku.core.queues import request_queues
+    request_queues()
+    worker_main(worker, sys.argv[1:] if argv is None else argv,
+                "usage: python -m kasoku.commands.scale_worker REQUEST_JSON (started by kasoku "
+                "scale, or torchrun)")
+
+
+if __name__ == "__main__":
+    main()

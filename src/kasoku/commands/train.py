@@ -1,0 +1,396 @@
+"""Train a workload: the library call behind ``kasoku train``.
+
+``train_workload`` = pick the run folder (``kasoku.train.run_dir``), ``build_trainer`` (data,
+model, levers, loader, and the standard extensions of ``kasoku.train.standard``), run.
+Everything a lever needs is decided by ``kasoku.accel.accelerate``; every loader comes from
+``kasoku.data.registry``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from kasoku.accel.compose import accelerate, check_config, prewarm
+from kasoku.accel.config import AccelConfig
+from kasoku.accel.loader_cores import loader_split, release_cores
+from kasoku.accel.loader_cores import describe as describe_cores
+from kasoku.data.config import DataConfig
+from kasoku.train.config import TrainConfig
+from kasoku.data.prefetch import wrap_for_device
+from kasoku.data.registry import check_loader_settings, create_loader
+from kasoku.commands.device import resolve_device
+from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.distributed import World
+from kasoku.distributed import ddp
+from kasoku.distributed.config import DistConfig
+from kasoku.distributed.ddp import local_world_size
+from kasoku.distributed.launch import restart_count, under_launcher
+from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
+from kasoku.kfac import KFACConfig, check_levers
+from kasoku.optim import OPTIMIZERS, make_optimizer
+from kasoku.train import Trainer, load_snapshot
+from kasoku.train import extensions as ext
+from kasoku.train.run_dir import default_out, resolve_run
+from kasoku.train.standard import extend_reports, log_trigger, schedules, snapshot_trigger
+from kasoku.workloads import Workload, create_workload
+
+
+def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
+                  accel: AccelConfig | None = None, out: Path | None = None,
+                  seed: int | None = None, world: World | None = None,
+                  dist_cfg: DistConfig | None = None, kfac: KFACConfig | None = None
+                  ) -> Trainer:
+    """Data, model, optimizer, schedule, the levers of ``accel``, the loader and the standard
+    extensions of ``kasoku train``, writing to ``out`` (default ``train.out``); ``seed``
+    replaces ``train.seed`` (a resume builds with its snapshot's). The optimizer is
+    ``train.optimizer`` or else the recipe's; ``kfac`` configures optimizer kfac (default
+    ``KFACConfig()``).
+
+    ``world``/``dist_cfg``: this process is one worker of a data-parallel run whose process
+    group is joined (``kasoku.distributed.ddp.join``): the model is wrapped in DDP before it is
+    compiled, each loader yields this worker's shard, evaluation sums over all workers, and
+    only worker 0 logs, prints and plots (every worker takes part in a snapshot; worker 0
+    writes it). ``train.batch_size`` is per worker. A CPU loader split pins this process
+    (``loader_cores``): ``close_run(trainer)`` when done; a failed build unpins itself."""
+    train.check()
+    recipe, accel = workload.recipe, accel or AccelConfig()
+    world = world or World()
+    parallel = dist_cfg is not None
+    epochs = train.epochs if train.epochs is not None else recipe.epochs
+    batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
+    lr = train.lr if train.lr is not None else recipe.lr
+    optimizer = train.optimizer or recipe.optimizer
+    check_optimizer(optimizer, accel, kfac)
+    if optimizer != recipe.optimizer and train.lr is None:
+        warn_once(f"optimizer {optimizer}: the learning rate is the workload's {lr:g}, tuned "
+                  f"for its {recipe.optimizer}; pass --lr to set one for {optimizer}")
+    if kfac is not None and optimizer != "kfac":
+        warn_once(f"the K-FAC settings have no effect: the optimizer is {optimizer}, not kfac")
+    warmup_epochs = recipe.warmup_epochs
+    if parallel and dist_cfg.scale_lr and world.world_size > 1:
+        # The recipe's rate is for its batch; the global batch is world x the per-worker one.
+        lr = linear_scaling_lr(lr, batch_size * world.world_size, base_batch=batch_size)
+        warmup_epochs = max(warmup_epochs, min(goyal_warmup_epochs(
+            batch_size * world.world_size, base_batch=batch_size), epochs / 2))
+    device = resolve_device(train.device)
+    seed = seed if seed is not None else 0 if train.seed is None else train.seed
+    threads = train.threads or (workload.cpu_threads if device.type == "cpu" else None)
+    if parallel and device.type == "cpu" and not threads:
+        # The workers of one machine share its cores.
+        threads = max(1, (os.cpu_count() or 1) // local_world_size())
+    # Before the loaders are built: the split pins every thread this process has by then.
+    cores = None if parallel else loader_cores(train, device, threads)
+    worker_cpus = (cores or {}).get("loader_cpus")
+    if threads and not worker_cpus:
+        torch.set_num_threads(threads)
+    pinned = {"worker_cpus": worker_cpus} if worker_cpus else {}
+    built: list = []  # the loaders made so far, closed if building fails
+    try:
+        prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
+        torch.manual_seed(seed)
+        train_set, val_set = workload.build_datasets(data, seed=seed)
+        if batch_size > len(train_set):
+            warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
+                      f"samples: each step takes all of them")
+        metric_fn = workload.metric_fn if workload.has_accuracy else None
+        model = workload.build_model()
+        if world.world_size > 1:
+            # The same weights everywhere (DDP also broadcasts worker 0's), then a random stream of
+            # each worker's own (dropout masks differ between shards).
+            torch.manual_seed(seed + 1_000_003 * world.rank)
+        # K-FAC hooks the layers of ``model`` as they are when accelerate builds the optimizer:
+        # after its in-place levers (it refuses compile), and inside DDP: accelerate wraps its own
+        # reference, this closure keeps the inner module.
+        accelerated = accelerate(
+            model, workload.loss_fn, metric_fn, accel, device,
+            lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
+                                                momentum=recipe.momentum,
+                                                weight_decay=recipe.weight_decay,
+                                                model=model, kfac=kfac),
+            distribute=(lambda m: ddp.wrap(m, dist_cfg, device)) if parallel else None)
+        model = accelerated.model
+        _share_loss_scale(accelerated)
+        shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
+        # On CUDA, host batches are copied ahead on a side stream (DevicePrefetcher).
+        loader = wrap_for_device(create_loader(
+            train.loader, train_set, batch_size, device, seed=seed,
+            batches_per_call=accelerated.batches_per_call, prefetch=train.prefetch, **pinned,
+            **shard), device)
+        built.append(loader)
+        run_info = {"workload": workload.name, "batch_size": batch_size, "optimizer": optimizer}
+        trainer = Trainer(model, accelerated.optimizer, loader, workload.loss_fn,
+                          metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
+                          out=out or train.out or default_out(workload.name),
+                          step_fn=accelerated.step_fn, overwrite=train.overwrite,
+                          run_info=run_info, writer=world.is_main, handle_signals=not parallel)
+        if cores is not None:
+            trainer.setup["cpu_threads"] = cores
+        for extension in [*accelerated.extensions, *schedules(recipe, epochs, warmup_epochs)]:
+            trainer.extend(extension)
+        if val_set is not None:
+            # Evaluation needs no small batches; with the dataset resident on the device, a few
+            # large ones (MNIST's 10,000 in 10) cost a fraction of a hundred small ones' launches;
+            # a recipe may take more at once (mnist-mlp: all 10,000).
+            val_batch = recipe.eval_batch_size or \
+                max(batch_size, 1000 if train.loader == "device" else 100)
+            # Each worker evaluates its share of the samples, none twice (no padding); the
+            # Evaluator sums over the workers. The model unwrapped: evaluation needs no DDP.
+            val_shard = dict(shard, pad=False) if shard else {}
+            val_loader = wrap_for_device(create_loader(
+                train.loader, val_set, val_batch, device, shuffle=False, repeat=False,
+                prefetch=train.prefetch, **pinned, **val_shard), device)
+            built.append(val_loader)
+            trainer.extend(ext.Evaluator(val_loader, ddp.unwrap(model), workload.loss_fn,
+                                         metric_fn=metric_fn, device=device))
+        if world.is_main:
+            extend_reports(trainer, workload, train, has_val=val_set is not None)
+        else:  # the other workers take part in snapshots (their RNG states) and write nothing
+            trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger(train))
+            trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
+    except BaseException:
+        for made in built:
+            getattr(made, "close", lambda: None)()
+        release_cores(cores)  # the caller's threads back where they were
+        raise
+    return trainer
+
+
+def loader_cores(train: TrainConfig, device: torch.device, threads: int | None) -> dict | None:
+    """On a CPU, the loader's workers on cores of their own and the step's ``threads`` on the
+    others (``loader_split``; its record), unless ``train.loader_cores`` is off (the record
+    says so); None where the loader runs no workers on the host, or off the CPU."""
+    cores = loader_split(train.loader, device.type, train.loader_cores, threads)
+    if cores is None and not train.loader_cores:
+        warn_once(f"--no-loader-cores has no effect: the {train.loader} loader on "
+                  f"{device.type} gives no worker processes or threads cores of their own")
+    return cores
+
+
+def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None) -> None:
+    """Refuse an unknown optimizer, and K-FAC's bad settings and the levers it cannot run
+    with (``ConfigError`` saying what to do)."""
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    if name == "kfac":
+        (kfac or KFACConfig()).check()
+        check_levers(accel)
+
+
+def _share_loss_scale(accelerated) -> None:
+    """An optimizer that reads gradients during the backward pass (K-FAC's G factors, through
+    its ``loss_scale``) sees them multiplied by fp16's loss scale: hand it the scaler's scale
+    tensor (updated in place after each step, so it is always the backward's)."""
+    from kasoku.accel.loss_scale import PrecisionState
+    for extension in accelerated.extensions:
+        if isinstance(extension, PrecisionState) and hasattr(accelerated.optimizer,
+                                                               "loss_scale"):
+            accelerated.optimizer.loss_scale = extension.scaler.scale_value
+
+
+def _resumed_settings(trainer: Trainer, train: TrainConfig, state: dict) -> None:
+    """What a resume does with the settings given again: ``--lr`` replaces the snapshot's
+    rate (``_set_base_lr``); ``--seed`` cannot change a run under way (its weights, order and
+    augmentation come from the snapshot), said once."""
+    if train.lr is not None:
+        _set_base_lr(trainer, train.lr)
+    saved_world = int((state.get("loader") or {}).get("world_size", 1))
+    world = World.from_env().world_size if under_launcher() else 1
+    if saved_world != world:
+        batch = trainer.run_info["batch_size"]
+        warn_once(f"the snapshot was taken with {saved_world} worker"
+                  f"{'s' * (saved_world != 1)}, this run has {world}: it goes on from the "
+                  f"same sample of epoch {trainer.updater.epoch_detail:.4g}, but with a global "
+                  f"batch of {batch * world} instead of {batch * saved_world}, so it is not "
+                  f"the run {saved_world} workers would have made (the batches, their order "
+                  f"over the workers and the random streams differ)")
+    saved = (state.get("loader") or {}).get("seed")
+    if train.seed is not None and saved is not None and train.seed != saved:
+        warn_once(f"--seed {train.seed} is not used: a resumed run keeps its snapshot's seed "
+                  f"({saved}) for its data order and augmentation")
+
+
+def _set_base_lr(trainer: Trainer, lr: float) -> None:
+    """After a resume: make ``lr`` the base learning rate (the snapshot's optimizer state
+    brought its own), scaling every group's rate and schedule base alike, with a warning: the
+    run no longer continues the snapshot's exactly."""
+    groups = trainer.optimizer.param_groups
+    old = float(groups[0].get("initial_lr", groups[0]["lr"]))
+    if old == lr:
+        return
+    factor = lr / old
+    for group in groups:
+        if "initial_lr" in group:
+            group["initial_lr"] = float(group["initial_lr"]) * factor
+        if torch.is_tensor(group["lr"]):
+            group["lr"].mul_(factor)  # in place: a captured CUDA graph reads this tensor
+        else:
+            group["lr"] = group["lr"] * factor
+    warn_once(f"--lr {lr:g} replaces the snapshot's learning rate {old:g} from iteration "
+              f"{trainer.updater.iteration} on; the resumed run is no longer the one the "
+              f"snapshot would have continued")
+
+
+def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
+                   accel: AccelConfig | None = None, dist_cfg: DistConfig | None = None,
+                   kfac: KFACConfig | None = None) -> Trainer:
+    """Train workload ``name`` (a registered name or ``FILE.py:NAME``) into ``train.out`` (a
+    new folder under ``runs/`` when None); ``resume``: None, ``"auto"``, a run folder or a
+    snapshot file. Returns the trainer (its LogReport holds the figures). ``kfac``: the
+    settings of optimizer kfac (``train.optimizer`` or the workload's).
+
+    In a process started by a launcher (``kasoku.distributed.launch.under_launcher``: kasoku's own
+    ``--gpus``/``--procs``, torchrun, a scheduler) this is one worker of a data-parallel run,
+    configured by ``dist_cfg``; a worker group the launcher restarted resumes from the run's
+    latest snapshot."""
+    # Settings are checked before a folder is made: a mistake leaves nothing behind.
+    accel = accel or AccelConfig()
+    train.check()
+    check_config(accel)
+    check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
+    device = resolve_device(train.device)
+    workload = create_workload(name)
+    check_optimizer(train.optimizer or workload.recipe.optimizer, accel, kfac)
+    if under_launcher():
+        return _train_worker(workload, data, train, resume, accel, dist_cfg or DistConfig(),
+                             device, kfac)
+    existed = train.out is not None and Path(train.out).exists()
+    # What building says (a lever skipped here, a setting ignored) comes after the line that
+    # names the run; a mistake found while building is the only line printed.
+    failure, out, trainer = None, None, None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", KasokuWarning)
+        try:
+            if data.synthetic and data.root is not None:
+                warn_once(f"--synthetic: the data in --data {data.root} is not read")
+            out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
+            # A resumed run's data is built with its snapshot's seed (synthetic and generated
+            # sets depend on it), whatever --seed says.
+            state = load_snapshot(snapshot) if snapshot is not None else None
+            seed = (state.get("loader") or {}).get("seed") if state is not None else None
+            trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, kfac=kfac)
+            if state is not None:  # refuses another run's snapshot before it trains
+                trainer.load_state_dict(state, source=snapshot)
+        except BaseException as exc:
+            failure = exc
+            if trainer is not None:  # built, then refused the snapshot: its loaders and cores
+                close_run(trainer)
+            if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()  # nothing ran: leave no empty run folder behind
+    said = list(said)  # the warnings are said again outside the recording
+    if failure is not None:
+        _say_again(said)
+        raise failure
+    cores = trainer.setup.get("cpu_threads")
+    print(f"# {workload.name}  data: {_data_source(workload, data)}  device: {device}  "
+          f"out: {out}" + (f"  cores: {describe_cores(cores)}" if cores else ""),
+          file=sys.stderr, flush=True)
+    _say_again(said)
+    if snapshot is not None:
+        trainer.resumed_from(snapshot)
+        _resumed_settings(trainer, train, state)
+    _run_and_close(trainer)
+    return trainer
+
+
+def _data_source(workload: Workload, data: DataConfig):
+    """What the run's first line says the data is."""
+    return "synthetic" if data.synthetic else \
+        "generated" if workload.generated_data else data.root
+
+
+def _run_and_close(trainer: Trainer) -> None:
+    try:
+        trainer.run()
+    finally:
+        close_run(trainer)
+
+
+def close_run(trainer: Trainer) -> None:
+    """End what a built trainer holds, on every path: the worker processes and threads of its
+    parallel loaders; this process's threads go back to the CPUs the loader split took them
+    from (``release_cores``)."""
+    for loader in loaders_of(trainer):
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+    release_cores(trainer.setup.get("cpu_threads"))
+
+
+def join_as_worker(world: World, train: TrainConfig, dist_cfg: DistConfig,
+                   device: torch.device) -> TrainConfig:
+    """Join the data-parallel job as worker ``world.rank``: its device (GPU ``LOCAL_RANK``
+    with ``--gpus``, or under another launcher when ``device`` is a GPU; else the CPU), worker
+    0 the only voice (the others print no warnings and no progress), the process group
+    joined. Returns ``train`` on this worker's device."""
+    wants_gpu = dist_cfg.gpus is not None or (dist_cfg.procs is None and device.type == "cuda")
+    device = ddp.worker_device(world, "cuda" if wants_gpu else "cpu")
+    train = dataclasses.replace(train, device=str(device))
+    if not world.is_main:  # one voice: worker 0's
+        warnings.simplefilter("ignore", KasokuWarning)
+        train = dataclasses.replace(train, progress=False)
+    ddp.join(world, device, dist_cfg.dist_timeout)
+    return train
+
+
+def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
+                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
+                  kfac: KFACConfig | None = None) -> Trainer:
+    """One worker of a data-parallel run (see ``train_workload``)."""
+    world = World.from_env()
+    restarts = restart_count()
+    if restarts:
+        resume = "auto"  # the launcher restarted the group: on from the latest snapshot
+    train = join_as_worker(world, train, dist_cfg, device)
+    device = torch.device(train.device)
+    try:
+        located = None
+        if world.is_main:
+            if data.synthetic and data.root is not None:
+                warn_once(f"--synthetic: the data in --data {data.root} is not read")
+            located = resolve_run(workload.name, train.out, resume, train.overwrite)
+        out, snapshot = ddp.broadcast_object(located)
+        state = load_snapshot(snapshot) if snapshot is not None else None
+        seed = (state.get("loader") or {}).get("seed") if state is not None else None
+        trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, world=world,
+                                dist_cfg=dist_cfg, kfac=kfac)
+        if state is not None:
+            trainer.load_state_dict(state, source=snapshot)
+        if world.is_main:
+            batch = trainer.run_info["batch_size"]
+            kind = "GPUs" if device.type == "cuda" else "processes"
+            print(f"# {workload.name}  data: {_data_source(workload, data)}  "
+                  f"{world.world_size} {kind} "
+                  f"({ddp.backend_for(device)}), batch {batch} per worker, "
+                  f"{batch * world.world_size} in all  out: {out}"
+                  + (f"  (restart {restarts})" if restarts else ""),
+                  file=sys.stderr, flush=True)
+        if snapshot is not None:
+            if world.is_main:
+                trainer.resumed_from(snapshot)
+            else:
+                trainer.last_snapshot_iteration = trainer.updater.iteration
+            _resumed_settings(trainer, train, state)
+        _run_and_close(trainer)
+        return trainer
+    finally:
+        ddp.leave()
+
+
+def _say_again(caught: list) -> None:
+    """Warn again with warnings recorded by ``warnings.catch_warnings(record=True)``."""
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def loaders_of(trainer: Trainer) -> list:
+    """The loaders ``build_trainer`` made: the training one and the evaluator's."""
+    loaders = [trainer.train_loader]
+    for entry in trainer.extensions:
+        if isinstance(entry.extension, ext.Evaluator):
+            loaders.append(entry.extension.loader)
+    return loaders

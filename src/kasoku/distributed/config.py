@@ -1,0 +1,88 @@
+"""The settings of a data-parallel run: how many workers, where they meet, and how DDP
+exchanges their gradients. Field docstrings are the command line's help texts."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kasoku.core.errors import ConfigError
+
+ALLREDUCE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class DistConfig:
+    gpus: int | None = None
+    """Train on N GPUs of this machine, one worker process each (NCCL); kasoku starts them
+    through PyTorch's elastic launcher. --batch-size is per GPU."""
+    procs: int | None = None
+    """Train in N CPU processes (gloo), as --gpus does on GPUs. --batch-size is per process."""
+    nnodes: int = 1
+    """Machines in the job; each runs the same command with its own --node-rank."""
+    node_rank: int = 0
+    """This machine's number among --nnodes, from 0 (machine 0 hosts the rendezvous)."""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of machine 0, where the workers of all machines meet (needed with --nnodes >
+    1; default on one machine: a free local port)."""
+    max_restarts: int = 0
+    """Times the launcher restarts the workers after one fails; each restart resumes from the
+    run's latest snapshot."""
+    dist_timeout: float = 300.0
+    """Seconds a collective may wait for the other workers before the job stops with an error
+    naming the rank (a worker that died or hangs)."""
+    bucket_mb: float = 25.0
+    """DDP's gradient bucket size in MB (each bucket is one all-reduce, started as soon as its
+    gradients are ready in the backward pass)."""
+    static_graph: bool = False
+    """Tell DDP the set of parameters used does not change between steps (lets it skip
+    per-step bookkeeping and overlap better)."""
+    allreduce_dtype: str = "fp32"
+    """The gradients' dtype on the wire: fp32, or bf16/fp16 (half the bytes; DDP's
+    compression hooks, the sum taken in that dtype)."""
+    sync_bn: bool = False
+    """Batch norm statistics over the whole global batch (SyncBatchNorm), not each worker's
+    shard."""
+    scale_lr: bool = False
+    """Linear scaling rule: multiply the learning rate by the number of workers (the global
+    batch over the recipe's) with a gradual warmup (Goyal et al. 2017)."""
+
+    @property
+    def workers(self) -> int:
+        """Worker processes per machine this config asks for (1 when it asks for none)."""
+        return self.gpus or self.procs or 1
+
+    @property
+    def asked(self) -> bool:
+        """Whether the command asked for a data-parallel run (--gpus, --procs, --nnodes)."""
+        return self.gpus is not None or self.procs is not None or self.nnodes > 1
+
+    def check(self) -> None:
+        if self.gpus is not None and self.procs is not None:
+            raise ConfigError("--gpus and --procs exclude each other: --gpus N for N GPUs "
+                              "(NCCL), --procs N for N CPU processes (gloo)")
+        for flag, value, least in (("--gpus", self.gpus, 1), ("--procs", self.procs, 1),
+                                   ("--nnodes", self.nnodes, 1),
+                                   ("--node-rank", self.node_rank, 0),
+                                   ("--max-restarts", self.max_restarts, 0)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < least):
+                raise ConfigError(f"{flag} must be a whole number >= {least}, got {value!r}")
+        if self.node_rank >= self.nnodes:
+            raise ConfigError(f"--node-rank {self.node_rank} is not one of the {self.nnodes} "
+                              f"machines of --nnodes (0 to {self.nnodes - 1})")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, machine 0's "
+                              "address and a free port, the same on every machine")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"--rdzv-endpoint must be HOST:PORT, got "
+                                  f"{self.rdzv_endpoint!r}")
+        for flag, value in (("--dist-timeout", self.dist_timeout),
+                            ("--bucket-mb", self.bucket_mb)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{flag} must be a positive number, got {value!r}")
+        if self.allreduce_dtype not in ALLREDUCE_DTYPES:
+            raise ConfigError(f"--allreduce-dtype must be one of {', '.join(ALLREDUCE_DTYPES)}, "
+                              f"got {self.allreduce_dtype!r}")
