@@ -20,11 +20,11 @@ import time
 import torch
 
 from kasoku.commands.bench.rungs import parse_config
+from kasoku.commands.train import build_trainer, loaders_of
 from kasoku.data.config import DataConfig
-from kasoku.train.config import TrainConfig
 from kasoku.distributed import World, ddp
 from kasoku.distributed.config import DistConfig
-from kasoku.commands.train import build_trainer, loaders_of
+from kasoku.train.config import TrainConfig
 from kasoku.workloads import create_workload
 
 

@@ -31,10 +31,10 @@ import torch
 
 from kasoku.accel.config import AccelConfig
 from kasoku.commands.bench.rungs import gpu_ladder
+from kasoku.commands.train import build_trainer, loaders_of
+from kasoku.core.phases import NoClock, PhaseClock
 from kasoku.data.config import DataConfig
 from kasoku.train.config import TrainConfig
-from kasoku.core.phases import NoClock, PhaseClock
-from kasoku.commands.train import build_trainer, loaders_of
 from kasoku.workloads import create_workload
 
 

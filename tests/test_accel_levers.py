@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compile import apply_compile, has_cxx_compiler
 from kasoku.accel.compose import Accelerated, accelerate
 from kasoku.accel.config import AccelConfig
@@ -15,11 +14,11 @@ from kasoku.accel.graph import apply_cuda_graph, prepare_optimizer_for_graph
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last
 from kasoku.accel.notes import LeverWarning
 from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.core.errors import ConfigError
 from kasoku.models.mlp import MLP
 from kasoku.optim import make_optimizer
 from kasoku.train.step import StandardStep
-
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 

@@ -7,16 +7,16 @@ import pytest
 import torch
 from torch import nn
 
-from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compose import accelerate
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.multistep import MultiStep, short_chunk_advice
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
+from kasoku.core.errors import ConfigError
 from kasoku.data.base import ArrayDataset
 from kasoku.data.cifar10 import AugmentedArrayDataset
 from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
 from kasoku.data.loader import SerialLoader
 from kasoku.data.transforms import ToUnitFloat
-from kasoku.core.errors import ConfigError
 from kasoku.train import LogReport, ProgressBar, Trainer
 from kasoku.train.step import StandardStep
 

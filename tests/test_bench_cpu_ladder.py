@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from kasoku.accel.cpu_threads import apply_cpu_threads, default_threads
-from kasoku.commands.bench import report, rungs as rungs_mod
+from kasoku.commands.bench import report
+from kasoku.commands.bench import rungs as rungs_mod
 from kasoku.commands.bench.rungs import NO_BF16_HARDWARE, PLAIN, cpu_ladder, resolve, rung_from_spec
 from kasoku.commands.bench.sweep import SweepConfig, run_sweep
 from kasoku.perf.cpuinfo import CpuInfo
@@ -119,6 +120,7 @@ def test_pinning_takes_one_cpu_per_core(tmp_path, monkeypatch):
 def test_keep_memory_sets_glibc_malloc_in_a_process_of_its_own(tmp_path):
     import subprocess
     import sys
+
     from kasoku.accel.host_memory import apply_keep_memory
     notes: list[str] = []
     assert apply_keep_memory("meta", notes) is False and "not meta's" in notes[0]

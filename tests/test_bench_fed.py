@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-from kasoku.commands.bench import fed
-from kasoku.data.base import ArrayDataset
-from kasoku.data.imagefolder import ImageFolder
-from kasoku.core.errors import ConfigError
-from kasoku.workloads import create_workload
 from test_bench_ladder import FAST, bench
 from test_data_mnist import write_mnist
+
+from kasoku.commands.bench import fed
+from kasoku.core.errors import ConfigError
+from kasoku.data.base import ArrayDataset
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.workloads import create_workload
 
 
 def test_loader_rung_feeds_the_rung_before_it_from_the_dataset(tmp_path):

@@ -8,12 +8,19 @@ import pytest
 import torch
 
 from kasoku.accel.config import AccelConfig
-from kasoku.commands.bench import numerics, worker
 from kasoku.cli import build_parser
 from kasoku.cli.bench import run as cmd_bench
+from kasoku.commands.bench import numerics, worker
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
-from kasoku.commands.bench.rungs import (PLAIN, compute_dtype, cpu_ladder, gpu_ladder, parse_config,
-                                resolve, rung_from_spec)
+from kasoku.commands.bench.rungs import (
+    PLAIN,
+    compute_dtype,
+    cpu_ladder,
+    gpu_ladder,
+    parse_config,
+    resolve,
+    rung_from_spec,
+)
 from kasoku.commands.bench.sweep import SweepConfig, SweepResult, _run_process, _run_worker
 from kasoku.commands.bench.timing import measure_windows
 from kasoku.core.errors import ConfigError

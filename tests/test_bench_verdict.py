@@ -33,6 +33,7 @@ def fp32_run():
                                            (PLAIN, {"data", "compute"})])
 def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phases):
     import torch
+
     from kasoku.commands.bench.pool import batch_spec, make_pool
     from kasoku.workloads import create_workload
     wl = create_workload("mnist-mlp")

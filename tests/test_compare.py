@@ -10,10 +10,16 @@ import json
 import pytest
 import torch
 
-from kasoku.commands.bench import compare as cmp
-from kasoku.commands.bench.compare_report import (notes, plot_compare, print_compare, side_by_side,
-                                         table_rows, totals_line)
 from kasoku.cli import main
+from kasoku.commands.bench import compare as cmp
+from kasoku.commands.bench.compare_report import (
+    notes,
+    plot_compare,
+    print_compare,
+    side_by_side,
+    table_rows,
+    totals_line,
+)
 from kasoku.workloads import create_workload, list_workloads
 
 PNG = b"\x89PNG\r\n\x1a\n"

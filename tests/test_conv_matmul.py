@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compose import accelerate, check_config
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.conv_matmul import Conv1x1Matmul, apply_matmul_1x1, matmul_able
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.core.errors import ConfigError
 from kasoku.models.resnet import Bottleneck, ResNet
 from kasoku.optim import make_optimizer

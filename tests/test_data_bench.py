@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
+from kasoku.cli import main
 from kasoku.commands.bench.data_bench import DataBenchRequest, expand_loaders, run_data_bench
 from kasoku.commands.bench.data_sources import prepare_jpeg_folders
-from kasoku.cli import main
+from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.data.jpeg_synth import make_jpeg_folder
-from kasoku.core.errors import ConfigError
 from kasoku.perf.cpu import busy_cores, cpu_seconds, process_cpu_seconds
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -5,9 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from kasoku.data.cifar10 import (HOLDOUT_NAME, cifar10_datasets, load_cifar10, read_cifar_bin,
-                                 read_cifar_pickle)
 from kasoku.core.errors import ConfigError, DataError
+from kasoku.data.cifar10 import (
+    HOLDOUT_NAME,
+    cifar10_datasets,
+    load_cifar10,
+    read_cifar_bin,
+    read_cifar_pickle,
+)
 
 
 def random_batch(n, seed):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from PIL import Image
 
+from kasoku.core.errors import DataError
 from kasoku.data.imagefolder import ImageFolder, _draft, imagefolder_datasets
 from kasoku.data.transforms import IMAGENET_MEAN, IMAGENET_STD, center_crop_box, normalize
-from kasoku.core.errors import DataError
 
 
 def photo(width, height, seed=0):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from kasoku.core.errors import DataError
 from kasoku.data import mnist
 from kasoku.data.mnist import load_mnist, mnist_datasets, read_idx
-from kasoku.core.errors import DataError
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

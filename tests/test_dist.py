@@ -18,9 +18,9 @@ import torch
 
 from kasoku import ArrayDataset
 from kasoku.cli import main
+from kasoku.core.errors import ConfigError
 from kasoku.data.loader import SerialLoader
 from kasoku.distributed.config import DistConfig
-from kasoku.core.errors import ConfigError
 from kasoku.train import load_snapshot
 
 MNIST = ["mnist-mlp", "--synthetic", "--synthetic-size", "1200", "--no-progress", "--seed", "3"]

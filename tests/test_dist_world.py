@@ -3,8 +3,8 @@ the single-process commands' refusal to run as one of several workers."""
 import pytest
 
 from kasoku.cli import main
-from kasoku.distributed import World, require_single_process
 from kasoku.core.errors import ConfigError
+from kasoku.distributed import World, require_single_process
 
 
 def test_the_environment_describes_the_world():

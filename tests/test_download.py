@@ -9,10 +9,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from kasoku.core.errors import ConfigError, DataError
 from kasoku.data import download
 from kasoku.data.cifar10 import load_cifar10
 from kasoku.data.download import DATASETS, download_file, extract_tar, fetch_dataset
-from kasoku.core.errors import ConfigError, DataError
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kasoku.accel.config import AccelConfig
 from kasoku.accel import fused_bn
 from kasoku.accel.compose import check_config
+from kasoku.accel.config import AccelConfig
 from kasoku.accel.fused_bn import FusedBatchNormAct2d, apply_fused_bn, fusable
-from kasoku.core.errors import ConfigError
 from kasoku.accel.notes import reset_warnings
+from kasoku.core.errors import ConfigError
 from kasoku.models.norm import BatchNormAct2d
 from kasoku.models.resnet import Bottleneck, ResNet, resnet50
 

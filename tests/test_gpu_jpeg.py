@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from kasoku.core.errors import ConfigError, DataError
 from kasoku.data.gpu_jpeg import GpuJpegLoader, crop_resize_normalize, val_box
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
-from kasoku.core.errors import ConfigError, DataError
 
 SIZE = 32
 

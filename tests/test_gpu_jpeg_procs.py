@@ -8,15 +8,15 @@ import warnings
 import pytest
 import torch
 from PIL import Image
+from test_gpu_jpeg import SIZE, assert_same_views, bad_folder  # noqa: F401 - a fixture
+from test_parallel_loader import assert_killing_worker_1_is_reported
 
+from kasoku.core.errors import ConfigError, DataError
 from kasoku.data.gpu_jpeg import GpuJpegLoader
 from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
-from kasoku.core.errors import ConfigError, DataError
-from test_gpu_jpeg import SIZE, assert_same_views, bad_folder  # noqa: F401 - a fixture
-from test_parallel_loader import assert_killing_worker_1_is_reported
 
 
 @pytest.fixture(scope="module")

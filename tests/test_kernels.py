@@ -4,8 +4,14 @@ import pytest
 import torch
 from torch import nn
 
-from kasoku.perf.profile.kernels import (CATEGORIES, OPTIMIZER_PREFIX, breakdown, classify,
-                                 format_breakdown, profile_steps)
+from kasoku.perf.profile.kernels import (
+    CATEGORIES,
+    OPTIMIZER_PREFIX,
+    breakdown,
+    classify,
+    format_breakdown,
+    profile_steps,
+)
 
 H200_KERNELS = {  # names as torch.profiler reported them (torch 2.11, cuDNN 9)
     "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_"

@@ -8,6 +8,7 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
+from kfac_cases import EXACT, kfac_of, tiny, train_step, with_ones
 from torch import nn
 
 from kasoku.accel.config import AccelConfig
@@ -16,9 +17,6 @@ from kasoku.core.errors import ConfigError, KasokuWarning
 from kasoku.kfac import KFAC, KFACConfig, check_levers
 from kasoku.kfac.eigen import EighError
 from kasoku.optim import make_optimizer
-
-
-from kfac_cases import EXACT, kfac_of, tiny, train_step, with_ones
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 

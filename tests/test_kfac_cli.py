@@ -4,11 +4,10 @@ import json
 
 import pytest
 import torch
+from kfac_cases import kfac_of, tiny
 
 from kasoku.accel.loss_scale import LossScaler
 from kasoku.train import load_snapshot
-
-from kfac_cases import kfac_of, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 

@@ -3,11 +3,10 @@ computed here, one example at a time, and their running average."""
 import pytest
 import torch
 import torch.nn.functional as F
+from kfac_cases import kfac_of, train_step, with_ones
 from torch import nn
 
 from kasoku.kfac import KFACConfig
-
-from kfac_cases import kfac_of, train_step, with_ones
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 

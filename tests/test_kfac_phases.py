@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from kasoku.cli import main
-from kasoku.data.config import DataConfig
-from kasoku.train.config import TrainConfig
-from kasoku.kfac import KFACConfig
-from kasoku.core import phases as phases_mod
-from kasoku.perf.profile import trace
-from kasoku.core.phases import KFAC_PHASES, PHASES, NoClock, PhaseClock, no_mark
-from kasoku.perf.profile.timeline import PHASE_COLORS
 from kasoku.commands.train import build_trainer
+from kasoku.core import phases as phases_mod
+from kasoku.core.phases import KFAC_PHASES, PHASES, NoClock, PhaseClock, no_mark
+from kasoku.data.config import DataConfig
+from kasoku.kfac import KFACConfig
+from kasoku.perf.profile import trace
+from kasoku.perf.profile.timeline import PHASE_COLORS
+from kasoku.train.config import TrainConfig
 from kasoku.workloads import create_workload
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")

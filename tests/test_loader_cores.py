@@ -8,15 +8,20 @@ import os
 
 import pytest
 import torch
+from test_cpuinfo import EPYC_FLAGS, XEON_FLAGS, fake_tree
 
 from kasoku.accel import loader_cores
-from kasoku.accel.loader_cores import (CoreSplit, apply_loader_cores, describe, pin_threads,
-                                       split_cores)
+from kasoku.accel.loader_cores import (
+    CoreSplit,
+    apply_loader_cores,
+    describe,
+    pin_threads,
+    split_cores,
+)
+from kasoku.core.errors import ConfigError
 from kasoku.data.base import ArrayDataset
 from kasoku.data.registry import create_loader, host_workers
-from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import core_cpus
-from test_cpuinfo import EPYC_FLAGS, XEON_FLAGS, fake_tree
 
 HAS_AFFINITY = hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")
 
@@ -180,9 +185,9 @@ def test_workers_run_on_their_cores_and_the_step_on_the_others(spec, dataset, re
 
 @needs_two_cores
 def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus):
+    from kasoku.commands.train import build_trainer, close_run
     from kasoku.data.config import DataConfig
     from kasoku.train.config import TrainConfig
-    from kasoku.commands.train import build_trainer, close_run
     from kasoku.workloads import create_workload
     data = DataConfig(synthetic=True, synthetic_train_size=64, synthetic_val_size=16)
     affinity, cpus = os.sched_getaffinity(0), usable_cores()
@@ -210,9 +215,9 @@ def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus)
 
 @needs_two_cores
 def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, restore_cpus):
+    from kasoku.commands.train import train_workload
     from kasoku.data.config import DataConfig
     from kasoku.train.config import TrainConfig
-    from kasoku.commands.train import train_workload
     before, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
     train_workload("mnist-mlp", DataConfig(synthetic=True, synthetic_train_size=64,
                                            synthetic_val_size=16),
@@ -232,9 +237,9 @@ def test_a_build_that_fails_after_the_split_gives_the_cores_back(tmp_path, monke
     import multiprocessing
 
     import kasoku.commands.train
+    from kasoku.commands.train import build_trainer
     from kasoku.data.config import DataConfig
     from kasoku.train.config import TrainConfig
-    from kasoku.commands.train import build_trainer
     from kasoku.workloads import create_workload
 
     def refuse(*args, **kwargs):
@@ -259,10 +264,10 @@ def test_a_thread_count_below_one_is_refused():
 
 
 def test_turning_it_off_where_there_is_nothing_to_split_is_said(tmp_path):
+    from kasoku.commands.train import build_trainer, close_run
+    from kasoku.core.errors import KasokuWarning, reset_warnings
     from kasoku.data.config import DataConfig
     from kasoku.train.config import TrainConfig
-    from kasoku.core.errors import KasokuWarning, reset_warnings
-    from kasoku.commands.train import build_trainer, close_run
     from kasoku.workloads import create_workload
     reset_warnings()
     train = TrainConfig(epochs=1, batch_size=16, device="cpu", loader="serial",

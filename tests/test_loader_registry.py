@@ -5,14 +5,21 @@ real threads and worker processes. A kind added to the registry is covered here 
 import pytest
 import torch
 
+from kasoku.core.errors import ConfigError
 from kasoku.data.base import ArrayDataset
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
 from kasoku.data.loader import SerialLoader
+from kasoku.data.registry import (
+    accepts,
+    create_loader,
+    list_loaders,
+    loader_kind,
+    parse_loader_spec,
+    register_loader,
+    spec_forms,
+)
 from kasoku.data.transforms import ToUnitFloat
-from kasoku.data.registry import (accepts, create_loader, list_loaders, loader_kind,
-                                  parse_loader_spec, register_loader, spec_forms)
-from kasoku.core.errors import ConfigError
 
 BATCH, IMAGE = 4, 16
 

@@ -6,8 +6,17 @@ import pytest
 import torch
 from torch import nn
 
-from kasoku.models import (MLP, BasicBlock, Bottleneck, LeNet5, ResNet, SineLSTM, resnet18,
-                           resnet50, resnet152)
+from kasoku.models import (
+    MLP,
+    BasicBlock,
+    Bottleneck,
+    LeNet5,
+    ResNet,
+    SineLSTM,
+    resnet18,
+    resnet50,
+    resnet152,
+)
 
 
 def n_params(model: nn.Module) -> int:

@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
+from kasoku.core.errors import DataError
 from kasoku.data.base import ArrayDataset
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.loader import SerialLoader
 from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
-from kasoku.core.errors import DataError
 
 LOADERS = {
     "threads": lambda ds, bs, **kw: ThreadLoader(ds, bs, num_threads=2, **kw),

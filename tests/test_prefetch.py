@@ -199,9 +199,9 @@ def test_trainer_with_a_wrapped_loader_trains_and_resumes_exactly(tmp_path, cut)
 def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
     """What --device cuda does, on the CPU: the train and val loaders wrapped, the run and a
     resume giving the bare loaders' weights, the train loader closed at the end."""
+    from kasoku.commands.train import train_workload
     from kasoku.data.config import DataConfig
     from kasoku.train.config import TrainConfig
-    from kasoku.commands.train import train_workload
 
     wrapped = []
 

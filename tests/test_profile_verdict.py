@@ -264,8 +264,8 @@ def test_cpu_compute_bound_and_bf16_hardware():
 def test_cpu_verdict_follows_cpu_info(monkeypatch):
     """The context a CPU run's verdict is judged with comes from kasoku.perf.cpuinfo: a CPU
     without bf16 hardware is never told to use bf16."""
-    from kasoku.perf import cpuinfo
     from kasoku.commands.profile import cpu_bf16
+    from kasoku.perf import cpuinfo
     f = figures(Builder().steps(4, 1000, cpu_step()), device="cpu", config={"precision": "fp32"})
     avx2 = cpuinfo.CpuInfo(flags=("avx2", "fma"))
     monkeypatch.setattr(cpuinfo, "cpu_info", lambda: avx2)
@@ -310,9 +310,9 @@ def kfac_context(method="eigen", factor_update_freq=1, inv_update_freq=10, **sec
     """``kfac_figures`` of a real K-FAC optimizer and phases of ``seconds`` per phase."""
     from kfac_cases import kfac_of, tiny
 
+    from kasoku.core.phases import summarize
     from kasoku.kfac import KFACConfig
     from kasoku.perf.profile.kfac_cost import kfac_figures
-    from kasoku.core.phases import summarize
     opt = kfac_of(tiny()[0], KFACConfig(method=method, factor_update_freq=factor_update_freq,
                                         inv_update_freq=inv_update_freq))
     return kfac_figures(summarize(seconds, 1), opt, steps=20)

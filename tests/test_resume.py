@@ -14,8 +14,16 @@ from torch import nn
 
 from kasoku.data.base import ArrayDataset
 from kasoku.data.loader import SerialLoader
-from kasoku.train import (CosineLR, Evaluator, LinearWarmup, LogReport, ManualScheduleTrigger,
-                          Snapshot, Trainer, load_snapshot)
+from kasoku.train import (
+    CosineLR,
+    Evaluator,
+    LinearWarmup,
+    LogReport,
+    ManualScheduleTrigger,
+    Snapshot,
+    Trainer,
+    load_snapshot,
+)
 
 TOTAL_ITERATIONS = 20  # 6 iterations per epoch: the run ends mid-epoch 4
 

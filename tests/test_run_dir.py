@@ -5,9 +5,8 @@ import datetime as dt
 import pytest
 
 from kasoku.core.errors import ConfigError
-from kasoku.train.run_dir import resolve_run
 from kasoku.train import SnapshotError
-from kasoku.train.run_dir import default_out, find_snapshot, prepare_out, run_files
+from kasoku.train.run_dir import default_out, find_snapshot, prepare_out, resolve_run, run_files
 
 
 def test_default_out_is_new_even_within_one_second(tmp_path):
@@ -67,9 +66,9 @@ def test_resolve_run(tmp_path, monkeypatch):
 
 
 def test_build_trainer_passes_overwrite_on(tmp_path):
+    from kasoku.commands.train import build_trainer
     from kasoku.data.config import DataConfig
     from kasoku.train.config import TrainConfig
-    from kasoku.commands.train import build_trainer
     from kasoku.workloads import create_workload
     data = DataConfig(synthetic_train_size=100, synthetic_val_size=20)
 

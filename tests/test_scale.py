@@ -9,8 +9,8 @@ import pytest
 
 from kasoku.cli import main
 from kasoku.commands import scale
-from kasoku.distributed.launch import cpu_cores
 from kasoku.commands.scale_worker import FAIL_ENV, SCHEMA
+from kasoku.distributed.launch import cpu_cores
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

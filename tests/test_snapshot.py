@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from kasoku.train import snapshot as snap
-from kasoku.train.snapshot import (SnapshotError, capture_rng_state, load_snapshot,
-                                   restore_rng_state, save_snapshot)
+from kasoku.train.snapshot import (
+    SnapshotError,
+    capture_rng_state,
+    load_snapshot,
+    restore_rng_state,
+    save_snapshot,
+)
 
 
 def test_round_trip_is_weights_only(tmp_path):

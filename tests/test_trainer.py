@@ -8,12 +8,24 @@ import pytest
 import torch
 from torch import nn
 
+from kasoku.core.errors import ConfigError
 from kasoku.data.base import ArrayDataset
 from kasoku.data.loader import SerialLoader
-from kasoku.train import (CosineLR, Evaluator, FailOnNonNumber, LinearWarmup, LogReport,
-                          PlotReport, PrintReport, ProgressBar, Snapshot, StepLR, Trainer,
-                          TrainingInterrupted, load_snapshot)
-from kasoku.core.errors import ConfigError
+from kasoku.train import (
+    CosineLR,
+    Evaluator,
+    FailOnNonNumber,
+    LinearWarmup,
+    LogReport,
+    PlotReport,
+    PrintReport,
+    ProgressBar,
+    Snapshot,
+    StepLR,
+    Trainer,
+    TrainingInterrupted,
+    load_snapshot,
+)
 from kasoku.train.extensions import NonFiniteError
 
 

@@ -2,8 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kasoku.train.triggers import (IntervalTrigger, ManualScheduleTrigger, get_trigger,
-                                   never_fire)
+from kasoku.train.triggers import IntervalTrigger, ManualScheduleTrigger, get_trigger, never_fire
 
 
 def fake_trainer(iteration, batches_per_epoch):

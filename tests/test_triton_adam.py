@@ -155,8 +155,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @cuda
 def test_cuda_kernel_matches_torch_adam_eagerly_and_in_a_whole_step_graph():
-    from kasoku.accel.graph import CudaGraphStep, prepare_optimizer_for_graph
     from kasoku.accel import triton_adam
+    from kasoku.accel.graph import CudaGraphStep, prepare_optimizer_for_graph
     from kasoku.train.step import StandardStep
 
     # As kasoku train does (a device without an index); the first step waits for it.

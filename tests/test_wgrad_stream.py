@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from kasoku.accel import wgrad_stream
-from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.accel.compile import apply_compile
 from kasoku.accel.compose import accelerate, check_config
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.conv_matmul import Conv1x1Matmul, apply_matmul_1x1
 from kasoku.accel.wgrad_stream import WgradStreamConv2d, apply_wgrad_stream, convert
+from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.core.errors import ConfigError
 from kasoku.models.resnet import Bottleneck, ResNet
 from kasoku.optim import make_optimizer

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from kasoku.data.config import DataConfig
 from kasoku.core.errors import DataError
+from kasoku.data.config import DataConfig
 from kasoku.optim import make_optimizer
 from kasoku.workloads import create_workload, list_workloads
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from kasoku.core.version import __version__
+from kasoku.core.version import __version__  # noqa: F401  (kasoku.__version__)
 
 _EXPORTS = {
     "AccelConfig": "kasoku.accel.config",

@@ -5,7 +5,13 @@ from typing import Iterable
 
 import torch
 
+from kasoku.accel.compile import has_cxx_compiler, import_compiler
+from kasoku.accel.lamb import LAMB
+from kasoku.accel.lars import LARS
+from kasoku.accel.notes import warn_once
+from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
 from kasoku.core.errors import ConfigError
+from kasoku.kfac import KFAC, KFACConfig
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb", "kfac")
 IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
@@ -56,7 +62,6 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         if name != "adam":
             raise ConfigError(f"--optimizer-impl triton implements adam only, not {name}; use "
                               f"--optimizer-impl fused or compiled")
-        from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
         tensors = [p for g in params for p in g["params"]] \
             if params and isinstance(params[0], dict) else params
         reason = triton_unavailable_reason(tensors)
@@ -64,7 +69,6 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
             return TritonAdam(params, **kwargs)
         # A lever that cannot apply here (a CPU, no Triton) is skipped, said once.
         impl = "fused" if _fused_available(params) else "foreach"
-        from kasoku.accel.notes import warn_once
         warn_once(f"optimizer_impl triton: {reason}; the update runs as the {impl} "
                   f"implementation")
     if impl == "compiled":
@@ -80,8 +84,6 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
 
 def _make_layerwise(name: str, params: list, lr: float, momentum: float, weight_decay: float,
                     impl: str | None) -> torch.optim.Optimizer:
-    from kasoku.accel.lamb import LAMB
-    from kasoku.accel.lars import LARS
     if impl in ("fused", "compiled"):
         raise ConfigError(f"{name} has no {impl} implementation (its trust ratio is per tensor); "
                           f"use --optimizer-impl foreach, whose update is multi-tensor")
@@ -95,7 +97,6 @@ def _make_layerwise(name: str, params: list, lr: float, momentum: float, weight_
 
 def _make_kfac(params: list, lr: float, momentum: float, weight_decay: float,
                impl: str | None, model, cfg) -> torch.optim.Optimizer:
-    from kasoku.kfac import KFAC, KFACConfig
     if model is None:
         raise ConfigError("optimizer kfac preconditions the gradients of a model's Linear and "
                           "Conv2d layers: pass the model (make_optimizer(..., model=model))")
@@ -139,13 +140,10 @@ def compile_step(optimizer: torch.optim.Optimizer, backend: str = "inductor"
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if backend == "inductor" and params and params[0].device.type == "cpu":
-        from kasoku.accel.compile import has_cxx_compiler
         if not has_cxx_compiler():
-            from kasoku.accel.notes import warn_once
             warn_once("optimizer_impl compiled: inductor needs a C++ compiler on cpu and none is "
                       "on PATH; the update runs as the foreach implementation")
             return optimizer
-    from kasoku.accel.compile import import_compiler
     import_compiler(backend)  # start-up work, not the first step's
     eager_step = type(optimizer).step
 

@@ -5,6 +5,6 @@
   ``compile.apply_compile``, ``graph.apply_cuda_graph``;
 - optimizers ``lars.LARS`` and ``lamb.LAMB`` (by name through ``kasoku.optim.make_optimizer``)
   and the large-batch rules in ``scaling``;
-- ``compose.accelerate``: applies a whole ``config.AccelConfig`` in the order the levers need;
-  ``cli_args``: the command-line flags that build one.
+- ``compose.accelerate``: applies a whole ``config.AccelConfig`` in the order the levers need
+  (``kasoku.cli.accel`` makes the command-line flags that build one).
 """

@@ -12,7 +12,7 @@ import functools
 import torch
 from torch import Tensor
 
-from kasoku.core.lazy_kernel import LazyKernel
+from kasoku.core.lazy_kernel import LazyKernel, interpreting
 
 BLOCK_M = 32
 """Rows of the ``[M, C]`` activation per tile."""
@@ -224,7 +224,6 @@ def _has_pdl(device: torch.device) -> bool:
 def launch_options(device: torch.device) -> dict:
     """Keyword arguments of every launch of the four kernels on ``device``: programmatic
     dependent launch per ``PDL`` (never in Triton's interpreter)."""
-    from kasoku.core.lazy_kernel import interpreting
     on = _has_pdl(device) if PDL is None else PDL
     return {"GDC": True, "launch_pdl": True} if on and not interpreting() else {}
 

@@ -19,6 +19,7 @@ from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last, 
 from kasoku.accel.multistep import ShortChunkCheck, apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.accel.stem import apply_fast_stem
+from kasoku.accel.triton_adam import compile_early
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.core.errors import ConfigError
 
@@ -97,7 +98,6 @@ def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> No
     the update kernel's compilation (on a background thread)."""
     device = torch.device(device)
     if cfg.optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
-        from kasoku.accel.triton_adam import compile_early
         compile_early(device, weight_decay=weight_decay != 0)
 
 

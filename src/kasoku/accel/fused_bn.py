@@ -42,10 +42,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from kasoku.core.lazy_kernel import interpreting
 from kasoku.accel._recast import recast
 from kasoku.accel.bn_kernels import as_matrix, grids, kernels, launch_options, tiles
 from kasoku.accel.notes import skip
+from kasoku.core.lazy_kernel import interpreting
 from kasoku.models.norm import BatchNormAct2d
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

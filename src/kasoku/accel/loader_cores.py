@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kasoku.data.registry import host_workers
 from kasoku.perf.cpuinfo import core_cpus
-
 
 MIN_CORES = 4
 """Fewer physical cores than this: no split unless a thread count is asked for (the module
@@ -120,7 +120,6 @@ def loader_split(spec: str, device_type: str, on: bool = True, threads: int | No
     runs no workers on the host or the run is not on a CPU; else ``apply_loader_cores``' record
     (``on``), or the record of shared cores saying ``--no-loader-cores``. What ``kasoku
     train`` and bench's loader rung both decide, before the loader is built."""
-    from kasoku.data.registry import host_workers
     workers = host_workers(spec) if device_type == "cpu" else 0
     if not workers:
         return None

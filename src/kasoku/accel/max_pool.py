@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from kasoku.core.lazy_kernel import LazyKernel, interpreting
 from kasoku.accel._recast import recast
+from kasoku.core.lazy_kernel import LazyKernel, interpreting
 
 BLOCK_P = 32
 """Pixels per tile."""

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kasoku.accel._recast import recast
+from kasoku.accel.max_pool import MaxPool2dKernel
 from kasoku.accel.notes import skip
+from kasoku.core.lazy_kernel import interpreting
 
 CHANNEL_MULTIPLE = 8
 """Folded input channels are zero-padded to a multiple of this: 12 to 16, which cuDNN runs
@@ -75,8 +77,6 @@ def apply_fast_stem(model: nn.Module, device=None, notes: list[str] | None = Non
     kernels, in place. Skipped with a note on devices other than CUDA (the folding was
     measured faster there only, the kernels run there only) and on models with neither kind
     of layer."""
-    from kasoku.core.lazy_kernel import interpreting
-    from kasoku.accel.max_pool import MaxPool2dKernel
     device = torch.device(device) if device is not None else None
     if device is not None and device.type != "cuda" and not interpreting():
         skip(notes, f"fast_stem: its kernels run on CUDA devices, not {device.type}; the stem "

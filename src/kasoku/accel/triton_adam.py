@@ -40,8 +40,8 @@ import threading
 
 import torch
 
-from kasoku.core.lazy_kernel import LazyKernel, interpreting
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.lazy_kernel import LazyKernel, interpreting
 
 # With 8 warps the fastest of 512..4096 x 4/8 on an H200 (research/probes/adam_update_probe.py).
 BLOCK = 512

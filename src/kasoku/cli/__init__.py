@@ -11,10 +11,15 @@ from __future__ import annotations
 import sys
 import warnings
 
+from kasoku.cli import allreduce_bench, bench, compare, data, listing, profile, scale, train
 from kasoku.cli import args as a
 from kasoku.core.errors import ConfigError, DataError, KasokuWarning, NonFiniteError
 from kasoku.core.queues import request_queues
 from kasoku.core.version import __version__
+from kasoku.distributed.ddp import describe_failure
+from kasoku.distributed.launch import exit_worker, under_launcher
+from kasoku.distributed.world import World
+from kasoku.train import SnapshotError
 
 EXIT_USAGE = 2
 """A user's mistake: a bad value, a missing file, an incompatible snapshot."""
@@ -23,7 +28,6 @@ EXIT_FAILED = 1
 
 
 def build_parser() -> a.Parser:
-    from kasoku.cli import allreduce_bench, bench, compare, data, listing, profile, scale, train
     parser = a.Parser(prog="kasoku",
                       description="Measure, explain and accelerate deep-learning training.")
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
@@ -63,7 +67,6 @@ def run_as_program() -> None:
     """``python -m kasoku``: ``main`` as a process's whole life. In a worker of a
     data-parallel run it ends through ``exit_worker`` (see there: the interpreter's shutdown
     can abort a process that used gloo)."""
-    from kasoku.distributed.launch import exit_worker, under_launcher
     code = main()
     if under_launcher():
         exit_worker(code)
@@ -71,7 +74,6 @@ def run_as_program() -> None:
 
 
 def _run(args) -> int:
-    from kasoku.train import SnapshotError
     try:
         return args.handler(args)
     except (ConfigError, DataError, SnapshotError) as exc:
@@ -83,12 +85,9 @@ def _run(args) -> int:
     except KeyboardInterrupt as exc:
         return getattr(exc, "exit_code", 130)
     except Exception as exc:
-        from kasoku.distributed.launch import under_launcher
         if not under_launcher():
             raise
         # A worker of a data-parallel run: one line naming it, not a traceback from each.
-        from kasoku.distributed.ddp import describe_failure
-        from kasoku.distributed.world import World
         timeout = getattr(args, "dist_timeout", None) or 300.0
         print(f"kasoku: error: {describe_failure(exc, World.from_env().rank, timeout)}",
               file=sys.stderr, flush=True)
@@ -101,10 +100,8 @@ def _error(exc: BaseException) -> None:
 
 def _worker() -> str:
     """``worker R: `` in a worker of a data-parallel run of several, else nothing."""
-    from kasoku.distributed.launch import under_launcher
     if not under_launcher():
         return ""
-    from kasoku.distributed.world import World
     try:
         world = World.from_env()
     except ConfigError:

@@ -11,12 +11,28 @@ import sys
 from pathlib import Path
 
 from kasoku.cli import args as a
+from kasoku.commands.allreduce_bench import (
+    CHART_FILE,
+    DEFAULT_MAX_SIZE,
+    DTYPES,
+    RESULTS_FILE,
+    AllReduceConfig,
+    BenchFailed,
+    check_sizes,
+    default_sizes,
+    parse_size,
+    plot_busbw,
+    print_results,
+    run_allreduce_bench,
+)
 from kasoku.core.errors import ConfigError
+from kasoku.distributed import World, require_single_process
+from kasoku.distributed.launch import plan_worlds
+from kasoku.train.run_dir import out_or_new
 
 
 def size(text: str) -> int:
     """A message size: ``N``, ``NK``, ``NM`` or ``NG`` bytes (powers of 1024)."""
-    from kasoku.commands.allreduce_bench import parse_size
     try:
         return parse_size(text)
     except ConfigError as exc:
@@ -29,7 +45,6 @@ def size_list(text: str) -> list[int]:
 
 
 def add_parser(sub) -> None:
-    from kasoku.commands.allreduce_bench import DTYPES, AllReduceConfig
     p = sub.add_parser(
         "allreduce-bench", help="all-reduce bandwidth of torch.distributed (NCCL on GPUs, "
         "gloo on the CPU), as nccl-tests reports it",
@@ -69,16 +84,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Plan, measure, report. Returns 0, or 1 when a worker failed or a sum was wrong; a
     request this machine cannot run raises ``ConfigError`` before any folder is made."""
-    from kasoku.distributed import World, require_single_process
-    from kasoku.commands.allreduce_bench import (CHART_FILE, DEFAULT_MAX_SIZE, RESULTS_FILE,
-                                             AllReduceConfig, BenchFailed, check_sizes,
-                                             default_sizes, plot_busbw,
-                                             print_results, run_allreduce_bench)
-    from kasoku.train.run_dir import out_or_new
 
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku allreduce-bench")
-    from kasoku.distributed.launch import plan_worlds
     plan = plan_worlds(gpus=args.gpus, procs=args.procs)
     cfg = a.config_from(args, AllReduceConfig, sizes=args.sizes or default_sizes(
         args.max_size or DEFAULT_MAX_SIZE[plan.device_type]))

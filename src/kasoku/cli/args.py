@@ -13,6 +13,8 @@ import sys
 import typing
 
 from kasoku.core.errors import ConfigError
+from kasoku.data.registry import parse_loader_spec
+from kasoku.train.config import max_threads
 
 
 class Parser(argparse.ArgumentParser):
@@ -51,7 +53,6 @@ def nonnegative_int(text: str) -> int:
 
 def threads(text: str) -> int:
     """A whole number from 1 to ``kasoku.train.config.max_threads()``."""
-    from kasoku.train.config import max_threads
     value = positive_int(text)
     most = max_threads()
     if value > most:
@@ -138,7 +139,6 @@ def device(text: str) -> str:
 
 def loader_spec(text: str) -> str:
     """A loader as ``--loader`` takes it: ``KIND`` or ``KIND:N`` of the loader registry."""
-    from kasoku.data.registry import parse_loader_spec
     try:
         parse_loader_spec(text)
     except ConfigError as exc:

@@ -10,7 +10,15 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP
+from kasoku.commands.bench.fed import check_data
+from kasoku.commands.bench.report import report_results
+from kasoku.commands.bench.rungs import cpu_ladder, gpu_ladder, ladder_or_specs, parse_config
+from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
+from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.distributed import World, require_single_process
+from kasoku.train.run_dir import OUTPUT_ROOT
+from kasoku.workloads import create_workload
 
 
 def add_parser(sub) -> None:
@@ -94,7 +102,6 @@ def _to_scale(text: str):
 def _rung_spec(text: str) -> str:
     """A ``--config`` value, checked where it is parsed: a rung label of either ladder, or
     lever settings ``parse_config`` takes (the device's ladder resolves labels later)."""
-    from kasoku.commands.bench.rungs import cpu_ladder, gpu_ladder, parse_config
     spec = text.strip()
     if spec in {r.label for r in gpu_ladder() + cpu_ladder()}:
         return spec
@@ -106,7 +113,6 @@ def _rung_spec(text: str) -> str:
 
 
 def default_out(workload_name: str, device_type: str) -> Path:
-    from kasoku.train.run_dir import OUTPUT_ROOT
     return OUTPUT_ROOT / f"bench-{workload_name}-{device_type}"
 
 
@@ -114,10 +120,6 @@ def run(args) -> int:
     """Run the sweep the arguments describe (or, with ``--report``, only redraw its table and
     chart). Returns the exit code: 0, or 1 when a rung breaks training or a run crashes or
     times out. Bad settings raise ``ConfigError``."""
-    from kasoku.commands.bench.sweep import run_sweep
-    from kasoku.commands.device import resolve_device
-    from kasoku.distributed import World, require_single_process
-    from kasoku.workloads import create_workload
 
     require_single_process(World.from_env(), "kasoku bench")
     # --report measures nothing, so it may redraw a GPU sweep's results on any machine.
@@ -125,7 +127,6 @@ def run(args) -> int:
     wl = create_workload(args.workload)  # an unknown name is a ConfigError naming `kasoku list`
     out = args.out or default_out(wl.name, device.type)
     if args.report:
-        from kasoku.commands.bench.report import report_results
         try:
             chart = report_results(out, args.workload, device.type)
         except FileNotFoundError:
@@ -138,9 +139,6 @@ def run(args) -> int:
 
 def sweep_config(args, wl, device, out: Path):
     """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
-    from kasoku.commands.bench.fed import check_data
-    from kasoku.commands.bench.rungs import ladder_or_specs
-    from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig
 
     defaults = WINDOW_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     rungs = ladder_or_specs(device.type, args.config)

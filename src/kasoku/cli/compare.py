@@ -1,5 +1,5 @@
-"""``kasoku compare``: argv -> ``CompareConfig`` -> ``kasoku.commands.bench.compare.run_compare`` (the
-devices' ladders, their best rungs, the table and chart), or with ``--epochs`` ->
+"""``kasoku compare``: argv -> ``CompareConfig`` -> ``kasoku.commands.bench.compare.run_compare``
+(the devices' ladders, their best rungs, the table and chart), or with ``--epochs`` ->
 ``kasoku.commands.bench.compare_train.train_on_devices`` (seed 001's time to accuracy).
 
     kasoku compare mnist-mlp,cifar10-lenet5 --devices cpu,cuda
@@ -14,7 +14,15 @@ import torch
 from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
 from kasoku.cli.train import add_data_arguments
+from kasoku.commands.bench.compare import CHART_FILE, RESULTS_FILE, CompareConfig, run_compare
+from kasoku.commands.bench.compare_report import latest_lines, plot_compare, print_compare
+from kasoku.commands.bench.compare_train import train_on_devices
+from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.data.config import DataConfig
+from kasoku.distributed import World, require_single_process
+from kasoku.train.run_dir import out_or_new
+from kasoku.workloads import create_workload
 
 
 def _devices(text: str) -> list[str]:
@@ -101,7 +109,6 @@ def add_parser(sub) -> None:
 def resolve_devices(names: list[str] | None) -> tuple[str, ...]:
     """The devices asked for, each one this machine has (a missing CUDA is a ``ConfigError``
     saying what to do); by default cpu, and cuda where available."""
-    from kasoku.commands.device import resolve_device
     if names is None:
         return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     for name in names:
@@ -117,9 +124,6 @@ def run(args) -> int:
     """Measure (or train), report. Returns 0, or 1 when a run failed or a rung broke
     training; a request this machine cannot run raises ``ConfigError`` before any folder is
     made."""
-    from kasoku.distributed import World, require_single_process
-    from kasoku.train.run_dir import out_or_new
-    from kasoku.workloads import create_workload
 
     require_single_process(World.from_env(), "kasoku compare")
     workloads = [create_workload(w) for w in args.workloads]  # unknown: a ConfigError
@@ -134,8 +138,6 @@ def run(args) -> int:
                   "synthetic batches already on the device")
     name = workloads[0].name if len(workloads) == 1 else f"{len(workloads)}-workloads"
     out = out_or_new(args.out, name, "compare", "the results and the chart")
-    from kasoku.commands.bench.compare import CHART_FILE, RESULTS_FILE, CompareConfig, run_compare
-    from kasoku.commands.bench.compare_report import plot_compare, print_compare
     cfg = CompareConfig(workloads=tuple(args.workloads), devices=devices, out=out,
                         batch_sizes=tuple(args.batch_size) if args.batch_size else None,
                         configs=specs, steps=args.steps, windows=args.windows,
@@ -151,8 +153,6 @@ def run(args) -> int:
 
 
 def _report(out: Path | None, names: list[str], chart: bool) -> int:
-    from kasoku.commands.bench.compare import CHART_FILE, RESULTS_FILE
-    from kasoku.commands.bench.compare_report import latest_lines, plot_compare, print_compare
     if out is None or not (out / RESULTS_FILE).is_file():
         raise ConfigError(f"--report redraws the results of earlier comparisons: give their "
                           f"--out folder (it holds {RESULTS_FILE})")
@@ -177,9 +177,6 @@ def _scale_results(path: Path | None) -> Path | None:
 
 
 def _time_to_accuracy(args, devices, workloads, specs) -> int:
-    from kasoku.commands.bench.compare_train import train_on_devices
-    from kasoku.data.config import DataConfig
-    from kasoku.train.run_dir import out_or_new
     if len(workloads) != 1:
         raise ConfigError("--epochs trains one workload on each device; give one workload "
                           "(without --epochs, several are compared by their ladders)")

@@ -3,10 +3,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kasoku.accel.config import AccelConfig
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.train.config import TrainConfig
+from kasoku.cli.train import add_data_arguments
+from kasoku.commands.bench import data_bench
+from kasoku.commands.bench.data_bench import expand_loaders
+from kasoku.commands.bench.data_report import report_data_bench
 from kasoku.core.errors import ConfigError
+from kasoku.data.config import DataConfig
+from kasoku.data.download import fetch_dataset
+from kasoku.data.jpeg_synth import make_jpeg_folder
+from kasoku.train.config import TrainConfig
+from kasoku.train.run_dir import OUTPUT_ROOT, make_out_dir
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="dataset tools: make-jpeg, download, bench")
@@ -90,7 +100,6 @@ def _add_bench(dsub) -> None:
                    "(default: auto)")
     b.add_argument("--model", metavar="WORKLOAD",
                    help="compare each loader with this workload's training rate")
-    from kasoku.cli.train import add_data_arguments
     add_data_arguments(b.add_argument_group("data of workload SOURCEs"))
     b.add_argument("--seed", type=a.seed, default=0,
                    help="seed for order, crops and the model (default 0)")
@@ -105,7 +114,6 @@ def _add_bench(dsub) -> None:
 
 
 def _loader_list(text: str) -> list[str]:
-    from kasoku.commands.bench.data_bench import expand_loaders
     try:
         return expand_loaders(text)
     except ConfigError as exc:
@@ -120,7 +128,6 @@ def _image_size(text: str) -> int:
 
 
 def _make_jpeg(args) -> int:
-    from kasoku.data.jpeg_synth import make_jpeg_folder
     w, h = args.resolution
     stats = make_jpeg_folder(args.out, args.count, w, h, num_classes=args.classes,
                              quality=args.quality, seed=args.seed, workers=args.workers)
@@ -131,21 +138,14 @@ def _make_jpeg(args) -> int:
 
 
 def _download(args) -> int:
-    from kasoku.data.download import fetch_dataset
-    from kasoku.train.run_dir import make_out_dir
     path = fetch_dataset(args.dataset, make_out_dir(args.out, f"the {args.dataset} files"))
     print(f"{args.dataset} is ready in {path}")
     return 0
 
 
 def _bench(args) -> int:
-    from kasoku.accel.config import AccelConfig
-    from kasoku.commands.bench import data_bench
-    from kasoku.data.config import DataConfig
-    from kasoku.train.run_dir import OUTPUT_ROOT
     out = args.out or OUTPUT_ROOT / "data-bench"
     if args.report:
-        from kasoku.commands.bench.data_report import report_data_bench
         chart = report_data_bench(out)
         print(f"chart: {chart}" if chart else "nothing was measured: no chart")
         return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 from kasoku.cli import args as a
 from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
 
-
 DIST_FLAGS = {
     "gpus": {"metavar": "N"},
     "procs": {"metavar": "N"},

@@ -1,6 +1,10 @@
 """``kasoku list``: the registered workloads with their recipes, and the loaders."""
 from __future__ import annotations
 
+from kasoku.commands.table import print_table
+from kasoku.data.registry import list_loaders, loader_kind
+from kasoku.workloads import create_workload, list_workloads
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("list", help="list the registered workloads (with their recipes) and "
@@ -9,9 +13,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kasoku.data.registry import list_loaders, loader_kind
-    from kasoku.commands.table import print_table
-    from kasoku.workloads import create_workload, list_workloads
     rows = []
     for name in list_workloads():
         wl = create_workload(name)

@@ -6,13 +6,29 @@ import argparse
 import json
 from pathlib import Path
 
+from kasoku.accel.compose import check_config
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
-from kasoku.cli.train import (KFAC_FLAGS, LOADER_CORES_FLAG, TRAIN_FLAGS, WORKLOAD_HELP,
-                              kfac_config_from_args)
+from kasoku.cli.distributed import DIST_FLAGS, dist_config_from_args
+from kasoku.cli.train import (
+    KFAC_FLAGS,
+    LOADER_CORES_FLAG,
+    TRAIN_FLAGS,
+    WORKLOAD_HELP,
+    add_data_arguments,
+    kfac_config_from_args,
+)
+from kasoku.commands.profile import ProfileConfig, confirm_saved, profile_workload
+from kasoku.core.phases import format_phases
 from kasoku.data.config import DataConfig
-from kasoku.train.config import TrainConfig
+from kasoku.distributed import World
+from kasoku.distributed.config import DistConfig
+from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
+from kasoku.perf.profile.kfac_cost import format_kfac
+from kasoku.train.config import TrainConfig
+from kasoku.train.run_dir import out_or_new
+from kasoku.workloads import create_workload
 
 PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "warmup": {"type": a.nonnegative_int, "metavar": "N"},
@@ -27,7 +43,6 @@ _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
 
 
 def add_parser(sub) -> None:
-    from kasoku.commands.profile import ProfileConfig
     p = sub.add_parser("profile", help="where each step's time goes, the bottleneck and the "
                        "next lever (--confirm proves it)",
                        description="Profile a short window of a workload's training steps "
@@ -40,7 +55,6 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="folder for the trace and the report (default: a new folder "
                    "runs/profile-WORKLOAD-DATE-TIME)")
-    from kasoku.cli.train import add_data_arguments
     add_data_arguments(p.add_argument_group("data"))
     a.add_fields(p.add_argument_group("loader"), TrainConfig, {
         "loader": {"type": a.loader_spec, "metavar": "KIND[:N]",
@@ -49,8 +63,6 @@ def add_parser(sub) -> None:
     a.add_fields(p.add_argument_group("K-FAC (--optimizer kfac)"), KFACConfig, KFAC_FLAGS)
     add_accel_arguments(p)
     a.add_fields(p.add_argument_group("profile"), ProfileConfig, PROFILE_FLAGS)
-    from kasoku.cli.distributed import DIST_FLAGS
-    from kasoku.distributed.config import DistConfig
     group = p.add_argument_group(
         "data-parallel", "profile worker 0 of N workers (PyTorch's DistributedDataParallel) "
         "as kasoku train --gpus/--procs runs them; --batch-size is per worker")
@@ -60,10 +72,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kasoku.cli.distributed import dist_config_from_args
-    from kasoku.distributed import World
-    from kasoku.distributed.launch import under_launcher
-    from kasoku.commands.profile import ProfileConfig, profile_workload
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     train.progress = False
@@ -86,11 +94,6 @@ def run(args) -> int:
 def _launch(args, dist, cfg) -> int:
     """Start the workers (each runs this command as one of them), then, with ``--confirm``,
     run the A/B from here: each side launches its own workers."""
-    from kasoku.accel.compose import check_config
-    from kasoku.distributed.launch import launch
-    from kasoku.commands.profile import confirm_saved
-    from kasoku.train.run_dir import out_or_new
-    from kasoku.workloads import create_workload
     check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
     wl = create_workload(args.workload)
     if args.measure_only:
@@ -120,8 +123,6 @@ def ladder_lines(result: dict) -> list[str]:
 
 def summary(result: dict) -> str:
     """The figures, the verdict and the ladder as a few lines of text."""
-    from kasoku.core.phases import format_phases
-    from kasoku.perf.profile.kfac_cost import format_kfac
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
     if f.get("kfac"):

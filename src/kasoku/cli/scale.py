@@ -10,9 +10,25 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from kasoku.accel.memory_format import has_conv2d
 from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
 from kasoku.cli.train import WORKLOAD_HELP
+from kasoku.commands.bench.rungs import default_ladder, resolve, rung_from_spec
+from kasoku.commands.scale import (
+    CHART_FILE,
+    RESULTS_FILE,
+    ScaleConfig,
+    WorkersFailed,
+    plot_scale,
+    print_results,
+    run_scale,
+)
+from kasoku.distributed import World, require_single_process
+from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
+from kasoku.distributed.launch import plan_worlds
+from kasoku.train.run_dir import out_or_new
+from kasoku.workloads import create_workload
 
 GPU_DEFAULTS = {"steps": 20, "warmup": 15}
 CPU_DEFAULTS = {"steps": 20, "warmup": 5}
@@ -21,7 +37,6 @@ CPU_DEFAULT_RUNG = "+fused"
 
 
 def add_parser(sub) -> None:
-    from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
     p = sub.add_parser(
         "scale", help="data-parallel scaling: throughput on 1, 2, 4... workers, and what "
         "limits it",
@@ -70,12 +85,6 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Plan, measure, report. Returns 0, or 1 when a worker failed; a request this machine
     cannot run raises ``ConfigError`` before any folder is made."""
-    from kasoku.distributed import World, require_single_process
-    from kasoku.distributed.launch import plan_worlds
-    from kasoku.commands.scale import (CHART_FILE, RESULTS_FILE, WorkersFailed, plot_scale,
-                                   print_results, run_scale)
-    from kasoku.train.run_dir import out_or_new
-    from kasoku.workloads import create_workload
 
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku scale")
@@ -103,10 +112,6 @@ def run(args) -> int:
 
 def scale_config(args, wl, device_type: str):
     """The ``ScaleConfig`` of parsed arguments (the batch size set per run)."""
-    from kasoku.commands.bench.rungs import default_ladder, resolve, rung_from_spec
-    from kasoku.distributed.config import DistConfig
-    from kasoku.commands.scale import ScaleConfig
-    from kasoku.accel.memory_format import has_conv2d
 
     dist = a.config_from(args, DistConfig, gpus=None, procs=None)  # the counts are lists here
     dist.check()

@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from kasoku.cli import build_parser
+from kasoku.data.registry import list_loaders, loader_kind
+
 
 def surface(parser: argparse.ArgumentParser | None = None) -> dict:
     """``{command path: [option records]}`` for every (sub-)command of ``parser``, and the
     loader kinds ``--loader`` takes (``"--loader kinds"``)."""
-    from kasoku.data.registry import list_loaders, loader_kind
     if parser is None:
-        from kasoku.cli import build_parser
         parser = build_parser()
     commands: dict[str, list] = {}
     _walk(parser, parser.prog, commands)

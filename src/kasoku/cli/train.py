@@ -8,11 +8,18 @@ from pathlib import Path
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
+from kasoku.commands.train import train_workload
 from kasoku.data.config import DataConfig
-from kasoku.train.config import TrainConfig
+from kasoku.data.registry import list_loaders, loader_kind
+from kasoku.distributed.launch import launch, under_launcher
+from kasoku.kfac import check_levers
 from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFAC_METHODS, KFACConfig
 from kasoku.kfac.factors import FACTOR_PRECISIONS
 from kasoku.optim import OPTIMIZERS
+from kasoku.train import TrainingInterrupted
+from kasoku.train.config import TrainConfig
+from kasoku.train.run_dir import default_out
+from kasoku.workloads import create_workload
 
 WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
                  "or a function returning one; see examples/)")
@@ -89,7 +96,6 @@ def add_parser(sub) -> None:
                    "otherwise")
     data = p.add_argument_group("data")
     add_data_arguments(data)
-    from kasoku.data.registry import list_loaders, loader_kind
     kinds = [loader_kind(name) for name in list_loaders()]
     described = "; ".join(f"{k.name}[:N]: {k.help} (N: {k.count})" if k.count else
                           f"{k.name}: {k.help}" for k in kinds)
@@ -105,9 +111,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kasoku.distributed.launch import launch, under_launcher
-    from kasoku.commands.train import train_workload
-    from kasoku.train import TrainingInterrupted
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     dist = dist_config_from_args(args)
@@ -115,7 +118,6 @@ def run(args) -> int:
     kfac = kfac_config_from_args(args)
     if dist.asked and not under_launcher():
         if train.optimizer == "kfac":  # refused before the workers start
-            from kasoku.kfac import check_levers
             check_levers(accel)
         return launch(_worker_argv(args, train), dist)
     try:
@@ -134,8 +136,6 @@ def _worker_argv(args, train: TrainConfig) -> list[str]:
     every worker, and every restart of them, trains in the same one."""
     argv = list(args.argv)
     if train.out is None:
-        from kasoku.train.run_dir import default_out
-        from kasoku.workloads import create_workload
         if args.resume not in (None, "auto"):
             return argv  # the run goes on in its snapshot's folder
         argv += ["--out", str(default_out(create_workload(args.workload).name))]

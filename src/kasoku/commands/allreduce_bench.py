@@ -12,8 +12,8 @@ its last rank is); the reported time is the median over the batches. Then, as nc
     busbw = algbw * 2 (n - 1) / n           (busbw = algbw for n = 1)
 
 busbw is what each link carried with a ring all-reduce, comparable with the hardware's link
-bandwidth whatever n is (one process moves no data: its time is the call's own cost, ~27 us
-for NCCL on an H100 with torch 2.11). Timed buffers hold zeros, so repeated sums neither overflow nor go
+bandwidth whatever n is (one process moves no data: its time is the call's own cost, ~27 us for NCCL
+on an H100 with torch 2.11). Timed buffers hold zeros, so repeated sums neither overflow nor go
 denormal; one all-reduce of ones before the warm-up checks every element (``wrong``).
 
 Which algorithm NCCL picks (Ring, Tree, NVLS, CollNet...) torch does not say: records name
@@ -26,15 +26,15 @@ recorded (``nccl_env``).
 Launching: ``run_allreduce_bench`` starts each world size with PyTorch's elastic launcher
 (``torch.distributed.launcher.api.elastic_launch``, what ``torchrun`` runs; its settings from
 ``kasoku.distributed.launch.launch_config``, as ``kasoku train --gpus`` has them). The entrypoint is
-a binary, ``python -m kasoku.commands.allreduce_worker REQUEST_JSON``, not a Python function: each worker is a fresh
-interpreter that pickles nothing and re-imports no ``__main__`` (a function entrypoint is
-spawned through multiprocessing, which re-runs the caller's main module and fails for
-functions it cannot import by name), and the same command runs under ``torchrun`` or a
-scheduler, on several machines, unchanged. Workers find their place in the launcher's
-environment (``init_process_group`` from ``RANK``/``WORLD_SIZE``/``MASTER_*``; NCCL on
-GPU ``LOCAL_RANK``). Rank 0 writes one JSON line per size to the request's ``results`` file as
-soon as it is measured; the launching process appends them to ``OUT/results.jsonl`` (schema
-``kasoku.allreduce_bench/1``), prints the table and draws ``busbw.png``.
+a binary, ``python -m kasoku.commands.allreduce_worker REQUEST_JSON``, not a Python function: each
+worker is a fresh interpreter that pickles nothing and re-imports no ``__main__`` (a function
+entrypoint is spawned through multiprocessing, which re-runs the caller's main module and fails for
+functions it cannot import by name), and the same command runs under ``torchrun`` or a scheduler, on
+several machines, unchanged. Workers find their place in the launcher's environment
+(``init_process_group`` from ``RANK``/``WORLD_SIZE``/``MASTER_*``; NCCL on GPU ``LOCAL_RANK``).
+Rank 0 writes one JSON line per size to the request's ``results`` file as soon as it is measured;
+the launching process appends them to ``OUT/results.jsonl`` (schema ``kasoku.allreduce_bench/1``),
+prints the table and draws ``busbw.png``.
 """
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kasoku.commands.bench.results import carry_results
-from kasoku.distributed.launch import Plan, WorkersFailed, run_module
+from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
+from kasoku.distributed.launch import Plan, WorkersFailed, run_module
 
 SCHEMA = "kasoku.allreduce_bench/1"
 RESULTS_FILE = "results.jsonl"
@@ -180,7 +181,6 @@ def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> Non
 
 def print_results(records: list[dict], file=None) -> None:
     """The records as one table, a row per (world size, size), then the algorithm line."""
-    from kasoku.commands.table import print_table
     rows = [[str(r["world_size"]), r["backend"], r["dtype"], format_size(r["size_bytes"]),
              str(r["count"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}",
              f"{r['busbw_gbps']:.3f}", str(r["wrong"])]

@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from kasoku.commands.allreduce_bench import BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA, bandwidths
 from kasoku.commands.bench.results import append_result
-from kasoku.commands.allreduce_bench import (BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA,
-                                         bandwidths)
 from kasoku.distributed.launch import failure_recorded, worker_main
+from kasoku.perf.sysinfo import environment
 
 FAIL_ENV = "KASOKU_ALLREDUCE_SIMULATE_FAILURE"
 
@@ -104,7 +104,6 @@ def _shared_fields(request: dict, device, world_size: int) -> dict:
     """What every record of this launch says besides its size's figures: the settings and
     where they were measured."""
     import torch
-    from kasoku.perf.sysinfo import environment
     nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}
     nccl = None
     if request["backend"] == "nccl":

@@ -23,8 +23,34 @@ from pathlib import Path
 
 import torch
 
+from kasoku.accel.compose import check_config
+from kasoku.commands.bench.pool import batch_spec
+from kasoku.commands.bench.rungs import Rung, compute_dtype
+from kasoku.commands.device import resolve_device
+from kasoku.commands.train import build_trainer, close_run, join_as_worker
+from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
-from kasoku.perf.profile.verdict import MIN_GAIN
+from kasoku.data.registry import check_loader_settings
+from kasoku.distributed import World, ddp, require_single_process
+from kasoku.distributed.launch import under_launcher
+from kasoku.kfac import KFAC
+from kasoku.perf import cpuinfo
+from kasoku.perf.flops import count_step_flops
+from kasoku.perf.mfu import compute_mfu
+from kasoku.perf.peak import measure_matmul_peak
+from kasoku.perf.profile import trace as trace_mod
+from kasoku.perf.profile.html import write_report
+from kasoku.perf.profile.kfac_cost import (
+    cycle_steps,
+    every_step_clock,
+    kfac_figures,
+    measured_steps,
+)
+from kasoku.perf.profile.timeline import draw_timeline
+from kasoku.perf.profile.verdict import MIN_GAIN, judge
+from kasoku.perf.profile.window import profile_updater
+from kasoku.train.run_dir import make_out_dir, out_or_new
+from kasoku.workloads import create_workload
 
 
 @dataclass
@@ -57,12 +83,6 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     this process is one worker of a data-parallel run, every worker steps and is profiled
     in lockstep, and worker 0 judges, writes and prints (the other workers' traces go to
     ``out/workerR``); ``confirm`` is left to the launching process."""
-    from kasoku.accel.compose import check_config
-    from kasoku.data.registry import check_loader_settings
-    from kasoku.distributed import World, require_single_process
-    from kasoku.commands.train import build_trainer
-    from kasoku.train.run_dir import make_out_dir, out_or_new
-    from kasoku.workloads import create_workload
     world = World.from_env()
     parallel = dist_cfg is not None and dist_cfg.asked
     if not parallel:
@@ -75,8 +95,6 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     workload = create_workload(name)
     out = out_or_new(out, workload.name, "profile", "the profile")
     if parallel:
-        from kasoku.commands.device import resolve_device
-        from kasoku.commands.train import join_as_worker
         train = join_as_worker(world, train, dist_cfg, resolve_device(train.device))
         if not world.is_main:
             out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
@@ -89,7 +107,6 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
                         workers=world.world_size if parallel else 1)
     finally:
         if parallel:
-            from kasoku.distributed import ddp
             ddp.leave()
 
 
@@ -98,7 +115,6 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
     """Steps 1-4 of the module doc on a built trainer; ``speak``: print, confirm and write
     (worker 0 of a data-parallel run, or the only process); ``workers``: how many train
     (the rates are this worker's)."""
-    from kasoku.commands.train import close_run
     u = trainer.updater
     try:
         result = {"workload": workload.name, "device": str(u.device), "out": str(out),
@@ -117,12 +133,10 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
             print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s over "
                   f"{result['measured_steps']} steps, {format_phases(result['phases'])}",
                   file=sys.stderr)
-        from kasoku.perf.profile.window import profile_updater
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
         unprofiled_shares(figures, result)
-        from kasoku.perf.profile.verdict import judge
         figures.pop("verdict")
         result["figures"] = figures
         result["verdict"] = judge(figures).to_dict()
@@ -132,7 +146,6 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
         close_run(trainer)
     if not speak:
         return result
-    from kasoku.distributed.launch import under_launcher
     if cfg.confirm and argv is not None and not under_launcher():
         result["ladder"] = confirm(argv, result)
     _write(out, result)
@@ -150,7 +163,6 @@ def confirm_saved(out: Path, argv: list[str]) -> dict:
 
 
 def _measure(u, cfg: ProfileConfig) -> dict:
-    from kasoku.perf.profile.kfac_cost import cycle_steps, every_step_clock, measured_steps
     device = u.device
     t0 = time.perf_counter()
     for _ in range(cfg.skip):
@@ -218,8 +230,6 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "unprofiled_samples_per_s": result["samples_per_s"],
                **cpu_bf16()}
     context.update(_mfu(workload, trainer, accel, result))
-    from kasoku.kfac import KFAC
-    from kasoku.perf.profile.kfac_cost import kfac_figures
     if isinstance(trainer.updater.optimizer, KFAC):
         context.update(kfac_figures(result["phases"], trainer.updater.optimizer,
                                     result["measured_steps"]))
@@ -229,18 +239,12 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
 def cpu_bf16() -> dict:
     """What the verdict needs to know of this CPU's bf16 hardware (``kasoku.perf.cpuinfo``):
     ``cpu_bf16`` (whether bf16 products run on bf16 units) and ``cpu_bf16_isa`` (which)."""
-    from kasoku.perf.cpuinfo import cpu_info
-    info = cpu_info()
+    info = cpuinfo.cpu_info()
     return {"cpu_bf16": info.bf16_hardware, "cpu_bf16_isa": info.bf16_isa}
 
 
 def _mfu(workload, trainer, accel, result: dict) -> dict:
     """MFU (GPU) or the fraction of the CPU's fp32 peak, from the unprofiled step time."""
-    from kasoku.commands.bench.pool import batch_spec
-    from kasoku.commands.bench.rungs import Rung, compute_dtype
-    from kasoku.perf.flops import count_step_flops
-    from kasoku.perf.mfu import compute_mfu
-    from kasoku.perf.peak import measure_matmul_peak
     device = trainer.updater.device
     batch = result["samples_per_step"]
     try:
@@ -257,15 +261,13 @@ def _mfu(workload, trainer, accel, result: dict) -> dict:
     out = {key: value, "mfu_note": note, "flops_per_step": flops, "peak_dtype": dtype,
            "peak_flops_per_s": peak.flops_per_s}
     if device.type == "cpu" and dtype in ("fp32", "bf16"):
-        from kasoku.perf.cpuinfo import theoretical_peak
-        theory = theoretical_peak(dtype)  # beside the measured one: an honest denominator
+        theory = cpuinfo.theoretical_peak(dtype)  # beside the measured one: an honest denominator
         if theory is not None:
             out.update(peak_theory=theory.to_dict(), peak_theory_text=theory.describe())
     return out
 
 
 def _require_pyinstrument() -> None:
-    from kasoku.core.errors import ConfigError
     try:
         import pyinstrument  # noqa: F401
     except ImportError:
@@ -342,18 +344,15 @@ def _measure_side(argv: list[str], timeout_s: float = 900) -> dict:
 
 
 def _write(out: Path, result: dict) -> None:
-    from kasoku.perf.profile import trace as trace_mod
     figures = result.get("figures")
     png = None
     if figures is not None:
         try:
-            from kasoku.perf.profile.timeline import draw_timeline
             png = draw_timeline(trace_mod.load(out / "trace.json"), out / "timeline.png",
                                 title=f"{result['workload']}: {result['verdict']['rule']}")
             result["timeline"] = str(png)
         except ImportError as exc:  # matplotlib is optional
             result["timeline"] = f"not drawn: {exc}"
-        from kasoku.perf.profile.html import write_report
         result["report"] = str(write_report(
             out / "report.html", title=f"kasoku profile: {result['workload']}",
             verdict=result["verdict"], figures=figures, phases=result["phases"],

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kasoku.commands.bench.results import carry_results
+from kasoku.commands.table import print_table
 from kasoku.distributed.launch import WorkersFailed, cpu_cores, run_module
 
 RESULTS_FILE = "results.jsonl"
@@ -177,7 +178,6 @@ def explain(r: dict, row: dict) -> str:
 
 def print_results(records: list[dict], file=None) -> list[dict]:
     """The table (a row per worker count) and the explanation lines; returns the summary."""
-    from kasoku.commands.table import print_table
     file = file or sys.stdout
     rows = summarize(records)
     by_n = {r["world_size"]: r for r in records}

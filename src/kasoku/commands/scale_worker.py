@@ -28,8 +28,18 @@ import sys
 import time
 from pathlib import Path
 
+from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.results import append_result
+from kasoku.commands.bench.rungs import Rung
+from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.worker import config_from_dict
+from kasoku.core.queues import request_queues
+from kasoku.distributed import ddp
+from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import failure_recorded, worker_main
+from kasoku.distributed.world import World
+from kasoku.perf.sysinfo import environment
+from kasoku.workloads import create_workload
 
 SCHEMA = "kasoku.scale/1"
 FAIL_ENV = "KASOKU_SCALE_SIMULATE_FAILURE"
@@ -42,8 +52,6 @@ def worker(request: dict) -> None:
     describes; rank 0 appends the record to ``request["results"]``."""
     import torch
     import torch.distributed as dist
-    from kasoku.distributed import ddp
-    from kasoku.distributed.world import World
 
     world = World.from_env()
     device = ddp.worker_device(world, request["device_type"])
@@ -65,12 +73,6 @@ def worker(request: dict) -> None:
 def measure(request: dict, device, world_size: int) -> dict:
     """The record of one world size (every rank computes it; rank 0's is written)."""
     import torch
-    from kasoku.commands.bench.pool import batch_spec, make_pool
-    from kasoku.commands.bench.worker import config_from_dict
-    from kasoku.commands.bench.rungs import Rung
-    from kasoku.distributed.config import DistConfig
-    from kasoku.perf.sysinfo import environment
-    from kasoku.workloads import create_workload
 
     wl = create_workload(request["workload"])
     rung = Rung(request["label"], config_from_dict(request["config"]))
@@ -83,7 +85,6 @@ def measure(request: dict, device, world_size: int) -> dict:
     pool = make_pool(spec, request["batch_size"], device, 4, seed=request["seed"] + rank)
     notes: list[str] = []
 
-    from kasoku.distributed import ddp
     alone, _ = _time_steps(request, wl, rung, device, pool, notes, distribute=None)
     gc.collect()
     if device.type == "cuda":
@@ -125,8 +126,6 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     when ``distribute`` is given): the slowest rank's time per step of each window, and the
     parameters the step trains."""
     import torch
-    from kasoku.commands.bench.pool import cycle
-    from kasoku.commands.bench.runner import make_runner
 
     torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
     model = wl.build_model().to(device)
@@ -206,7 +205,6 @@ def _max_over_ranks(values: list[float], device) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     """A worker: ``python -m kasoku.commands.scale_worker REQUEST_JSON`` under the launcher."""
-    from kasoku.core.queues import request_queues
     request_queues()
     worker_main(worker, sys.argv[1:] if argv is None else argv,
                 "usage: python -m kasoku.commands.scale_worker REQUEST_JSON (started by kasoku "

@@ -17,24 +17,24 @@ import torch
 
 from kasoku.accel.compose import accelerate, check_config, prewarm
 from kasoku.accel.config import AccelConfig
-from kasoku.accel.loader_cores import loader_split, release_cores
 from kasoku.accel.loader_cores import describe as describe_cores
+from kasoku.accel.loader_cores import loader_split, release_cores
+from kasoku.accel.loss_scale import PrecisionState
+from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.commands.device import resolve_device
+from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.data.config import DataConfig
-from kasoku.train.config import TrainConfig
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import check_loader_settings, create_loader
-from kasoku.commands.device import resolve_device
-from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
-from kasoku.distributed import World
-from kasoku.distributed import ddp
+from kasoku.distributed import World, ddp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.ddp import local_world_size
 from kasoku.distributed.launch import restart_count, under_launcher
-from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.kfac import KFACConfig, check_levers
 from kasoku.optim import OPTIMIZERS, make_optimizer
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
+from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import default_out, resolve_run
 from kasoku.train.standard import extend_reports, log_trigger, schedules, snapshot_trigger
 from kasoku.workloads import Workload, create_workload
@@ -185,7 +185,6 @@ def _share_loss_scale(accelerated) -> None:
     """An optimizer that reads gradients during the backward pass (K-FAC's G factors, through
     its ``loss_scale``) sees them multiplied by fp16's loss scale: hand it the scaler's scale
     tensor (updated in place after each step, so it is always the backward's)."""
-    from kasoku.accel.loss_scale import PrecisionState
     for extension in accelerated.extensions:
         if isinstance(extension, PrecisionState) and hasattr(accelerated.optimizer,
                                                                "loss_scale"):

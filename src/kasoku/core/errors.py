@@ -1,6 +1,7 @@
 """One error policy for kasoku: user mistakes raise ``ValueError`` subclasses whose message says
-what to do; a run that diverged raises ``NonFiniteError``; internal invariants use ``assert``. Warnings are ``KasokuWarning``s, given once per
-cause (``warn_once``); the command line prints each as one line, ``kasoku: warning: ...``."""
+what to do; a run that diverged raises ``NonFiniteError``; internal invariants use ``assert``.
+Warnings are ``KasokuWarning``s, given once per cause (``warn_once``); the command line prints each
+as one line, ``kasoku: warning: ...``."""
 from __future__ import annotations
 
 import warnings

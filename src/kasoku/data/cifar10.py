@@ -15,9 +15,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+import kasoku.data.download
+from kasoku.core.errors import ConfigError, DataError
 from kasoku.data.base import ArrayDataset
 from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat, random_crop_flip
-from kasoku.core.errors import ConfigError, DataError
 
 RECORD_BYTES = 1 + 3 * 32 * 32
 HOLDOUT_NAME = "CIFAR-10 holdout (batch 5)"
@@ -211,8 +212,7 @@ def cifar10_datasets(root: str | Path, train_batches: Sequence = (1, 2, 3, 4),
                           "and val sets; validation must use data never trained on (the default "
                           "is train 1-4, val 5).")
     if download:
-        from kasoku.data.download import fetch_dataset
-        fetch_dataset("cifar10", root)
+        kasoku.data.download.fetch_dataset("cifar10", root)
     normalize = ToUnitFloat(CIFAR10_MEAN, CIFAR10_STD)
     images, labels = load_cifar10(root, train_batches)
     train_name = f"CIFAR-10 train (batches {','.join(map(str, train_batches))})"

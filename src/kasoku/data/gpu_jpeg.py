@@ -34,15 +34,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from kasoku.data import crop_kernel
-from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
-from kasoku.data.jpeg_decoders import (HWC, CpuImage, make_decoder, pillow_decode,
-                                       read_bytes)
-from kasoku.data.parallel_loader import _PrefetchLoader
-from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
-                                    crop_flip_params_batch, resize_shorter_to)
 from kasoku.core.errors import DataError
 from kasoku.core.queues import check_queues
+from kasoku.data import crop_kernel
+from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
+from kasoku.data.jpeg_decoders import HWC, CpuImage, make_decoder, pillow_decode, read_bytes
+from kasoku.data.parallel_loader import _PrefetchLoader
+from kasoku.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    center_crop_box,
+    crop_flip_params_batch,
+    resize_shorter_to,
+)
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from kasoku.data.gpu_jpeg import JpegBatchMaker
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_decoders import DECODER_ENV, DECODERS
 from kasoku.data.parallel_loader import ProcessLoader
@@ -62,7 +63,6 @@ class _JpegBatches:
         """Start reading the files of a batch (the worker loop calls this for the next batch
         before it finishes the current one, so reading overlaps decoding)."""
         if self._maker is None:
-            from kasoku.data.gpu_jpeg import JpegBatchMaker
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             self._maker = JpegBatchMaker(self.folder, self.device, self.decoder,

@@ -22,9 +22,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from kasoku.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, center_crop_box,
-                                    crop_flip_params, resize_shorter_to)
 from kasoku.core.errors import DataError, warn_once
+from kasoku.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    center_crop_box,
+    crop_flip_params,
+    resize_shorter_to,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)

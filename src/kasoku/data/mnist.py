@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kasoku.data.base import ArrayDataset
+import kasoku.data.download
 from kasoku.core.errors import DataError
+from kasoku.data.base import ArrayDataset
 
 FILES = {
     True: ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -125,8 +126,7 @@ def mnist_datasets(root: str | Path, download: bool = False) -> tuple[ArrayDatas
     batches out, int64 labels. ``download=True`` fetches missing files first (md5-verified)."""
     root = Path(root)
     if download:
-        from kasoku.data.download import fetch_dataset
-        fetch_dataset("mnist", root)
+        kasoku.data.download.fetch_dataset("mnist", root)
     datasets = []
     for train, name in ((True, "MNIST train"), (False, "MNIST test (t10k)")):
         images, labels = load_mnist(root, train)

@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor pickling through shared memory
 
+from kasoku.core.errors import warn_once
 from kasoku.data.loader import SerialLoader, _stack
 from kasoku.data.loader_worker import cpu_list, pin_here, worker_loop
-from kasoku.core.errors import warn_once
 
 _POLL_S = 0.1
 """How often a wait for a worker's batch checks that the worker is still alive."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from kasoku.data.device_loader import DeviceLoader
 from kasoku.core.queues import check_queues
+from kasoku.data.device_loader import DeviceLoader
 
 _VIEW = ("epoch", "position", "is_new_epoch", "epoch_detail", "last_chunk_batches")
 """The loader attributes that describe where the consumer is (recorded with each batch)."""

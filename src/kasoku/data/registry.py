@@ -15,6 +15,12 @@ from typing import Callable
 import torch
 
 from kasoku.core.errors import ConfigError
+from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
+from kasoku.data.gpu_jpeg import GpuJpegLoader
+from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.data.loader import SerialLoader
+from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,6 @@ def accepts(kind: LoaderKind, dataset) -> bool:
             and isinstance(getattr(dataset, "targets", None), torch.Tensor) \
             and hasattr(dataset, "get_batch")
     if kind.needs == "image-folder":
-        from kasoku.data.imagefolder import ImageFolder
         return isinstance(dataset, ImageFolder)
     return True
 
@@ -181,8 +186,6 @@ def _check_dataset(kind: LoaderKind, dataset) -> None:
 
 @register_loader("serial", "batches made in the training process", chunks=True)
 def _serial(dataset, batch_size, device, count, batches_per_call=1, **kwargs):
-    from kasoku.data.device_loader import ChunkedLoader
-    from kasoku.data.loader import SerialLoader
     if batches_per_call > 1:
         return ChunkedLoader(dataset, batch_size, batches_per_call=batches_per_call, **kwargs)
     return SerialLoader(dataset, batch_size, **kwargs)
@@ -191,31 +194,26 @@ def _serial(dataset, batch_size, device, count, batches_per_call=1, **kwargs):
 @register_loader("device", "the whole dataset resident on the training device; in-memory "
                  "datasets (MNIST, CIFAR-10)", chunks=True, needs="in-memory")
 def _device(dataset, batch_size, device, count, **kwargs):
-    from kasoku.data.device_loader import DeviceLoader
     return DeviceLoader(dataset, batch_size, device=device, **kwargs)
 
 
 def _thread_count(count: int | None) -> int:
-    from kasoku.data.parallel_loader import ThreadLoader
     return count or ThreadLoader.default_threads()
 
 
 def _process_count(count: int | None) -> int:
-    from kasoku.data.parallel_loader import ProcessLoader
     return count or ProcessLoader.default_workers()
 
 
 @register_loader("threads", "samples decoded by N threads", count="threads", prefetching=True,
                  host_workers=_thread_count)
 def _threads(dataset, batch_size, device, count, **kwargs):
-    from kasoku.data.parallel_loader import ThreadLoader
     return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
 
 
 @register_loader("multiprocess", "batches made by N worker processes", count="processes",
                  prefetching=True, host_workers=_process_count)
 def _multiprocess(dataset, batch_size, device, count, **kwargs):
-    from kasoku.data.parallel_loader import ProcessLoader
     return ProcessLoader(dataset, batch_size, num_workers=count,
                          pin_memory=device.type == "cuda", **kwargs)
 
@@ -225,7 +223,6 @@ def _multiprocess(dataset, batch_size, device, count, **kwargs):
                  "KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow chooses)",
                  count="reading threads", prefetching=True, needs="image-folder")
 def _gpu_jpeg(dataset, batch_size, device, count, **kwargs):
-    from kasoku.data.gpu_jpeg import GpuJpegLoader
     return GpuJpegLoader(dataset, batch_size, device=device, num_threads=count, **kwargs)
 
 
@@ -233,6 +230,5 @@ def _gpu_jpeg(dataset, batch_size, device, count, **kwargs):
                  "half the cores), batches handed over in GPU memory",
                  count="decoding processes", prefetching=True, needs="image-folder")
 def _gpu_jpeg_procs(dataset, batch_size, device, count, **kwargs):
-    from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
     return GpuJpegProcessLoader(dataset, batch_size, device=device, num_workers=count,
                                 **kwargs)

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kasoku.core.errors import ConfigError
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.world import World
-from kasoku.core.errors import ConfigError
 
 
 def backend_for(device: torch.device) -> str:

@@ -27,8 +27,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kasoku.distributed.config import DistConfig
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.distributed.config import DistConfig
 
 LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kasoku.core.errors import warn_once
-from kasoku.core.errors import NonFiniteError
+from kasoku.core.errors import NonFiniteError, warn_once
 
 
 class EighError(NonFiniteError):

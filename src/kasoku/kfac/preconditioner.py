@@ -15,11 +15,11 @@ When things happen, on step ``t`` (``t`` counts ``step`` calls):
   averages are eigendecomposed; then every layer with an eigenbasis has its gradient replaced
   by the preconditioned one, all of them scaled by the KL clip.
 
-With data-parallel workers (a process group of more than one, ``kasoku.distributed.ddp.active``), the
-batch statistics are averaged over the workers before they enter the running averages, and on
-inverse steps each worker eigendecomposes its share of the factors and sends the eigenbases to
-the others (``kasoku.kfac.distributed``): every worker holds the same factors and eigenbases,
-and preconditions DDP's averaged gradients into the same update. Give it the module inside
+With data-parallel workers (a process group of more than one, ``kasoku.distributed.ddp.active``),
+the batch statistics are averaged over the workers before they enter the running averages, and on
+inverse steps each worker eigendecomposes its share of the factors and sends the eigenbases to the
+others (``kasoku.kfac.distributed``): every worker holds the same factors and eigenbases, and
+preconditions DDP's averaged gradients into the same update. Give it the module inside
 ``DistributedDataParallel`` (the hooks go on its layers).
 
 Each training forward pass of the whole model starts over: the statistics of a pass whose step
@@ -47,11 +47,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from kasoku.distributed import ddp
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.phases import no_mark
+from kasoku.distributed import ddp
 from kasoku.kfac import distributed, eigen, factors
 from kasoku.kfac.config import KFACConfig
-from kasoku.core.phases import no_mark
 
 _STATE_KEYS = ("A", "G", "QA", "LA", "QG", "LG")
 """A layer's state in a state dict: the two running factors, then per factor either its

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from kasoku.perf.sysinfo import cpu_name
+
 PEAK_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
                "fp16": torch.float16}
 DEFAULT_SIZE = {"cuda": 8192, "cpu": 2048}
@@ -101,5 +103,4 @@ def _timed(device: torch.device, fn) -> float:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from kasoku.perf.sysinfo import cpu_name
     return cpu_name()

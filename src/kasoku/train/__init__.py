@@ -1,10 +1,26 @@
 """Chainer-style training: ``Trainer`` + extensions + stateless triggers + atomic snapshots."""
 from kasoku.train import extensions
-from kasoku.train.extensions import (CosineLR, Evaluator, FailOnNonNumber, LinearWarmup,
-                                     LogReport, PlotReport, PrintReport, ProgressBar, Snapshot,
-                                     StepLR)
-from kasoku.train.reporter import (PRIORITY_EDITOR, PRIORITY_LOG, PRIORITY_READER,
-                                   PRIORITY_SNAPSHOT, PRIORITY_WRITER, DictSummary, Reporter)
+from kasoku.train.extensions import (
+                                     CosineLR,
+                                     Evaluator,
+                                     FailOnNonNumber,
+                                     LinearWarmup,
+                                     LogReport,
+                                     PlotReport,
+                                     PrintReport,
+                                     ProgressBar,
+                                     Snapshot,
+                                     StepLR,
+)
+from kasoku.train.reporter import (
+                                     PRIORITY_EDITOR,
+                                     PRIORITY_LOG,
+                                     PRIORITY_READER,
+                                     PRIORITY_SNAPSHOT,
+                                     PRIORITY_WRITER,
+                                     DictSummary,
+                                     Reporter,
+)
 from kasoku.train.snapshot import SnapshotError, load_snapshot, save_snapshot
 from kasoku.train.step import PlainUpdate, StandardStep, Updater
 from kasoku.train.trainer import Trainer, TrainingInterrupted

@@ -3,9 +3,9 @@ log, the printed table and plots, snapshots, the progress bar, and the learning-
 schedule of the workload's recipe. ``workload`` is a ``kasoku.workloads.Workload``."""
 from __future__ import annotations
 
-from kasoku.train.config import TrainConfig
 from kasoku.core.errors import ConfigError
 from kasoku.train import extensions as ext
+from kasoku.train.config import TrainConfig
 from kasoku.train.trainer import Trainer
 
 

@@ -19,10 +19,17 @@ from typing import Callable
 import torch
 
 from kasoku.core.errors import KasokuWarning, warn_once
+from kasoku.distributed import ddp
+from kasoku.distributed.ddp import unwrap
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
 from kasoku.train.run_dir import prepare_out
-from kasoku.train.snapshot import SnapshotError, capture_rng_state, load_snapshot, \
-    restore_rng_state, save_snapshot
+from kasoku.train.snapshot import (
+    SnapshotError,
+    capture_rng_state,
+    load_snapshot,
+    restore_rng_state,
+    save_snapshot,
+)
 from kasoku.train.step import StandardStep, Updater
 from kasoku.train.triggers import IntervalTrigger, get_trigger
 
@@ -117,7 +124,6 @@ class Trainer:
     @property
     def module(self) -> torch.nn.Module:
         """The model without its data-parallel wrapper (``model`` when it has none)."""
-        from kasoku.distributed.ddp import unwrap
         return unwrap(self.model)
 
     step_fn = property(lambda self: self.updater.step_fn,
@@ -294,14 +300,12 @@ class Trainer:
 def _rng_by_worker() -> list | None:
     """Every worker's RNG states, in rank order, in a data-parallel run (None alone): a
     collective, so every worker takes the snapshot's state at the same iteration."""
-    from kasoku.distributed import ddp
     return ddp.gather_objects(capture_rng_state()) if ddp.active() else None
 
 
 def _my_rng(state: dict) -> dict:
     """This worker's RNG states from a snapshot: its own when the snapshot has one per worker
     of this run's number of workers, else worker 0's."""
-    from kasoku.distributed import ddp
     by_worker = state.get("rng_by_worker")
     if by_worker and ddp.active():
         import torch.distributed as dist

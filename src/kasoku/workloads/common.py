@@ -7,10 +7,11 @@ from typing import Callable
 
 import torch
 
+from kasoku.core.errors import DataError
+from kasoku.data.cifar10 import cifar10_datasets
 from kasoku.data.config import DataConfig
 from kasoku.data.synthetic import SyntheticDataset
 from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat
-from kasoku.core.errors import DataError
 
 
 class SyntheticSplit:
@@ -144,6 +145,5 @@ def cifar10_holdout(data: DataConfig, workload: str, synthetic_sizes: tuple[int,
     if data.synthetic:
         return synthetic_cifar10(data, synthetic_sizes, seed)
     root = require_root(data, workload, CIFAR10_CONTENTS, CIFAR10_HOW_TO_GET)
-    from kasoku.data.cifar10 import cifar10_datasets
     return cifar10_datasets(root, train_batches=(1, 2, 3, 4), val_batches=(5,),
                             augment=augment, seed=seed, download=data.download)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from kasoku.data.config import DataConfig
+from kasoku.data.imagefolder import imagefolder_datasets
 from kasoku.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ToUnitFloat
 from kasoku.models import resnet50
 from kasoku.workloads.common import require_root, synthetic_image_datasets
@@ -45,5 +46,4 @@ class ImagenetResNet50(Workload):
             "ImageNet itself cannot be downloaded automatically (image-net.org requires "
             "registration); `kasoku data make-jpeg DIR` writes a synthetic JPEG folder of that "
             "layout (add --resolution WxH to match a resolution study).")
-        from kasoku.data.imagefolder import imagefolder_datasets
         return imagefolder_datasets(root, image_size=IMAGE_SIZE, seed=seed, strict=data.strict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import nn
 
 from kasoku.data.config import DataConfig
+from kasoku.data.mnist import mnist_datasets
 from kasoku.data.transforms import ToUnitFloat
 from kasoku.models import MLP
 from kasoku.workloads.common import require_root, synthetic_image_datasets
@@ -37,5 +38,4 @@ class MnistMLP(Workload):
             "the four MNIST files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
             "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz)",
             "Get them with `kasoku data download mnist --out DIR` (or add --download).")
-        from kasoku.data.mnist import mnist_datasets
         return mnist_datasets(root, download=data.download)

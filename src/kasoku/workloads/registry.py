@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from kasoku.data.config import DataConfig
 from kasoku.core.errors import ConfigError
+from kasoku.data.config import DataConfig
 
 
 @dataclass(frozen=True)
@@ -171,4 +171,4 @@ def _workload_from_file(spec: str) -> Workload:
 
 def _load_builtin() -> None:
     # Importing the package registers the built-in workloads (one module each).
-    import kasoku.workloads  # noqa: F401
+    import kasoku.workloads  # noqa: F401  (deferred: the package imports this module first)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kasoku.core.errors import warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.sine import sine_datasets
-from kasoku.core.errors import warn_once
 from kasoku.models import SineLSTM
 from kasoku.workloads.common import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload

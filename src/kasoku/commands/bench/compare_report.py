@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kasoku.commands.bench.compare import times
+from kasoku.commands.bench.compare import SCHEMA, times
+from kasoku.commands.bench.results import read_results
 from kasoku.commands.table import print_table
 
 SIDES = (("cpu", "CPU"), ("cuda", "1 GPU"), ("cuda_2", "2 GPUs"))
@@ -146,8 +147,6 @@ def print_compare(lines: list[dict], file=None) -> None:
 def latest_lines(out: Path, workloads: list[str]) -> list[dict]:
     """The latest throughput line of each of ``workloads`` (names as ``Workload.name``) in
     ``out/results.jsonl``, in the order given; workloads without one are left out."""
-    from kasoku.commands.bench.compare import SCHEMA
-    from kasoku.commands.bench.results import read_results
     latest = {r["workload"]: r for r in read_results(out)
               if r.get("schema") == SCHEMA and r.get("form") == "throughput"}
     return [latest[w] for w in workloads if w in latest]

@@ -20,9 +20,12 @@ from kasoku.commands.bench.compare import RESULTS_FILE, SCHEMA
 from kasoku.commands.bench.compare_report import side_by_side, totals_line
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.rungs import reference_rung, rung_from_spec
+from kasoku.commands.train import train_workload
+from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.train.config import TrainConfig
-from kasoku.core.errors import ConfigError
+from kasoku.train.run_dir import default_out
+from kasoku.workloads import create_workload
 
 TRAIN_SETTINGS = {"cpu": ("+fused", "serial"),
                   "cuda": ("precision=tf32,optimizer_impl=fused,cuda_graph", "device")}
@@ -61,9 +64,6 @@ def train_on_devices(workload: str, devices: tuple[str, ...], data: DataConfig, 
     """Train ``workload`` for ``epochs`` on each device in turn (the trainer prints its log as
     it goes), then print the logs side by side and the totals, and append the compare line.
     Returns each device's run."""
-    from kasoku.commands.train import train_workload
-    from kasoku.train.run_dir import default_out
-    from kasoku.workloads import create_workload
     stream = stream or sys.stdout
     wl = create_workload(workload)
     if len(set(torch.device(d).type for d in devices)) != len(devices):

@@ -1,14 +1,14 @@
 """``kasoku data bench``: can this loader keep up with this model on this machine (seed 000)?
 
-Each loader of the list runs alone (no model) on each source and batch size: a fresh loader
-per measurement (``kasoku.data.registry.create_loader``, so every loader kind ``--loader``
-knows is measured the same way), its time to the first batch (construction and worker
-start-up) and ``warmup`` further batches timed apart, then ``windows`` windows of ``batches``
-batches. With a model, its training rate on synthetic batches already on the device is
-measured once per batch size, and after each loader's own windows the same loader feeds the
-same model (batches copied to the device), in windows timed the same way (the measurement
-itself: ``kasoku.commands.bench.data_measure``). The loader is closed after each measurement, on every
-path; a loader that fails is recorded with its error and the sweep goes on.
+Each loader of the list runs alone (no model) on each source and batch size: a fresh loader per
+measurement (``kasoku.data.registry.create_loader``, so every loader kind ``--loader`` knows is
+measured the same way), its time to the first batch (construction and worker start-up) and
+``warmup`` further batches timed apart, then ``windows`` windows of ``batches`` batches. With a
+model, its training rate on synthetic batches already on the device is measured once per batch size,
+and after each loader's own windows the same loader feeds the same model (batches copied to the
+device), in windows timed the same way (the measurement itself:
+``kasoku.commands.bench.data_measure``). The loader is closed after each measurement, on every path;
+a loader that fails is recorded with its error and the sweep goes on.
 
 One JSON line per measurement in ``OUT/data_bench.jsonl`` (appended; schema
 ``kasoku.data_bench/1``)::
@@ -50,14 +50,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kasoku.accel.config import AccelConfig
-from kasoku.commands.bench.data_report import (CHART_FILE, RESULTS_FILE, plot_data_bench, print_data_bench,
-                                      progress_line)
-from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.data_measure import LoaderModel, measure_loader, scaled_to_workers
+from kasoku.commands.bench.data_report import (
+    CHART_FILE,
+    RESULTS_FILE,
+    plot_data_bench,
+    print_data_bench,
+    progress_line,
+)
 from kasoku.commands.bench.data_sources import resolve_sources
+from kasoku.commands.bench.results import append_result
+from kasoku.commands.device import resolve_device
+from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import parse_loader_spec
-from kasoku.core.errors import ConfigError
+from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
 
 SCHEMA = "kasoku.data_bench/1"
@@ -135,8 +142,6 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
     """Measure every (source, loader), print a progress line per measurement to ``progress``
     (stderr) and the table to ``stream`` (stdout), append the records to
     ``out/data_bench.jsonl`` and draw ``out/data_bench.png``."""
-    from kasoku.commands.device import resolve_device
-    from kasoku.perf.sysinfo import environment
     stream, progress = stream or sys.stdout, progress or sys.stderr
     say = lambda *a: print(*a, file=progress, flush=True)  # noqa: E731
     _check(req)

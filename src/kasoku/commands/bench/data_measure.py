@@ -15,8 +15,17 @@ import torch
 
 from kasoku.accel.config import AccelConfig
 from kasoku.commands.bench.data_sources import Source, in_memory
-from kasoku.data.registry import create_loader, parse_loader_spec
+from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
+from kasoku.commands.bench.rungs import Rung
+from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.timing import measure_windows, timed
 from kasoku.core.errors import ConfigError
+from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
+from kasoku.data.parallel_loader import ProcessLoader
+from kasoku.data.prefetch import wrap_for_device
+from kasoku.data.registry import create_loader, parse_loader_spec
+from kasoku.perf import cpu
+from kasoku.workloads import create_workload
 
 
 class LoaderModel:
@@ -25,10 +34,6 @@ class LoaderModel:
     ``warmup``, ``batches`` and ``windows``)."""
 
     def __init__(self, name: str, accel: AccelConfig | None, device: torch.device, seed: int):
-        from kasoku.commands.bench.pool import batch_spec
-        from kasoku.commands.bench.rungs import Rung
-        from kasoku.commands.bench.runner import make_runner
-        from kasoku.workloads import create_workload
         self.name, self.device, self.notes = name, device, []
         self.workload = create_workload(name)
         torch.manual_seed(seed)
@@ -47,8 +52,6 @@ class LoaderModel:
                               f"folder cropped to its size)")
 
     def synthetic_rates(self, batch_size: int, req, seed: int) -> dict:
-        from kasoku.commands.bench.pool import cycle, make_pool
-        from kasoku.commands.bench.timing import measure_windows, timed
         pool = make_pool(self.spec, batch_size, self.device, seed=seed)
         # The first step holds compilation and autotuning: warm-up, never in a window.
         timed(self.device, lambda: self.runner(cycle(pool, req.warmup + 1)))
@@ -83,8 +86,6 @@ def scaled_to_workers(req, spec: str):
     name = kind.name
     if name not in ("multiprocess", "gpu-jpeg-procs"):
         return req
-    from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
-    from kasoku.data.parallel_loader import ProcessLoader
     workers = count or (ProcessLoader if name == "multiprocess"
                         else GpuJpegProcessLoader).default_workers()
     return replace(req, warmup=max(req.warmup, 2 * workers), batches=max(req.batches, 4 * workers))
@@ -95,7 +96,6 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
     """Measure loader ``spec`` alone on ``source`` (and feeding ``model``, if any) with the
     settings of ``req`` (a ``DataBenchRequest``), into ``figures`` (the keys:
     ``kasoku.commands.bench.data_bench``); the loader is closed on every path."""
-    from kasoku.perf.cpu import busy_cores, cpu_seconds, usable_cores
     kind = parse_loader_spec(spec)[0]
     dataset = in_memory(source.dataset) if kind.name == "device" else source.dataset
     prefetch = req.prefetch if kind.prefetching else None
@@ -113,20 +113,19 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
         figures["warmup_s"] = _wall(device, lambda: _take(loader, req.warmup))[1]
         start = (getattr(loader, "epoch", None), getattr(loader, "position", None))
         pids = [os.getpid(), *_worker_pids(loader)]
-        cpu_before, t0 = cpu_seconds(pids), time.perf_counter()
+        cpu_before, t0 = cpu.cpu_seconds(pids), time.perf_counter()
         spans = [_wall(device, lambda: _take(loader, req.batches)) for _ in range(req.windows)]
         wall_s = time.perf_counter() - t0
-        cores = min(busy_cores(cpu_before, cpu_seconds(pids), wall_s), usable_cores())
+        cores = min(cpu.busy_cores(cpu_before, cpu.cpu_seconds(pids), wall_s), cpu.usable_cores())
         images = [n for n, _ in spans]
         figures["images_per_s"] = _rates(images, [s for _, s in spans])
         per_image = _delivered_bytes(loader, start, req.windows * req.batches,
                                      source.sample_bytes) / sum(images)
         figures.update(mb_per_s=figures["images_per_s"]["median"] * per_image / 1e6,
                        bytes_per_image=per_image, cpu_cores=cores,
-                       cpu_percent=100 * cores / usable_cores())
+                       cpu_percent=100 * cores / cpu.usable_cores())
         if model is not None:
             # Fed as `kasoku train` feeds it: host batches copied ahead on a side stream.
-            from kasoku.data.prefetch import wrap_for_device
             figures["fed_images_per_s"] = model.fed_rates(wrap_for_device(loader, device), req)
     finally:
         close = getattr(loader, "close", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
 
 RESULTS_FILE = "data_bench.jsonl"
@@ -42,7 +43,6 @@ def verdict(margin: float, device_type: str) -> str:
 
 def print_data_bench(records: list[dict], file=None) -> None:
     """One row per measurement: the loader alone, and against the model where there is one."""
-    from kasoku.commands.table import print_table
     with_model = any("margin" in r["figures"] for r in records)
     per = f"{unit(records)}/s"
     headers = ["source", "loader", "batch", per, "min-max", "MB/s", "cores busy",

@@ -12,6 +12,10 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import ConfigError
+from kasoku.data.base import ArrayDataset
+from kasoku.data.imagefolder import imagefolder_datasets
+from kasoku.data.jpeg_synth import MARKER, make_jpeg_folder
+from kasoku.workloads import create_workload, list_workloads
 
 GENERATED_CLASSES = 10
 
@@ -35,7 +39,6 @@ def prepare_jpeg_folders(holder: Path, resolutions, images: int, seed: int = 0,
                          say=print) -> list[Path]:
     """``holder/WxH`` for each resolution: a make-jpeg folder of at least ``images`` images,
     reused when one is there, made (with a progress line) otherwise."""
-    from kasoku.data.jpeg_synth import make_jpeg_folder
     folders = []
     for w, h in resolutions:
         folder = Path(holder) / f"{w}x{h}"
@@ -55,7 +58,6 @@ def prepare_jpeg_folders(holder: Path, resolutions, images: int, seed: int = 0,
 
 
 def _make_jpeg_stats(folder: Path) -> dict:
-    from kasoku.data.jpeg_synth import MARKER
     try:
         return json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
@@ -65,7 +67,6 @@ def _make_jpeg_stats(folder: Path) -> dict:
 def resolve_sources(req, image_size: int, say=print) -> list[Source]:
     """The datasets to measure (``req``: the ``DataBenchRequest``): generated folders, image
     folders or workloads' training sets."""
-    from kasoku.workloads import list_workloads
     if req.resolutions:
         if len(req.sources) > 1:
             raise ConfigError("with --resolution give at most one SOURCE: the folder that "
@@ -93,7 +94,6 @@ def resolve_sources(req, image_size: int, say=print) -> list[Source]:
 
 
 def _folder_source(root: Path, image_size: int, req, kind: str) -> Source:
-    from kasoku.data.imagefolder import imagefolder_datasets
     train, _ = imagefolder_datasets(root, image_size=image_size, seed=req.seed,
                                     strict=req.data.strict)
     made = _make_jpeg_stats(train.root)
@@ -104,7 +104,6 @@ def _folder_source(root: Path, image_size: int, req, kind: str) -> Source:
 
 
 def _workload_source(name: str, req) -> Source:
-    from kasoku.workloads import create_workload
     workload = create_workload(name)
     train, _ = workload.build_datasets(req.data, seed=req.seed)
     label = f"{name} ({'synthetic' if req.data.synthetic else 'data'})"
@@ -133,6 +132,5 @@ def in_memory(dataset):
     base = getattr(dataset, "base", None)
     if hasattr(dataset, "inputs") or base is None or not hasattr(dataset, "start"):
         return dataset
-    from kasoku.data.base import ArrayDataset
     x, t = base.get_batch(torch.arange(dataset.start, dataset.start + len(dataset)))
     return ArrayDataset(x, t, transform=dataset.transform, name=dataset.name)

@@ -23,8 +23,12 @@ from pathlib import Path
 
 import torch
 
-from kasoku.data.config import DataConfig
+from kasoku.accel.loader_cores import loader_split
 from kasoku.core.errors import ConfigError
+from kasoku.data.config import DataConfig
+from kasoku.data.imagefolder import ImageFolder
+from kasoku.data.prefetch import wrap_for_device
+from kasoku.data.registry import create_loader, parse_loader_spec
 
 LABEL = "+loader"
 FASTEST = "fastest"
@@ -40,7 +44,6 @@ def fastest_loader(dataset, device_type: str) -> str:
     - ``gpu-jpeg`` for a JPEG folder on a GPU: read by threads, decoded and augmented on the GPU;
     - ``multiprocess`` with one worker per core otherwise.
     """
-    from kasoku.data.imagefolder import ImageFolder
     if isinstance(getattr(dataset, "inputs", None), torch.Tensor) \
             and isinstance(getattr(dataset, "targets", None), torch.Tensor):
         return "device"
@@ -58,7 +61,6 @@ def check_data(data: Path | None, loader: str | None) -> None:
         raise ConfigError(f"--data {data}: no such folder (give the folder `kasoku train "
                           f"--data` reads for this workload)")
     if loader is not None and loader != FASTEST:
-        from kasoku.data.registry import parse_loader_spec
         parse_loader_spec(loader)  # an unknown kind is a ConfigError listing the kinds
 
 
@@ -73,9 +75,6 @@ class FedBatches:
     def __init__(self, workload, root: Path, spec: str | None, batch_size: int,
                  device: torch.device, seed: int = 0, cores: bool = True,
                  threads: int | None = None, affinity: set[int] | None = None):
-        from kasoku.accel.loader_cores import loader_split
-        from kasoku.data.prefetch import wrap_for_device
-        from kasoku.data.registry import create_loader
         train, _ = workload.build_datasets(DataConfig(root=Path(root)), seed=seed)
         if len(train) < batch_size:
             raise ConfigError(f"--data {root}: {len(train)} training samples, fewer than one "

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kasoku.accel.loader_cores import describe
 from kasoku.commands.bench.results import median_rate, read_results
-from kasoku.perf.cpuinfo import describe_peak
 from kasoku.commands.table import print_table
+from kasoku.perf.cpuinfo import describe_peak
 
 
 def unit(records: list[dict]) -> str:
@@ -144,7 +145,6 @@ def threads_label(records: list[dict]) -> str | None:
 def loader_core_lines(records: list[dict]) -> list[str]:
     """``+loader: 1 compute thread on CPUs [0], 1 loader worker on CPUs [1]``: how a CPU
     loader rung's cores were split (``kasoku.accel.loader_cores``), once per rung and split."""
-    from kasoku.accel.loader_cores import describe
     lines = [f"{r['rung']}: {describe(t)}" for r in records
              if "loader_workers" in (t := (r.get("settings") or {}).get("cpu_threads") or {})]
     return list(dict.fromkeys(lines))

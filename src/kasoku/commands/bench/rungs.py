@@ -43,7 +43,8 @@ class Rung:
     """None: the plain PyTorch loop of ``kasoku.commands.bench.plain``."""
     loader: str | None = None
     """A loader spec (``--loader``) or "fastest": the steps are fed by that loader from the
-    workload's dataset (``kasoku.commands.bench.fed``) instead of synthetic batches on the device."""
+    workload's dataset (``kasoku.commands.bench.fed``) instead of synthetic batches on the
+    device."""
     skip: str | None = None
     """Why the ladder does not measure this rung on this machine (the table shows it); None:
     measured. A rung named with ``--config`` is always measured."""

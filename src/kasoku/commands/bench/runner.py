@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 
+from kasoku.accel.compose import accelerate
 from kasoku.commands.bench import plain
 from kasoku.commands.bench.rungs import Rung
+from kasoku.optim import make_optimizer
 
 
 def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], distribute=None):
@@ -18,13 +20,11 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], dist
     carries its step function as ``step_fn`` (where a profiled window attaches its phase
     marks) and its model as ``model``; the plain loop takes none. ``distribute``: as
     ``accelerate`` takes it (``kasoku scale``'s data-parallel steps)."""
-    from kasoku.optim import make_optimizer
     r = wl.recipe
     if rung.is_plain:
         plain.setup_backends()
         optimizer = plain.make_optimizer(r, model.parameters(), lr)
         return functools.partial(plain.train_steps, model, optimizer, loss_fn=wl.loss_fn)
-    from kasoku.accel.compose import accelerate
 
     def build_optimizer(params, impl):
         return make_optimizer(r.optimizer, params, lr, momentum=r.momentum,

@@ -1,5 +1,6 @@
-"""The sweep: every (rung, batch size) in a fresh process (``python -m kasoku.commands.bench.worker``)
-with a timeout, so no run inherits another's allocator state, compiled code or autotuning.
+"""The sweep: every (rung, batch size) in a fresh process (``python -m
+kasoku.commands.bench.worker``) with a timeout, so no run inherits another's allocator state,
+compiled code or autotuning.
 
 An OOM, a crash or a timeout is recorded (status and the error's last line) and the sweep goes
 on. The matmul peaks MFU needs are measured once per (device, dtype) in a process of their own
@@ -30,13 +31,20 @@ from kasoku.commands.bench import fed, numerics
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.report import data_label, plot_ladder, print_ladder
 from kasoku.commands.bench.results import SCHEMA, append_result, median_rate
-from kasoku.commands.bench.rungs import REFERENCE_LABEL, Rung, compute_dtype, reference_rung, resolve
+from kasoku.commands.bench.rungs import (
+    REFERENCE_LABEL,
+    Rung,
+    compute_dtype,
+    reference_rung,
+    resolve,
+)
 from kasoku.commands.bench.worker import WorkerRequest, request_to_json
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.verdict import judge
+from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload
 
@@ -245,7 +253,6 @@ def _parse_record(stdout: str) -> dict | None:
 def _stub_record(cfg: SweepConfig, rung: Rung, batch_size: int) -> dict:
     """What is known of a run whose process died without a report (host-side environment
     only: the parent never initializes CUDA, so its memory stays the runs')."""
-    from kasoku.perf.sysinfo import environment
     env = environment(None)
     env.update(device_type=torch.device(cfg.device).type, device_name=None, device_count=None,
                note="host side only: the run died before reporting its device")

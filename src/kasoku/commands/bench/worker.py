@@ -3,17 +3,16 @@
     python -m kasoku.commands.bench.worker '{"workload": "mnist-mlp", "batch_size": 100,
         "rung": {"label": "fp32", "config": {"kind": "kasoku", ...}}, ...}'
 
-Phases: build the model (seeded) and a pool of synthetic batches on the device (a rung fed
-by a loader, ``--loader SPEC --data DIR``, takes its batches from that loader instead, pulled
-inside the timed spans: ``kasoku.commands.bench.fed``); apply the rung;
-numerics (the first K steps on the fixed batches, whose losses the sweep compares with the fp32
-rung's, see ``kasoku.commands.bench.numerics``); warm-up (absorbing compilation, cuDNN autotuning and
-graph capture: the first step is timed on its own, ``warmup_s`` covers both phases); then
-``windows`` timed windows of ``steps`` steps; then, optionally, the kernel-time split
-(``kernels``) and a profiled window (``profile_steps``: ``kasoku.perf.profile.window``) whose
-analysis the sweep judges for the rung's bottleneck verdict. ``--numerics-only`` stops after
-the numerics phase. ``--probe-peak DTYPES`` instead measures matmul peaks
-(``kasoku.perf.peak``).
+Phases: build the model (seeded) and a pool of synthetic batches on the device (a rung fed by a
+loader, ``--loader SPEC --data DIR``, takes its batches from that loader instead, pulled inside the
+timed spans: ``kasoku.commands.bench.fed``); apply the rung; numerics (the first K steps on the
+fixed batches, whose losses the sweep compares with the fp32 rung's, see
+``kasoku.commands.bench.numerics``); warm-up (absorbing compilation, cuDNN autotuning and graph
+capture: the first step is timed on its own, ``warmup_s`` covers both phases); then ``windows``
+timed windows of ``steps`` steps; then, optionally, the kernel-time split (``kernels``) and a
+profiled window (``profile_steps``: ``kasoku.perf.profile.window``) whose analysis the sweep judges
+for the rung's bottleneck verdict. ``--numerics-only`` stops after the numerics phase.
+``--probe-peak DTYPES`` instead measures matmul peaks (``kasoku.perf.peak``).
 
 Test hooks (environment): ``KASOKU_BENCH_SIMULATE_OOM=64[,128]`` raises an out-of-memory
 error at those batch sizes; ``KASOKU_BENCH_SIMULATE_DIVERGENCE=LABEL[,LABEL]`` multiplies the
@@ -33,12 +32,21 @@ from dataclasses import dataclass
 import torch
 
 from kasoku.accel.config import AccelConfig
+from kasoku.accel.cpu_threads import apply_cpu_threads
 from kasoku.accel.memory_format import has_conv2d
+from kasoku.commands.bench.fed import FedBatches
 from kasoku.commands.bench.numerics import DEFAULT_STEPS
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.timing import measure_windows, timed
+from kasoku.commands.profile import cpu_bf16, unprofiled_shares
+from kasoku.core.phases import NoClock, markable, no_mark
+from kasoku.core.queues import request_queues
+from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
+from kasoku.perf.peak import measure_matmul_peak
+from kasoku.perf.profile.kernels import profile_steps
+from kasoku.perf.profile.window import Window
 from kasoku.perf.sysinfo import environment
 from kasoku.workloads import create_workload
 
@@ -136,7 +144,6 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict,
     if req.rung.loader:
         if not req.data:
             raise ValueError(f"rung {req.rung.label} is fed by a loader: it needs --data DIR")
-        from kasoku.commands.bench.fed import FedBatches
         fed = FedBatches(wl, req.data, req.rung.loader, req.batch_size, device, seed=req.seed,
                          cores=req.loader_cores, threads=req.threads or wl.cpu_threads,
                          affinity=affinity)
@@ -190,7 +197,6 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
     figures.update(m.figures())
     figures["final_loss"] = float(loss)
     if req.kernels:
-        from kasoku.perf.profile.kernels import profile_steps
         start = done + req.steps * req.windows
         split = profile_steps(lambda: runner(batches(req.kernels, start)), device,
                               steps=req.kernels)
@@ -209,7 +215,6 @@ def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.devi
     the profiler slows the host, not the kernels. ``{"error": last line}`` when it fails: the
     rung's rate stands without its explanation."""
     try:
-        from kasoku.commands.profile import cpu_bf16, unprofiled_shares
         context = {"batch_size": req.batch_size, "has_conv": has_conv, **cpu_bf16()}
         figures = profile_window(runner, batches, start, device, req.profile_steps, context,
                                  req.batch_size)
@@ -232,8 +237,6 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
     Each step is marked as the analysis cuts it: ``data`` while the batch is taken (a loader
     rung loads it then), then the step's own marks (forward, backward, update, other) where
     its eager step takes them, else one ``compute``."""
-    from kasoku.core.phases import NoClock, markable, no_mark
-    from kasoku.perf.profile.window import Window
     inner = markable(getattr(runner, "step_fn", None))
     with tempfile.TemporaryDirectory(prefix="kasoku-bench-profile-") as tmp:
         window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP)
@@ -283,8 +286,6 @@ def probe_peaks(device: str, dtypes: list[str], size: int | None, threads: int |
     """``{dtype: PeakResult dict or {"error": ...}}``, measured in this process; on a CPU
     each also with ``theory``, the first-principles peak (``kasoku.perf.cpuinfo``), where
     one is known."""
-    from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
-    from kasoku.perf.peak import measure_matmul_peak
     on_cpu = torch.device(device).type == "cpu"
     _set_threads(torch.device(device).type, threads)  # as the runs set them: their peak
     out = {}
@@ -303,7 +304,6 @@ def _set_threads(device_type: str, threads: int | None) -> dict | None:
     """A CPU's threads as ``apply_cpu_threads`` sets them (returns its record); elsewhere
     PyTorch's host threads, where ``threads`` is given (returns None)."""
     if device_type == "cpu":
-        from kasoku.accel.cpu_threads import apply_cpu_threads
         return apply_cpu_threads(threads)
     if threads:
         torch.set_num_threads(threads)
@@ -340,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     (``request_to_json``), or ``{"probe_peak": [DTYPES], "device": ..., "size": ...,
     "threads": ...}`` for the matmul peaks; prints the record as one JSON line. The sweep
     starts it; it is not a command for users, so it takes no flags."""
-    from kasoku.core.queues import request_queues
     request_queues()  # as kasoku's main command line does (normally inherited from it)
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:

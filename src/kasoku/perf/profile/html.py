@@ -17,8 +17,8 @@ import json
 import re
 from pathlib import Path
 
-from kasoku.perf.profile.kfac_cost import format_kfac
 from kasoku.core.phases import PHASES
+from kasoku.perf.profile.kfac_cost import format_kfac
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;

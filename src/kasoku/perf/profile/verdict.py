@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kasoku.perf.profile.kfac_cost import ms
+
 
 @dataclass(frozen=True)
 class Lever:
@@ -232,7 +234,6 @@ def _kfac_experiments(f: dict) -> list[Experiment]:
 
 
 def _kfac_reason(f: dict) -> str:
-    from kasoku.perf.profile.kfac_cost import ms
     k = f["kfac"]
     split = ", ".join(f"{p.removeprefix('kfac_')} {_pct(k['phases_pct'][p])}"
                       for p in k["phases_pct"] if k["phases_pct"][p] > 0)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from kasoku.perf.profile import trace as trace_mod
 from kasoku.core.phases import PhaseClock
+from kasoku.perf.profile import trace as trace_mod
 from kasoku.perf.profile.verdict import judge
 
 

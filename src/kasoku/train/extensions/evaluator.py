@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from kasoku.data.loader import SerialLoader
+from kasoku.distributed import ddp
 from kasoku.train.reporter import PRIORITY_WRITER
 
 
@@ -68,7 +69,6 @@ class Evaluator:
                 metric = metric.float() * n
                 metric_sum = metric if metric_sum is None else metric_sum + metric
             count += n
-        from kasoku.distributed import ddp
         if ddp.active():  # each worker saw its share of the samples: the sums of all
             zero = torch.zeros((), device=device)
             sums = ddp.sum_over_workers([zero if loss_sum is None else loss_sum,
