@@ -87,7 +87,9 @@ def test_procs_1_and_2_over_gloo(tmp_path, capsys):
     assert [(row[0], row[3]) for row in rows] == \
         [(n, s) for n in ("1", "2") for s in ("4K", "64K", "1M")]
     for row, r in zip(rows, records):
-        assert row[5] == f"{r['time_us']:.1f}" and row[7] == f"{r['busbw_gbps']:.3f}"
+        # the median time, marked ! where its batches disagree by more than 10%
+        assert row[5] == f"{r['time_us']:.1f}" + ("" if r["stability"]["stable"] else "!")
+        assert row[8] == f"{r['busbw_gbps']:.3f}"
     assert "algorithm: backend's choice" in printed.out
     assert (out / "busbw.png").stat().st_size > 0
 

@@ -175,7 +175,9 @@ def test_worker_plain_and_kasoku_fp32_take_the_same_steps():
     for rec in (plain, fp32):
         assert rec["status"] == "ok", rec["error"]
         f = rec["figures"]
-        assert f["samples_per_s"]["n"] == 2 and f["warmup_s"] > 0 and f["mem_peak_gib"] > 0
+        # 2 windows, more where they disagreed (the noise rule)
+        assert f["samples_per_s"]["n"] == 2 + f["stability"]["extra_windows"]
+        assert f["warmup_s"] > 0 and f["mem_peak_gib"] > 0
         assert math.isfinite(f["final_loss"]) and len(rec["numerics"]["losses"]) == 3
         assert rec["data"]["source"] == "synthetic on-device"
     assert fp32["config"]["kind"] == "kasoku" and plain["config"]["kind"] == "plain"

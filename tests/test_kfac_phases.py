@@ -172,7 +172,8 @@ def test_kasoku_profile_reports_kfac_phases_and_verdict(tmp_path, capsys):
                  "--device", "cpu", "--batch-size", "20", "--lr", "0.01",
                  "--optimizer", "kfac", "--kfac-factor-update-freq", str(FACTOR_EVERY),
                  "--kfac-inv-update-freq", str(INVERSE_EVERY), "--skip", "1",
-                 "--measure-steps", "5", "--steps", "2", "--warmup", "1", "--out", str(out)])
+                 "--measure-steps", "5", "--steps", "2", "--warmup", "1", "--out", str(out),
+                 "--estimate"])
     assert code == 0
     text = capsys.readouterr().out
     result = json.loads((out / "profile.json").read_text())

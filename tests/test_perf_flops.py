@@ -92,7 +92,8 @@ def test_mfu_arithmetic_and_when_it_is_withheld():
 def test_peak_probe_on_cpu_is_positive_and_quick():
     r = measure_matmul_peak("cpu", "fp32", size=64, reps=3)
     assert r.flops_per_s > 0 and r.min_flops_per_s <= r.flops_per_s <= r.max_flops_per_s
-    assert (r.size, r.reps, r.device, r.dtype) == (64, 3, "cpu", "fp32")
+    assert (r.size, r.device, r.dtype) == (64, "cpu", "fp32")
+    assert 3 <= r.reps <= 9 and (r.stable or r.reps == 9)  # more runs where they disagree
     assert r.products_per_rep >= 1 and r.threads == torch.get_num_threads()
     assert measure_matmul_peak("cpu", "bf16", size=64, reps=3).flops_per_s > 0
     with pytest.raises(ValueError, match="tf32"):

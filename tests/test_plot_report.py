@@ -40,24 +40,43 @@ def test_values_that_are_not_finite_are_left_out():
     assert list(ax.lines[0].get_xdata()) == [1, 4]
 
 
-def test_accuracy_keeps_zero_to_one(tmp_path):
-    plot = PlotReport(["main/accuracy"], y_range=(0, 1), ylabel="accuracy")
-    ax = plot.figure([{"epoch": 1, "main/accuracy": 0.5}]).axes[0]
-    assert ax.get_ylim() == (0, 1) and ax.get_yscale() == "linear"
+def test_accuracy_zooms_to_the_data_within_zero_to_one(tmp_path):
+    plot = PlotReport(["main/accuracy", "validation/main/accuracy"], y_range=(0, 1),
+                      ylabel="accuracy")
+    log = [{"epoch": e, "main/accuracy": a, "validation/main/accuracy": v}
+           for e, a, v in ((1, 0.9418, 0.9681), (2, 0.9761, 0.9741), (3, 0.9843, 0.9767))]
+    ax = plot.figure(log).axes[0]
+    low, high = ax.get_ylim()
+    assert 0.9 < low < 0.9418 and 0.9843 < high <= 1.02  # the data fills the axis, whole
+    assert ax.get_yscale() == "linear" and not ax.texts  # three points: no values written
+    at_one = plot.figure([{"epoch": 1, "main/accuracy": 1.0}]).axes[0]
+    assert 1.0 < at_one.get_ylim()[1] <= 1.02  # a point on the bound is not cut in half
+    plot.draw([{"epoch": 1, "main/accuracy": 0.5}], tmp_path / "a.png")
     plot.draw([{"epoch": 1, "main/accuracy": 0.5}], tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def minor_labels(ax):
+def tick_labels(ax):
     ax.figure.canvas.draw()
-    return [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()]
+    low, high = ax.get_ylim()
+    return [(t.get_position()[1], t.get_text()) for t in ax.yaxis.get_majorticklabels()
+            if t.get_text() and low <= t.get_position()[1] <= high]
 
 
-def test_minor_ticks_are_labelled_within_one_decade_only():
+def test_log_axis_labels_are_numbers_that_do_not_crowd():
     across = [{"epoch": e, "main/loss": 2.3 / e ** 2} for e in range(1, 21)]  # 2.3 to 0.006
-    assert not minor_labels(loss_plot().figure(across).axes[0])
-    within = [{"epoch": e, "main/loss": 0.5 - 0.01 * e} for e in range(1, 11)]  # 0.49 to 0.4
-    assert minor_labels(loss_plot().figure(within).axes[0])
+    assert {text for _, text in tick_labels(loss_plot().figure(across).axes[0])} >= \
+        {"0.01", "0.1", "1"}
+    for log in ([{"epoch": e, "main/loss": 0.5 - 0.01 * e} for e in range(1, 11)],  # a decade
+                [{"epoch": 1, "main/loss": 0.19}, {"epoch": 2, "main/loss": 0.075},
+                 {"epoch": 3, "main/loss": 0.05}]):  # mnist-mlp's first three epochs
+        ax = loss_plot().figure(log).axes[0]
+        labels = tick_labels(ax)
+        assert len(labels) >= 2
+        low, high = (math.log10(v) for v in ax.get_ylim())
+        at = sorted((math.log10(v) - low) / (high - low) for v, _ in labels)
+        # neighbours at least 7% of the axis apart: no 0.06, 0.07, 0.08, 0.09 pile-up
+        assert all(b - a >= 0.07 for a, b in zip(at, at[1:])), labels
 
 
 def test_lines_logged_between_epochs_plot_against_the_progress():

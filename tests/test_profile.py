@@ -12,7 +12,9 @@ from kasoku.cli import main
 from kasoku.commands.train import build_trainer
 from kasoku.core.phases import PHASES, PhaseClock, markable, summarize
 from kasoku.data.config import DataConfig
+from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace
+from kasoku.perf.profile.verdict import RULES
 from kasoku.perf.profile.window import ProfileWindow, profiling
 from kasoku.train.config import TrainConfig
 from kasoku.train.step import StandardStep
@@ -119,22 +121,27 @@ def test_profiling_context_manager_on_a_loop_of_ones_own(tmp_path):
             prof.mark("update")
             opt.step()
             opt.zero_grad()
-    assert prof.figures is not None and prof.figures["steps"] == 4
+    assert prof.figures is not None and prof.figures["steps"] == 5  # as many as asked
     assert set(prof.figures["phases_host_ms"]) >= {"data", "forward", "backward", "update"}
-    assert prof.verdict.split(":")[0] in ("compute-bound", "dispatch-bound", "input-bound")
+    assert prof.verdict.split(":")[0] in RULE_NAMES
+    assert prof.figures["cpu_bf16"] == cpuinfo.cpu_info().bf16_hardware  # one truth
+
+
+RULE_NAMES = {r.name for r in RULES} | {"balanced"}
 
 
 def test_kasoku_profile_cli_writes_trace_report_and_verdict(tmp_path, capsys):
     out = tmp_path / "prof"
     code = main(["profile", "mnist-mlp", "--synthetic", "--synthetic-size", "2000",
                  "--batch-size", "50", "--skip", "2", "--measure-steps", "5", "--steps", "4",
-                 "--warmup", "1", "--out", str(out)])
+                 "--warmup", "1", "--out", str(out), "--estimate"])
     assert code == 0
     text = capsys.readouterr().out
     assert "verdict: " in text and "phases (unprofiled): step" in text
     result = json.loads((out / "profile.json").read_text())
-    assert result["verdict"]["rule"] in ("compute-bound", "dispatch-bound", "input-bound")
-    assert result["samples_per_s"] > 0 and result["figures"]["steps"] == 3
+    assert result["verdict"]["rule"] in RULE_NAMES
+    assert result["samples_per_s"] > 0 and result["figures"]["steps"] == 4
+    assert result["verdict"]["lever"]["expect"].startswith(("estimate", "none", "unknown"))
     t = trace.load(out / "trace.json")  # parses, with the phase spans
     assert {trace.phase_name(s) for s in t.phases} >= {"data", "forward", "backward"}
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -142,17 +149,36 @@ def test_kasoku_profile_cli_writes_trace_report_and_verdict(tmp_path, capsys):
         (out / "report.html").read_text().replace("&gt;", ">").replace("&#x27;", "'")
 
 
-def test_kasoku_profile_confirm_runs_fresh_processes(tmp_path, capsys):
+def test_kasoku_profile_measures_its_advice_and_confirm_proves_bound_and_advice(tmp_path,
+                                                                               capsys):
     out = tmp_path / "prof"
     code = main(["profile", "mnist-mlp", "--synthetic", "--synthetic-size", "2000",
                  "--batch-size", "50", "--skip", "2", "--measure-steps", "10", "--steps", "3",
-                 "--warmup", "1", "--out", str(out), "--confirm"])
+                 "--warmup", "1", "--out", str(out), "--confirm", "--rounds", "1"])
     assert code == 0
-    ladder = json.loads((out / "profile.json").read_text())["ladder"]
+    text = capsys.readouterr().out
+    result = json.loads((out / "profile.json").read_text())
+    verdict = result["verdict"]
+    # Every candidate lever was run in fresh processes beside the run as given.
+    assert verdict["tried"] and len(verdict["tried"]) == len(verdict["candidates"])
+    for t in verdict["tried"]:
+        assert t["result"] in ("faster", "slower", "within noise", "not measured"), t
+        assert t["result"] == "not measured" or (t["ratio"] > 0 and len(t["rates"]) == 1)
+    assert "tried: " in text
+    lever = verdict["lever"]
+    faster = [t for t in verdict["tried"] if t["result"] == "faster"]
+    if faster:  # the best measured is advised, with its measured figure
+        assert lever["args"] == faster[0]["args"] and lever["expect"].startswith("measured")
+    else:
+        assert lever["text"].startswith("none of the levers tried was faster")
+    ladder = result["ladder"]
     assert ladder[0]["label"] == "as given" and ladder[0]["samples_per_s"] > 0
-    assert len(ladder) >= 2
+    assert [r["proves"] for r in ladder[1:]][:len(verdict["experiments"])] == \
+        ["the bound"] * len(verdict["experiments"])
+    assert ("the advice" in [r["proves"] for r in ladder]) == bool(faster)
     for row in ladder[1:]:
-        assert row["outcome"] in ("confirmed", "refuted"), row
+        assert row["outcome"] in ("confirmed", "refuted") or (
+            row["outcome"].startswith("inconclusive") and row["noise"] >= 0.1), row
         assert row["ratio"] > 0
 
 
@@ -161,7 +187,7 @@ def test_python_adds_a_host_sampling_profile_of_the_step(tmp_path, capsys):
     out = tmp_path / "prof"
     code = main(["profile", "mnist-mlp", "--synthetic", "--synthetic-size", "2000",
                  "--batch-size", "50", "--skip", "2", "--measure-steps", "3", "--steps", "20",
-                 "--warmup", "1", "--out", str(out), "--python"])
+                 "--warmup", "1", "--out", str(out), "--python", "--estimate"])
     assert code == 0
     assert "host Python profile (pyinstrument)" in capsys.readouterr().out
     text = (out / "python.txt").read_text()

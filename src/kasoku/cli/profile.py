@@ -18,13 +18,14 @@ from kasoku.cli.train import (
     add_data_arguments,
     kfac_config_from_args,
 )
-from kasoku.commands.profile import ProfileConfig, confirm_saved, profile_workload
+from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
 from kasoku.core.phases import format_phases
 from kasoku.data.config import DataConfig
 from kasoku.distributed import World
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
+from kasoku.perf.profile.advice import short
 from kasoku.perf.profile.kfac_cost import format_kfac
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import out_or_new
@@ -34,7 +35,8 @@ PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "warmup": {"type": a.nonnegative_int, "metavar": "N"},
                  "skip": {"type": a.nonnegative_int, "metavar": "N"},
                  "measure_steps": {"type": a.positive_int, "metavar": "N"},
-                 "confirm": None, "python": None}
+                 "confirm": None, "estimate": None,
+                 "rounds": {"type": a.positive_int, "metavar": "N"}, "python": None}
 PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph",
                 "allreduce_dtype", "sync_bn")
 """The data-parallel options a profile takes (one machine; no restarts)."""
@@ -101,23 +103,36 @@ def _launch(args, dist, cfg) -> int:
     out = out_or_new(args.out, wl.name, "profile", "the profile")
     argv = [*args.argv, "--out", str(out)] if not args.out else list(args.argv)
     code = launch(argv, dist)
-    if code or not cfg.confirm:
+    if code or (cfg.estimate and not cfg.confirm):
         return code
-    result = confirm_saved(out, list(args.argv))
-    print("\n".join([f"confirm ({result['verdict']['rule']}):", *ladder_lines(result),
-                      f"report: {result.get('report')}"]))
+    result = ab_saved(out, list(args.argv), cfg)
+    print("\n".join([f"verdict (the levers measured): {result['verdict']['line']}",
+                      *tried_lines(result),
+                      *ladder_lines(result), f"report: {result.get('report')}"]))
     return 0
 
 
+def tried_lines(result: dict) -> list[str]:
+    """The candidate levers as measured, fastest first (``kasoku.perf.profile.advice``),
+    where the verdict's line does not list them already."""
+    tried = result["verdict"].get("tried") or []
+    if not tried or "(tried: " in result["verdict"]["line"]:
+        return []
+    return ["  tried: " + "; ".join(short(t) for t in tried)]
+
+
 def ladder_lines(result: dict) -> list[str]:
-    """The ``--confirm`` rows: label, samples/s, ratio, what was predicted, the outcome."""
-    lines = []
-    for row in result.get("ladder") or []:
+    """The ``--confirm`` rows: label, samples/s, ratio, what was predicted, the outcome, and
+    what the row proves (the bound, or the advice)."""
+    rows = result.get("ladder") or []
+    lines = ["confirm (fresh processes; the bound's proof, then the advice):"] if rows else []
+    for row in rows:
         rate = row.get("samples_per_s")
         shown = f"{rate:10.1f}/s" if rate else "     n/a   "
         ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
+        proves = f" ({row['proves']})" if row.get("proves") else ""
         lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
-                     f"  {row.get('outcome') or row.get('error', '')}")
+                     f"  {row.get('outcome') or row.get('error', '')}{proves}")
     return lines
 
 
@@ -142,7 +157,8 @@ def summary(result: dict) -> str:
         lines.append(f"MFU: {100 * f['mfu']:.1f}% ({f['mfu_note']})")
     elif f.get("peak_fraction") is not None:
         line = (f"CPU {f.get('peak_dtype', 'fp32')} peak: {100 * f['peak_fraction']:.1f}% of "
-                f"the measured {f['peak_flops_per_s'] / 1e12:.2f} TFLOP/s")
+                f"the measured {f['peak_flops_per_s'] / 1e12:.2f} TFLOP/s"
+                + ("" if f.get("peak_stable", True) else " (unstable: rough)"))
         if f.get("peak_theory"):
             share = f["peak_flops_per_s"] / f["peak_theory"]["flops_per_s"]
             line += (f"; first principles {f['peak_theory_text']}, the measured peak "
@@ -152,6 +168,9 @@ def summary(result: dict) -> str:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")
     lines.append(f"verdict: {v['line']}")
+    lines += tried_lines(result)
+    if v["lever"].get("caveat"):
+        lines.append(f"  note: {v['lever']['caveat']}")
     for also in v.get("secondary") or []:
         lines.append(f"  also: {also}")
     lines += ladder_lines(result)

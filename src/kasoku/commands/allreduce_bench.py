@@ -48,6 +48,7 @@ from kasoku.commands.bench.results import carry_results
 from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
 from kasoku.distributed.launch import Plan, WorkersFailed, run_module
+from kasoku.perf.noise import marked
 
 SCHEMA = "kasoku.allreduce_bench/1"
 RESULTS_FILE = "results.jsonl"
@@ -181,14 +182,21 @@ def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> Non
 
 def print_results(records: list[dict], file=None) -> None:
     """The records as one table, a row per (world size, size), then the algorithm line."""
+    ordered = sorted(records, key=lambda r: (r["world_size"], r["size_bytes"]))
     rows = [[str(r["world_size"]), r["backend"], r["dtype"], format_size(r["size_bytes"]),
-             str(r["count"]), f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}",
-             f"{r['busbw_gbps']:.3f}", str(r["wrong"])]
-            for r in sorted(records, key=lambda r: (r["world_size"], r["size_bytes"]))]
-    print_table(["procs", "backend", "dtype", "size", "count", "time (us)", "algbw (GB/s)",
-                 "busbw (GB/s)", "wrong"], rows,
-                title="all-reduce (median over timed batches; busbw = algbw x 2(n-1)/n)",
-                file=file)
+             str(r["count"]), marked(f"{r['time_us']:.1f}", r.get("stability")),
+             f"{min(r['times_us']):.1f}-{max(r['times_us']):.1f}",
+             f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}", str(r["wrong"])]
+            for r in ordered]
+    print_table(["procs", "backend", "dtype", "size", "count", "time (us)", "min-max (us)",
+                 "algbw (GB/s)", "busbw (GB/s)", "wrong"], rows,
+                title="all-reduce (median over timed batches, ! unstable; busbw = algbw x "
+                      "2(n-1)/n)", file=file)
+    unstable = [f"{r['world_size']} procs, {format_size(r['size_bytes'])}" for r in ordered
+                if not (r.get("stability") or {}).get("stable", True)]
+    if unstable:
+        print(f"unstable (!: the timed batches range over more than 10% of their median): "
+              f"{', '.join(unstable)}", file=file or sys.stdout)
     algorithms = ", ".join(dict.fromkeys(r["algorithm"] for r in records))
     hint = " (NCCL_ALGO to force one; NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING to see " \
         "NCCL's choice)" if any(r["backend"] == "nccl" for r in records) else ""

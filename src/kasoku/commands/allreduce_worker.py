@@ -18,6 +18,7 @@ from pathlib import Path
 from kasoku.commands.allreduce_bench import BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA, bandwidths
 from kasoku.commands.bench.results import append_result
 from kasoku.distributed.launch import failure_recorded, worker_main
+from kasoku.perf.noise import Stability, spread
 from kasoku.perf.sysinfo import environment
 
 FAIL_ENV = "KASOKU_ALLREDUCE_SIMULATE_FAILURE"
@@ -124,10 +125,11 @@ def _record(shared: dict, size_bytes: int, times_us: list[float], wrong: int,
             world_size: int) -> dict:
     time_us = statistics.median(times_us)
     algbw, busbw = bandwidths(size_bytes, time_us, world_size)
+    stability = Stability(spread(times_us)).to_dict()
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     figures = {"size_bytes": size_bytes, "count": size_bytes // ELEMENT_BYTES[shared["dtype"]],
                "time_us": time_us, "times_us": times_us, "algbw_gbps": algbw,
-               "busbw_gbps": busbw, "wrong": wrong, "time": now}
+               "busbw_gbps": busbw, "wrong": wrong, "time": now, "stability": stability}
     return {**{k: v for k, v in shared.items() if k != "env"}, **figures, "env": shared["env"]}
 
 

@@ -15,7 +15,6 @@ evaluation -- do not run):
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -24,21 +23,24 @@ from pathlib import Path
 import torch
 
 from kasoku.accel.compose import check_config
+from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.device import resolve_device
 from kasoku.commands.train import build_trainer, close_run, join_as_worker
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
-from kasoku.data.registry import check_loader_settings
+from kasoku.data.registry import check_loader_settings, dataset_kind
 from kasoku.distributed import World, ddp, require_single_process
 from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFAC
 from kasoku.perf import cpuinfo
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
+from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
+from kasoku.perf.profile.advice import advise
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
     cycle_steps,
@@ -46,11 +48,19 @@ from kasoku.perf.profile.kfac_cost import (
     kfac_figures,
     measured_steps,
 )
+from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.timeline import draw_timeline
-from kasoku.perf.profile.verdict import MIN_GAIN, judge
-from kasoku.perf.profile.window import profile_updater
+from kasoku.perf.profile.verdict import Verdict, judge
+from kasoku.perf.profile.window import machine_facts, profile_updater
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
+
+MEASURE_WINDOWS = 5
+"""The unprofiled steps are timed in this many windows (one span with K-FAC)."""
+MIN_MEASURE_S = 1.0
+"""The unprofiled steps last at least this long (more steps than ``measure_steps`` where the
+step is short: 20 steps of a 2 ms step are 40 ms, at the mercy of one interruption)."""
+MAX_MEASURE_STEPS = 2000
 
 
 @dataclass
@@ -62,10 +72,18 @@ class ProfileConfig:
     skip: int = 10
     """Steps run first and not profiled: compilation, graph capture, autotuning."""
     measure_steps: int = 20
-    """Steps timed without the profiler (the throughput beside the profiled figures); with
-    --optimizer kfac, rounded up to whole cycles of its factor and inverse steps."""
+    """Steps timed without the profiler (the throughput beside the profiled figures), at
+    least; more where they would take under a second; with --optimizer kfac, rounded up to
+    whole cycles of its factor and inverse steps."""
     confirm: bool = False
-    """Run the A/B that proves the verdict (each side a fresh process) and print both."""
+    """Run the A/B runs that prove the bound (each side a fresh process), and the advised
+    lever once more, and print them."""
+    estimate: bool = False
+    """Skip the A/B runs of the candidate levers (a minute or so): advise from the rule's
+    estimate, labelled as one."""
+    rounds: int = 3
+    """Rounds of the candidate levers' A/B runs (each round: the run as given, then each
+    lever, fresh processes); fewer are faster and noisier. Stopped early past a minute."""
     python: bool = False
     """Add a host-side sampling profile of the step (pyinstrument; pip install pyinstrument)."""
 
@@ -130,67 +148,124 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
             print(f"# {workload.name}  device: {u.device}  out: {out}"
                   + (f"  workers: {workers} (rates per worker)" if workers > 1 else ""),
                   file=sys.stderr)
+            rates = result["window_rates"]
             print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s over "
-                  f"{result['measured_steps']} steps, {format_phases(result['phases'])}",
-                  file=sys.stderr)
+                  f"{result['measured_steps']} steps ({min(rates):.1f}-{max(rates):.1f} over "
+                  f"{len(rates)} windows), {format_phases(result['phases'])}", file=sys.stderr)
+            for reason in result["stability"]["reasons"]:
+                print(f"unstable: {reason}", file=sys.stderr)
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
         unprofiled_shares(figures, result)
         figures.pop("verdict")
         result["figures"] = figures
-        result["verdict"] = judge(figures).to_dict()
+        verdict = judge(figures)
+        result["candidates"] = verdict.candidates
+        result["verdict"] = verdict.to_dict()
         if cfg.python:
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
         close_run(trainer)
     if not speak:
         return result
-    if cfg.confirm and argv is not None and not under_launcher():
-        result["ladder"] = confirm(argv, result)
+    candidates = result.pop("candidates")
+    if argv is not None and not under_launcher():
+        _ab(result, argv, cfg, candidates)
     _write(out, result)
     return result
 
 
-def confirm_saved(out: Path, argv: list[str]) -> dict:
-    """``confirm`` for a data-parallel profile, from the process that launched its workers
-    (worker 0 wrote ``out/profile.json``): each side launches its own workers. The report is
-    written again with the ladder; returns the result."""
+def _ab(result: dict, argv: list[str], cfg: ProfileConfig, candidates=None) -> None:
+    """The candidate levers tried (unless ``cfg.estimate``) and the verdict advised from
+    them; with ``cfg.confirm`` the bound's proof and the advice once more."""
+    if not cfg.estimate:
+        verdict = result["verdict"]
+        if candidates is None:
+            candidates = [_lever(c) for c in verdict.get("candidates", [])]
+        if any(c.args for c in candidates):
+            print(f"trying the levers for {verdict['rule']}, each beside the run as given "
+                  f"(--estimate skips this):", file=sys.stderr, flush=True)
+        outcomes = ab.try_levers(argv, candidates, rounds=cfg.rounds)
+        if outcomes:
+            v = Verdict(verdict["rule"], verdict["reason"], _lever(verdict["lever"]))
+            advised = advise(v, outcomes)
+            result["verdict"].update(lever=advised.to_dict()["lever"], tried=advised.tried,
+                                     line=advised.line)
+    if cfg.confirm:
+        print("confirming the bound and the advice:", file=sys.stderr, flush=True)
+        result["ladder"] = ab.confirm(argv, result, rounds=cfg.rounds)
+
+
+def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
+    """The A/B runs (``_ab``) of a data-parallel profile, from the process that launched its
+    workers (worker 0 wrote ``out/profile.json``): each side launches its own workers. The
+    report is written again; returns the result."""
     result = json.loads((Path(out) / "profile.json").read_text())
-    result["ladder"] = confirm(argv, result)
+    _ab(result, argv, cfg)
     _write(Path(out), result)
     return result
+
+
+def _lever(d: dict):
+    return Lever(d["text"], d["expect"], tuple(d.get("args") or ()), d.get("speedup"),
+                 d.get("caveat") or "", d.get("measured"))
 
 
 def _measure(u, cfg: ProfileConfig) -> dict:
     device = u.device
     t0 = time.perf_counter()
-    for _ in range(cfg.skip):
+    first = cfg.skip - cfg.skip // 2
+    for _ in range(first):
+        u.update()
+    _sync(device)
+    t1 = time.perf_counter()
+    for _ in range(cfg.skip // 2):
         u.update()
     _sync(device)
     skip_s = time.perf_counter() - t0
+    # The skipped steps' second half, warm: enough steps to last MIN_MEASURE_S.
+    warm = cfg.skip // 2
+    step_s = (time.perf_counter() - t1) / warm if warm else 0.0  # 0: unknown, no extension
     u.phases.take()
     cycle = cycle_steps(u.optimizer)
-    steps = measured_steps(cfg.measure_steps, cycle)
+    wanted = cfg.measure_steps
+    if cycle == 1 and step_s > 0:  # K-FAC's steps: whole cycles of them, as asked
+        wanted = max(wanted, min(MAX_MEASURE_STEPS, int(MIN_MEASURE_S / step_s)))
+    if ddp.active():  # every worker steps as often as worker 0, or the collectives hang
+        wanted = ddp.broadcast_object(wanted)
+    steps = measured_steps(wanted, cycle)
     clock = u.phases
     if cycle > 1:  # steps unalike on a schedule (K-FAC's): each timed, none left to chance
         u.phases = every_step_clock(device)
     else:  # steps alike: the clock's sample, but never none in a short window
         clock.time_next()
+    # Steps alike: a few windows, each timed to a synchronize, so a single process has a
+    # spread too (the A/B runs' noise rule reads it); K-FAC's cycles stay one span.
+    windows = 1 if cycle > 1 else min(MEASURE_WINDOWS, steps)
+    counts = [steps // windows + (i < steps % windows) for i in range(windows)]
+    window_rates, elapsed = [], 0.0
+    watch = MachineWatch(own=job_pids(), device=device).start()
     try:
         samples0 = u.samples
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            u.update()
-        u.phases.step()  # the last step's phases end here, with its work
-        _sync(device)  # note: sync, the measured steps' device work inside the span
-        elapsed = time.perf_counter() - t0
+        for i, n in enumerate(counts):
+            before, t0 = u.samples, time.perf_counter()
+            for _ in range(n):
+                u.update()
+            if i == len(counts) - 1:
+                u.phases.step()  # the last step's phases end here, with its work
+            _sync(device)  # note: sync, the window's device work inside its span
+            seconds = time.perf_counter() - t0
+            elapsed += seconds
+            window_rates.append((u.samples - before) / seconds)
         phases = u.phases.take()
     finally:
         u.phases = clock
     samples = u.samples - samples0
     return {"skip_s": skip_s, "measure_s": elapsed, "measured_steps": steps,
             "cycle_steps": cycle, "samples_per_s": samples / elapsed,
+            "window_rates": window_rates,
+            "stability": Stability(spread(window_rates), watch.stop()).to_dict(),
             "samples_per_step": samples // max(1, steps),
             "phases": phases, "phases_split": u.phases_split}
 
@@ -228,7 +303,8 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "batch_size": trainer.run_info["batch_size"],
                "has_conv": any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
                "unprofiled_samples_per_s": result["samples_per_s"],
-               **cpu_bf16()}
+               "data_kind": dataset_kind(_dataset(trainer.train_loader)),
+               **machine_facts(trainer.updater.device)}
     context.update(_mfu(workload, trainer, accel, result))
     if isinstance(trainer.updater.optimizer, KFAC):
         context.update(kfac_figures(result["phases"], trainer.updater.optimizer,
@@ -236,11 +312,17 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
     return context
 
 
+def _dataset(loader):
+    """The dataset under a loader and the wrappers around it (a prefetcher's ``loader``)."""
+    while loader is not None and not hasattr(loader, "dataset"):
+        loader = getattr(loader, "loader", None)
+    return getattr(loader, "dataset", None)
+
+
 def cpu_bf16() -> dict:
-    """What the verdict needs to know of this CPU's bf16 hardware (``kasoku.perf.cpuinfo``):
-    ``cpu_bf16`` (whether bf16 products run on bf16 units) and ``cpu_bf16_isa`` (which)."""
-    info = cpuinfo.cpu_info()
-    return {"cpu_bf16": info.bf16_hardware, "cpu_bf16_isa": info.bf16_isa}
+    """This CPU's bf16 hardware as the verdict reads it (``window.machine_facts``)."""
+    facts = machine_facts("cpu")
+    return {"cpu_bf16": facts["cpu_bf16"], "cpu_bf16_isa": facts["cpu_bf16_isa"]}
 
 
 def _mfu(workload, trainer, accel, result: dict) -> dict:
@@ -259,7 +341,8 @@ def _mfu(workload, trainer, accel, result: dict) -> dict:
     value, note = compute_mfu(flops, step_s, peak.flops_per_s, dtype)
     key = "mfu" if device.type == "cuda" else "peak_fraction"
     out = {key: value, "mfu_note": note, "flops_per_step": flops, "peak_dtype": dtype,
-           "peak_flops_per_s": peak.flops_per_s}
+           "peak_flops_per_s": peak.flops_per_s, "peak_stable": peak.stable,
+           "peak_spread": peak.spread}
     if device.type == "cpu" and dtype in ("fp32", "bf16"):
         theory = cpuinfo.theoretical_peak(dtype)  # beside the measured one: an honest denominator
         if theory is not None:
@@ -289,60 +372,6 @@ def _python_profile(u, out: Path, steps: int) -> Path:
     return path
 
 
-def confirm(argv: list[str], result: dict) -> list[dict]:
-    """The verdict's experiments, each side a fresh ``kasoku profile --measure-only`` process:
-    the run as given, then each experiment's arguments added (a later flag wins). A row per
-    side: label, samples/s, ratio to the run as given, what the rule predicted, outcome."""
-    base_argv = _without_own(argv)
-    rows = [{"label": "as given", **_measure_side(base_argv)}]
-    base = rows[0].get("samples_per_s")
-    for exp in result["verdict"]["experiments"]:
-        side = _measure_side(base_argv + list(exp["args"]))
-        ratio = side["samples_per_s"] / base if side.get("samples_per_s") and base else None
-        predicted = f">= {MIN_GAIN:.2f}x" if exp["faster"] else f"< {MIN_GAIN:.2f}x"
-        if ratio is None:
-            outcome = f"not measured: {side.get('error', 'failed')}"
-        else:
-            outcome = "confirmed" if (ratio >= MIN_GAIN) == exp["faster"] else "refuted"
-        rows.append({"label": exp["label"], "args": " ".join(exp["args"]), **side,
-                     "ratio": ratio, "expected": predicted, "outcome": outcome})
-    rows[0].update(ratio=1.0, expected="", outcome="")
-    return rows
-
-
-_OWN_FLAGS = {"--confirm": 0, "--python": 0, "--out": 1, "--measure-only": 0}
-
-
-def _without_own(argv: list[str]) -> list[str]:
-    """The ``kasoku profile`` arguments that choose the run (not this profile's outputs)."""
-    kept, skip = [], 0
-    for token in argv:
-        if skip:
-            skip -= 1
-            continue
-        flag = token.split("=", 1)[0]
-        if flag in _OWN_FLAGS:
-            skip = _OWN_FLAGS[flag] if "=" not in token else 0
-            continue
-        kept.append(token)
-    return kept
-
-
-def _measure_side(argv: list[str], timeout_s: float = 900) -> dict:
-    cmd = [sys.executable, "-m", "kasoku", *argv, "--measure-only"]
-    print(f"confirm: kasoku {' '.join(argv)} ...", file=sys.stderr, flush=True)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return {"error": err}
-    data = json.loads(lines[-1])
-    return {"samples_per_s": data["samples_per_s"], "phases": data["phases"]}
-
-
 def _write(out: Path, result: dict) -> None:
     figures = result.get("figures")
     png = None
@@ -357,5 +386,5 @@ def _write(out: Path, result: dict) -> None:
             out / "report.html", title=f"kasoku profile: {result['workload']}",
             verdict=result["verdict"], figures=figures, phases=result["phases"],
             timeline_png=png, ladder=result.get("ladder"), settings=result["settings"],
-            python_profile=result.get("python_profile")))
+            python_profile=result.get("python_profile"), stability=result.get("stability")))
     (out / "profile.json").write_text(json.dumps(result, indent=1, default=str))

@@ -41,6 +41,7 @@ from pathlib import Path
 from kasoku.commands.bench.results import carry_results
 from kasoku.commands.table import print_table
 from kasoku.distributed.launch import WorkersFailed, cpu_cores, run_module
+from kasoku.perf.noise import marked
 
 RESULTS_FILE = "results.jsonl"
 CHART_FILE = "scale.png"
@@ -186,7 +187,8 @@ def print_results(records: list[dict], file=None) -> list[dict]:
     for row in rows:
         r = by_n[row["world_size"]]
         table.append([str(row["world_size"]), str(r["global_batch_size"]),
-                      f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}x",
+                      marked(f"{row['samples_per_s']:,.0f}", r.get("stability")),
+                      f"{row['speedup']:.2f}x",
                       f"{row['efficiency']:.0%}", f"{r['step_ms']:.2f}",
                       f"{r['alone_step_ms']:.2f}", f"{r['exposed_allreduce_ms']:.2f}",
                       f"{row['exposed_pct']:.0f}%", f"{r['allreduce_alone_ms']:.2f}"])
@@ -199,6 +201,13 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                     file=file)
         for row in rows:
             print(row["explanation"], file=file)
+        for r in records:
+            for key, what in (("stability", "data-parallel step"), ("alone_stability",
+                                                                     "step alone")):
+                reasons = (r.get(key) or {}).get("reasons")
+                if reasons:
+                    print(f"unstable (!): {r['world_size']} workers, the {what}: "
+                          f"{'; '.join(reasons)}", file=file)
     return rows
 
 
@@ -219,14 +228,16 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     ax.plot(ns, [row["samples_per_s"] for row in rows], "o-", color="C0", label="measured")
     ax.plot(ns, [n * base for n in ns], "--", color="0.5", label="ideal (N x 1 worker alone)")
     for row in rows:
-        ax.annotate(f"{row['efficiency']:.0%}", (row["world_size"], row["samples_per_s"]),
-                    textcoords="offset points", xytext=(4, -12), fontsize=8)
+        ax.annotate(f"{row['efficiency']:.0%} efficiency", (row["world_size"],
+                    row["samples_per_s"]), textcoords="offset points", xytext=(4, -12),
+                    fontsize=8)
     ax.set_xticks(ns)
     ax.set_xlabel("workers")
     ax.set_ylabel(f"{records[0].get('unit', 'samples')}/s (median window)")
     ax.set_ylim(bottom=0)
+    ax.set_title("throughput; %: efficiency = measured / ideal", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     alone = [by_n[n]["alone_step_ms"] for n in ns]
     exposed = [by_n[n]["exposed_allreduce_ms"] for n in ns]
     labels = [str(n) for n in ns]

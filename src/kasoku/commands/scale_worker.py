@@ -38,6 +38,7 @@ from kasoku.distributed import ddp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import failure_recorded, worker_main
 from kasoku.distributed.world import World
+from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
 from kasoku.perf.sysinfo import environment
 from kasoku.workloads import create_workload
 
@@ -106,6 +107,7 @@ def measure(request: dict, device, world_size: int) -> dict:
         "allreduce_dtype": cfg.allreduce_dtype,
         "settings": {k: request[k] for k in ("steps", "windows", "warmup", "seed")},
         "step_ms": step_ms, "step_ms_windows": wrapped["step_ms_windows"],
+        "stability": wrapped["stability"], "alone_stability": alone["stability"],
         "alone_step_ms": alone_ms, "alone_step_ms_windows": alone["step_ms_windows"],
         "exposed_allreduce_ms": exposed_ms,
         "exposed_allreduce_pct": 100.0 * exposed_ms / step_ms if step_ms else 0.0,
@@ -142,6 +144,7 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     _sync(device)
     warmup_s = time.perf_counter() - t0
     windows = []
+    watch = MachineWatch(own=job_pids(), device=device).start()
     for _ in range(request["windows"]):
         _barrier(device)
         t0 = time.perf_counter()
@@ -151,8 +154,9 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
         done += steps
     slowest = _max_over_ranks(windows, device)
     params = [p for p in getattr(runner, "model", model).parameters() if p.requires_grad]
+    stability = Stability(spread(slowest), watch.stop()).to_dict()
     return {"step_ms": statistics.median(slowest), "step_ms_windows": slowest,
-            "warmup_s": warmup_s}, params
+            "warmup_s": warmup_s, "stability": stability}, params
 
 
 def _time_allreduce(params: list, cfg, device) -> dict:

@@ -170,6 +170,14 @@ def accepts(kind: LoaderKind, dataset) -> bool:
     return True
 
 
+def dataset_kind(dataset) -> str | None:
+    """``"in-memory"``, ``"image-folder"`` or None: which of the ``needs`` ``dataset`` meets."""
+    for needs in ("in-memory", "image-folder"):
+        if accepts(LoaderKind("", None, "", needs=needs), dataset):
+            return needs
+    return None
+
+
 def _check_dataset(kind: LoaderKind, dataset) -> None:
     if accepts(kind, dataset):
         return

@@ -10,12 +10,12 @@ product and restores the previous setting; ``fp32`` forces it off.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
+from kasoku.perf.noise import spread
 from kasoku.perf.sysinfo import cpu_name
 
 PEAK_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
@@ -38,6 +38,11 @@ class PeakResult:
     reps: int
     products_per_rep: int
     threads: int
+    spread: float = 0.0
+    """(max - min) / median of the runs kept (``kasoku.perf.noise.spread``)."""
+    stable: bool = True
+    """Whether the runs agree within ``kasoku.perf.noise.SPREAD_LIMIT``, after up to twice
+    as many runs again where the first ones did not."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,10 +68,11 @@ def measure_matmul_peak(device: str | torch.device, dtype: str, size: int | None
         rates, inner = _measure(device, PEAK_DTYPES[dtype], size, reps)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+    s = spread(rates)
     return PeakResult(dtype=dtype, device=device.type, device_name=_device_name(device),
-                      size=size, flops_per_s=statistics.median(rates),
-                      min_flops_per_s=min(rates), max_flops_per_s=max(rates), reps=reps,
-                      products_per_rep=inner, threads=torch.get_num_threads())
+                      size=size, flops_per_s=s.median, min_flops_per_s=s.min,
+                      max_flops_per_s=s.max, reps=len(rates), products_per_rep=inner,
+                      threads=torch.get_num_threads(), spread=s.spread, stable=s.stable)
 
 
 def _measure(device: torch.device, dtype: torch.dtype, size: int, reps: int):
@@ -84,6 +90,8 @@ def _measure(device: torch.device, dtype: torch.dtype, size: int, reps: int):
             torch.mm(a, b, out=out)
 
     rates = [flops * inner / _timed(device, run) for _ in range(reps)]
+    while not spread(rates).stable and len(rates) < 3 * reps:  # more runs, a bounded few
+        rates.append(flops * inner / _timed(device, run))
     return rates, inner
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from kasoku.commands.bench.compare import SCHEMA, times
 from kasoku.commands.bench.results import read_results
 from kasoku.commands.table import print_table
+from kasoku.train.extensions.plot_report import log_axis
 
 SIDES = (("cpu", "CPU"), ("cuda", "1 GPU"), ("cuda_2", "2 GPUs"))
 
@@ -152,6 +153,15 @@ def latest_lines(out: Path, workloads: list[str]) -> list[dict]:
     return [latest[w] for w in workloads if w in latest]
 
 
+def _device_label(key: str, name: str, lines: list[dict]) -> str:
+    """``CPU: AMD EPYC (2 cores)``, ``1 GPU: NVIDIA H200``: the side's name and its device."""
+    for line in lines:
+        device = (line.get(key) or {}).get("device_name")
+        if device:
+            return f"{name}: {device}"
+    return name
+
+
 def plot_compare(lines: list[dict], path: Path) -> Path | None:
     """Seed 001's comparison as bars: per workload, the epoch time on the CPU, 1 GPU and 2
     GPUs (where measured), log scale; None when no epoch time is known."""
@@ -161,28 +171,39 @@ def plot_compare(lines: list[dict], path: Path) -> Path | None:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    sides = [(k, n) for k, n in SIDES if any(line.get(k) for line in plotted)]
+    sides = [(k, _device_label(k, n, plotted)) for k, n in SIDES
+             if any((line.get(k) or {}).get("epoch_s") for line in plotted)]
     fig = Figure(figsize=(max(6.4, 1.8 * len(plotted) + 1.5), 4.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    width = 0.8 / len(sides)
-    for i, (key, name) in enumerate(sides):
-        xs, heights, labels = [], [], []
-        for j, line in enumerate(plotted):
-            side = line.get(key) or {}
-            if side.get("epoch_s"):
-                xs.append(j - 0.4 + width * (i + 0.5))
-                heights.append(side["epoch_s"])
-                labels.append(_epoch(side))
-        bars = ax.bar(xs, heights, width, label=name, color=f"C{i}")
-        for bar, label in zip(bars, labels):
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center",
-                    va="bottom", fontsize=7)
+    width = min(0.4, 0.8 / len(sides))
+    drawn, top = set(), max(line[k]["epoch_s"] for line in plotted for k, _ in SIDES
+                            if (line.get(k) or {}).get("epoch_s"))
+    for j, line in enumerate(plotted):
+        # The bars a workload has, centred on its tick: one bar reads as well as three.
+        here = [(i, key, name) for i, (key, name) in enumerate(sides)
+                if (line.get(key) or {}).get("epoch_s")]
+        for k, (i, key, name) in enumerate(here):
+            side = line[key]
+            x = j + width * (k - (len(here) - 1) / 2)
+            bar, = ax.bar([x], [side["epoch_s"]], width, color=f"C{i}",
+                          label=None if name in drawn else name)
+            drawn.add(name)
+            ax.text(x, side["epoch_s"], _epoch(side), ha="center", va="bottom", fontsize=7)
+        if line.get("speedup"):  # above the group's tallest bar and its label
+            high = max(line[k]["epoch_s"] for _, k, _ in here)
+            ax.annotate(f"GPU x{line['speedup']:.0f}" if line["speedup"] >= 10
+                        else f"GPU x{line['speedup']:.1f}", (j, high), xytext=(0, 14),
+                        textcoords="offset points", ha="center", fontsize=8, weight="bold")
     ax.set_yscale("log")
+    low, _ = ax.get_ylim()
+    ax.set_ylim(low, top * 6)  # room for the labels above the tallest bar
+    log_axis(ax)
+    ax.set_xlim(-0.6, len(plotted) - 0.4)
     ax.set_xticks(range(len(plotted)), [line["workload"] for line in plotted], fontsize=8)
     ax.set_ylabel("seconds per epoch (extrapolated)")
     ax.set_title("one epoch on each device at its best rung (log scale; * a shortened timed "
-                 "window)", fontsize=9)
+                 "window; bold: the GPU's speed-up over the CPU)", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     path = Path(path)

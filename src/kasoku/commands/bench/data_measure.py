@@ -25,6 +25,7 @@ from kasoku.data.parallel_loader import ProcessLoader
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import create_loader, parse_loader_spec
 from kasoku.perf import cpu
+from kasoku.perf.noise import MachineWatch, Stability, spread
 from kasoku.workloads import create_workload
 
 
@@ -113,12 +114,15 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
         figures["warmup_s"] = _wall(device, lambda: _take(loader, req.warmup))[1]
         start = (getattr(loader, "epoch", None), getattr(loader, "position", None))
         pids = [os.getpid(), *_worker_pids(loader)]
+        watch = MachineWatch(own=pids, device=device).start()
         cpu_before, t0 = cpu.cpu_seconds(pids), time.perf_counter()
         spans = [_wall(device, lambda: _take(loader, req.batches)) for _ in range(req.windows)]
         wall_s = time.perf_counter() - t0
         cores = min(cpu.busy_cores(cpu_before, cpu.cpu_seconds(pids), wall_s), cpu.usable_cores())
         images = [n for n, _ in spans]
         figures["images_per_s"] = _rates(images, [s for _, s in spans])
+        figures["stability"] = Stability(spread([n / s for n, s in spans]),
+                                         watch.stop()).to_dict()
         per_image = _delivered_bytes(loader, start, req.windows * req.batches,
                                      source.sample_bytes) / sum(images)
         figures.update(mb_per_s=figures["images_per_s"]["median"] * per_image / 1e6,

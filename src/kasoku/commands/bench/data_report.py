@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
+from kasoku.perf.noise import marked
 
 RESULTS_FILE = "data_bench.jsonl"
 CHART_FILE = "data_bench.png"
@@ -57,7 +58,8 @@ def print_data_bench(records: list[dict], file=None) -> None:
                          r["error"][:60], *["-"] * (len(headers) - 5)])
             continue
         rate = f["images_per_s"]
-        row = [r["source_label"], r["loader"], str(r["batch_size"]), f"{rate['median']:,.0f}",
+        row = [r["source_label"], r["loader"], str(r["batch_size"]),
+               marked(f"{rate['median']:,.0f}", f.get("stability")),
                f"{rate['min']:,.0f}-{rate['max']:,.0f}", f"{f['mb_per_s']:,.1f}",
                f"{f['cpu_cores']:.2f} ({f['cpu_percent']:.0f}%)", f"{f['first_batch_s']:.2f} s"]
         if with_model:
@@ -71,7 +73,13 @@ def print_data_bench(records: list[dict], file=None) -> None:
     for bs, model in sorted(models.items()):
         title += (f"; {model['model']['workload']} on synthetic on-device batches of {bs}: "
                   f"{model['figures']['model_synthetic_images_per_s']['median']:,.0f} {per}")
-    print_table(headers, rows, title=title + f"  [{per}: median of the windows]", file=file)
+    print_table(headers, rows, title=title + f"  [{per}: median of the windows, ! unstable]",
+                file=file)
+    for r in records:
+        reasons = ((r.get("figures") or {}).get("stability") or {}).get("reasons")
+        if r["status"] == "ok" and reasons:
+            print(f"unstable (!): {r['source_label']} {r['loader']} bs {r['batch_size']}: "
+                  f"{'; '.join(reasons)}", file=file)
 
 
 def _processes(loader: str) -> tuple[str, int]:

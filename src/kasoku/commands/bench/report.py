@@ -5,6 +5,7 @@ from pathlib import Path
 
 from kasoku.accel.loader_cores import describe
 from kasoku.commands.bench.results import median_rate, read_results
+from kasoku.commands.bench.verdicts import amended
 from kasoku.commands.table import print_table
 from kasoku.perf.cpuinfo import describe_peak
 
@@ -37,16 +38,37 @@ def _grid(records: list[dict]):
     return rungs, sizes, cells
 
 
+def unstable(record: dict) -> bool:
+    """Whether a run's rate is marked unstable (``kasoku.perf.noise``)."""
+    return not ((record.get("figures") or {}).get("stability") or {}).get("stable", True)
+
+
+def within_noise(a: dict, b: dict) -> bool:
+    """Whether two runs' window ranges meet: their difference is no result."""
+    s, t = a["figures"]["samples_per_s"], b["figures"]["samples_per_s"]
+    return s["min"] <= t["max"] and t["min"] <= s["max"]
+
+
+def speedup_text(record: dict, plain: dict | None) -> str:
+    """``x1.52`` over plain at the same batch size, ``~x1.02`` where the two ranges meet (no
+    claim), "" without a plain rate."""
+    base = median_rate(plain) if plain is not None and plain["status"] == "ok" else None
+    if not base:
+        return ""
+    noisy = plain is not record and within_noise(record, plain)
+    return f"{'~' if noisy else ''}x{median_rate(record) / base:.2f}"
+
+
 def _cell(record: dict | None, plain: dict | None) -> str:
     if record is None:
         return "-"
     if record["status"] != "ok":
         return record["status"].upper() if record["status"] == "oom" else record["status"]
     rate = median_rate(record)
-    text = f"{rate:,.0f}"
-    base = median_rate(plain) if plain is not None else None
-    if base:
-        text += f" x{rate / base:.2f}"
+    text = f"{rate:,.0f}" + ("!" if unstable(record) else "")
+    ratio = speedup_text(record, plain)
+    if ratio:
+        text += f" {ratio}"
     mfu = record["figures"].get("mfu")
     if mfu is not None:
         text += f" {100 * mfu:.0f}%"
@@ -82,15 +104,18 @@ def bottleneck(runs: list[dict]) -> str:
 
 def verdict_lines(records: list[dict]) -> list[str]:
     """What goes under the table: ``RUNG (bs N): LINE`` for each rung and rule it got, at the
-    largest batch size of that rule (the others are in results.jsonl); for a rung never
-    judged, why (its profiled window failed, or its verdict could not be judged)."""
+    largest batch size of that rule (the others are in results.jsonl), with what the next rung
+    measured of its advice (``verdicts.amended``); for a rung never judged, why (its profiled
+    window failed, or its verdict could not be judged)."""
     rungs, sizes, cells = _grid(records)
     lines = []
-    for rung in rungs:
+    for i, rung in enumerate(rungs):
         runs = [cells[(rung, bs)] for bs in sizes if (rung, bs) in cells]
         latest = {_rule(r): r for r in runs if _rule(r)}  # sizes ascend: the largest wins
         for r in latest.values():
-            lines.append(f"{rung} (bs {r['batch_size']}): {r['verdict']['line']}")
+            following = next((cells[(q, r["batch_size"])] for q in rungs[i + 1:]
+                              if (q, r["batch_size"]) in cells), None)
+            lines.append(f"{rung} (bs {r['batch_size']}): {amended(r, following)}")
         if latest:
             continue
         for r in reversed(runs):
@@ -130,6 +155,19 @@ def slower_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def unstable_lines(records: list[dict]) -> list[str]:
+    """``RUNG (bs N): why`` for each run whose rate is marked unstable (``!``)."""
+    return [f"{r['rung']} (bs {r['batch_size']}): "
+            + "; ".join(r["figures"]["stability"].get("reasons") or ["unstable"])
+            for r in records if r["status"] == "ok" and unstable(r)]
+
+
+def busy_core_lines(records: list[dict]) -> list[str]:
+    """The cores other processes kept busy when the runs started (``apply_cpu_threads``)."""
+    notes = [((r.get("settings") or {}).get("cpu_threads") or {}).get("note") for r in records]
+    return list(dict.fromkeys(n for n in notes if n))
+
+
 def threads_label(records: list[dict]) -> str | None:
     """``2 threads (1 inter-op), one per physical core`` from the runs' records (CPU)."""
     for r in records:
@@ -160,7 +198,10 @@ def peak_lines(records: list[dict]) -> list[str]:
             continue
         seen.add(peak["dtype"])
         line = (f"{peak['dtype']} peak: measured {peak['flops_per_s'] / 1e12:.2f} TFLOP/s "
-                f"({peak['size']}^3)")
+                f"({peak['size']}^3, {peak.get('min_flops_per_s', 0) / 1e12:.2f}-"
+                f"{peak.get('max_flops_per_s', 0) / 1e12:.2f} over {peak.get('reps')} runs"
+                + ("" if peak.get("stable", True) else ", unstable: MFU against it is rough")
+                + ")")
         theory = peak.get("theory")
         if theory:
             line += (f"; first principles {describe_peak(theory)}; "
@@ -187,9 +228,12 @@ def print_ladder(records: list[dict], title: str | None = None, file=None) -> No
     headers = ["rung", *[f"bs {bs}" for bs in sizes], "bottleneck", "numerics"]
     threads = threads_label(records)
     title = ((title or "") + (f", {threads}" if threads else "")
-             + f"  [cells: {unit(records)} median, x speed-up vs plain, MFU]")
+             + f"  [cells: {unit(records)} median (! unstable), x speed-up vs plain (~x: "
+               f"within the windows' range of plain's), MFU]")
     print_table(headers, rows, title=title.strip(), file=file)
-    for heading, lines in (("peaks (MFU's denominators):", peak_lines(records)),
+    for heading, lines in (("unstable figures (!):", unstable_lines(records)),
+                           ("busy cores:", busy_core_lines(records)),
+                           ("peaks (MFU's denominators):", peak_lines(records)),
                            ("loader cores:", loader_core_lines(records)),
                            ("skipped rungs:", skip_lines(records)),
                            ("slower than the rung above:", slower_lines(records)),
@@ -228,7 +272,7 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
     top = max([median_rate(r) or 0.0 for r in records] + [1.0])
     colors = rung_colors(len(rungs))
     for i, rung in enumerate(rungs):
-        xs, heights, errs, hatches = [], [], [[], []], []
+        xs, heights, errs, hatches, labels, ceilings = [], [], [[], []], [], [], []
         for j, bs in enumerate(sizes):
             x = j - 0.4 + width * (i + 0.5)
             record = cells.get((rung, bs))
@@ -243,19 +287,32 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
             heights.append(rate)
             errs[0].append(rate - s["min"])
             errs[1].append(s["max"] - rate)
-            hatches.append(record.get("numerics", {}).get("status") == "FAIL")
+            ceilings.append(s["max"] + top * 0.01)
+            hatches.append("FAIL" if record.get("numerics", {}).get("status") == "FAIL"
+                           else "unstable" if unstable(record) else None)
+            labels.append(speedup_text(record, cells.get(("plain", bs))))
         bars = ax.bar(xs, heights, width, yerr=errs, capsize=2, label=rung, color=colors[i])
-        for bar, failed in zip(bars, hatches):
-            if failed:
+        for bar, mark, label, ceiling in zip(bars, hatches, labels, ceilings):
+            x = bar.get_x() + bar.get_width() / 2
+            if label and rung != "plain":  # the speed-up over plain, above the whisker
+                many = len(rungs) > 4
+                ax.text(x, ceiling, label, rotation=90 if many else 0,
+                        ha="center", va="bottom", fontsize=6 if many else 8)
+            if mark == "FAIL":
                 bar.set_hatch("xx")
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), "FAIL",
-                        ha="center", va="bottom", fontsize=7, color="red")
-    ax.set_xticks(range(len(sizes)), [f"bs:{bs}" for bs in sizes])
+                ax.text(x, bar.get_height(), "FAIL", ha="center", va="bottom", fontsize=7,
+                        color="red")
+            elif mark == "unstable":
+                bar.set_hatch("//")
+    ax.set_xticks(range(len(sizes)), [str(bs) for bs in sizes])
     ax.set_xlim(-0.5, len(sizes) - 0.5)  # also where only OOM labels stand
+    ax.set_xlabel("batch size")
     ax.set_ylabel(unit(records).capitalize())
-    ax.set_title(f"{title}\nbars: median, whiskers: min-max of the timed windows", fontsize=9)
+    ax.set_title(f"{title}\nbars: median, whiskers: min-max of the timed windows; above each "
+                 f"bar its speed-up over plain (~: within the noise); hatched //: unstable",
+                 fontsize=8)
     ax.legend(fontsize=7, ncols=min(4, max(1, len(rungs))), loc="upper left")
-    ax.set_ylim(0, top * 1.25)
+    ax.set_ylim(0, top * 1.3)
     ax.grid(axis="y", alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 import torch
 
 from kasoku.commands.bench.pool import Batch, cycle
+from kasoku.perf.noise import spread
 
 Runner = Callable[[list[Batch]], torch.Tensor]
 
@@ -72,6 +73,30 @@ def measure_windows(runner: Runner, pool: list[Batch] | None, device: torch.devi
         loss, seconds = timed(device, lambda: runner(span))
         m.window_s.append(seconds)
     return m, loss
+
+
+EXTRA_WINDOWS = 2
+"""Unstable windows are followed by up to this many times as many windows again..."""
+EXTRA_BUDGET_S = 20.0
+"""... within this many seconds (and never more than the windows asked for took, twice)."""
+
+
+def settle(runner: Runner, device: torch.device, m: Measurement, start: int,
+           batches: Callable[[int, int], Iterable[Batch]]) -> int:
+    """While ``m``'s windows disagree (``kasoku.perf.noise.spread``), time more windows of
+    the same steps, up to ``EXTRA_WINDOWS`` x the windows taken and within a bounded time;
+    returns how many were added. From 6 windows on the fastest and slowest are left out of
+    the spread, so a window disturbed once no longer decides it."""
+    asked, budget = len(m.window_s), min(EXTRA_BUDGET_S, 2 * sum(m.window_s))
+    added, spent = 0, 0.0
+    while (not spread(m.samples_per_s).stable and added < EXTRA_WINDOWS * asked
+           and spent < budget):
+        steps = m.steps_per_window
+        span = batches(steps, start + (asked + added) * steps)
+        _, seconds = timed(device, lambda: runner(span))
+        m.window_s.append(seconds)
+        added, spent = added + 1, spent + seconds
+    return added
 
 
 def graph_replay_ms(fn: Callable[[], object], replays: int = 20, windows: int = 5,

@@ -39,11 +39,12 @@ from kasoku.commands.bench.numerics import DEFAULT_STEPS
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.bench.runner import make_runner
-from kasoku.commands.bench.timing import measure_windows, timed
+from kasoku.commands.bench.timing import measure_windows, settle, timed
 from kasoku.commands.profile import cpu_bf16, unprofiled_shares
 from kasoku.core.phases import NoClock, markable, no_mark
 from kasoku.core.queues import request_queues
 from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
+from kasoku.perf.noise import MachineWatch, Stability, spread
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile.kernels import profile_steps
 from kasoku.perf.profile.window import Window
@@ -105,6 +106,7 @@ def run(req: WorkerRequest) -> dict:
                      "warmup_steps": req.warmup, "numerics_steps": req.numerics_steps,
                      "seed": req.seed, "pool_batches": req.pool_batches,
                      "cpu_threads": cpu_threads,
+                     "watch_cpus": sorted(affinity) if affinity else None,
                      "optimizer": wl.recipe.optimizer, "lr": wl.recipe.lr,
                      "momentum": wl.recipe.momentum, "weight_decay": wl.recipe.weight_decay},
         "env": environment(device), "status": "error", "error": None, "notes": [],
@@ -192,17 +194,21 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
         _, warm_s = timed(device, lambda: runner(batches(req.warmup, done)))
         done += req.warmup
     figures["warmup_s"] = first_s + rest_s + warm_s
+    watch = MachineWatch(cpus=record["settings"].get("watch_cpus"), device=device).start()
     m, loss = measure_windows(runner, None, device, req.batch_size, req.steps, req.windows,
                               start=done, batches=batches)
+    extra = settle(runner, device, m, done, batches)
     figures.update(m.figures())
+    figures["stability"] = Stability(spread(m.samples_per_s), watch.stop(), extra).to_dict()
     figures["final_loss"] = float(loss)
+    done += req.steps * len(m.window_s)
     if req.kernels:
-        start = done + req.steps * req.windows
+        start = done
         split = profile_steps(lambda: runner(batches(req.kernels, start)), device,
                               steps=req.kernels)
         figures["kernels"] = split.to_dict(top=10)
     if req.profile_steps:
-        start = done + req.steps * req.windows + req.kernels
+        start = done + req.kernels
         figures["profile"] = _profile(req, runner, batches, start, device, has_conv2d(model),
                                       figures["step_time_ms"]["median"])
 

@@ -45,21 +45,25 @@ pre { font-size: 12px; overflow-x: auto; background: #f7f7f7; padding: 0.5em; }
 
 def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict | None,
                  timeline_png: Path | None, ladder: list[dict] | None, settings: dict,
-                 python_profile: Path | None = None) -> Path:
+                 python_profile: Path | None = None, stability: dict | None = None) -> Path:
     """Write the report to ``path`` and return it as a ``Path``. ``verdict``:
     ``Verdict.to_dict()``; ``figures``: ``trace.analyse``'s dict plus the context keys
     (``mfu`` a fraction, ``mem_peak_gib``, ...); ``phases``: ``phases.summarize``'s dict
     (None: not timed); ``timeline_png``: embedded when given and present; ``ladder``: the
     rows of ``--confirm`` (``label``, ``samples_per_s``, ``ratio``, ``expected``,
     ``outcome``); ``settings``: shown as key/value pairs; ``python_profile``: pyinstrument's
-    HTML page, linked, with its text form (the ``.txt`` beside it) shown."""
+    HTML page, linked, with its text form (the ``.txt`` beside it) shown; ``stability``: the
+    unprofiled throughput's (``kasoku.perf.noise.Stability.to_dict``)."""
     parts = [f"<h1>{_esc(title)}</h1>", _verdict(verdict)]
+    if verdict.get("tried"):
+        parts += ["<h2>The levers tried</h2>", _tried(verdict["tried"])]
     if ladder:
-        parts += ["<h2>What was tried</h2>", _ladder(ladder)]
-    parts += ["<h2>Figures</h2>", _table(["figure", "value"], _figure_rows(figures))]
+        parts += ["<h2>--confirm: the bound's proof, and the advice again</h2>", _ladder(ladder)]
+    parts += ["<h2>Figures</h2>", _table(["figure", "value"],
+                                         _figure_rows(figures) + _noise_rows(stability))]
     parts += _timeline(timeline_png, figures.get("device") == "cpu")
     parts += _phase_tables(phases, figures)
-    kinds = figures.get("by_kind_ms") or {}
+    kinds = {k: v for k, v in (figures.get("by_kind_ms") or {}).items() if v > 0}
     if kinds:
         parts += ["<h2>Time by kind</h2>",
                   _table(["kind", "ms/step"], [(k, _num(v)) for k, v in kinds.items()])]
@@ -163,7 +167,8 @@ def _figure_rows(f: dict) -> list[tuple[str, str]]:
     add("device idle: waiting for data", "idle_data_pct", "%")
     add("device idle: waiting for the host to launch", "idle_host_pct", "%")
     add("device idle: other (dependencies, syncs)", "idle_other_pct", "%")
-    add("collectives", "comm_pct", "%")
+    if f.get("comm_pct"):  # one process has none to show
+        add("collectives", "comm_pct", "%")
     add("host busy per step", "host_ms", " ms")
     add("host blocked in syncs per step", "host_blocked_ms", " ms")
     add("host in the loader per step", "host_data_ms", " ms")
@@ -186,6 +191,24 @@ def _figure_rows(f: dict) -> list[tuple[str, str]]:
     add("recompilations", "recompiles")
     add("profiled steps", "steps")
     return rows
+
+
+def _noise_rows(stability: dict | None) -> list[tuple[str, str]]:
+    if not stability:
+        return []
+    rows = [("samples/s (unprofiled): windows", f"{_num(stability['min'])} to "
+             f"{_num(stability['max'])} over {stability['n']} windows")]
+    for reason in stability.get("reasons") or []:
+        rows.append(("unstable", reason))
+    return rows
+
+
+def _tried(tried: list[dict]) -> str:
+    """The candidate levers as measured beside the run as given, fastest first."""
+    rows = [(" ".join(t["args"]), f"x{t['ratio']:.2f}" if t.get("ratio") else "-",
+             f"{100 * t['noise']:.0f}%" if t.get("noise") is not None else "-",
+             t.get("result", ""), t.get("caveat") or "") for t in tried]
+    return _table(["lever", "ratio (median)", "noise", "result", "note"], rows)
 
 
 def _phase_tables(phases: dict | None, f: dict) -> list[str]:
@@ -230,7 +253,7 @@ def _ladder(rows: list[dict]) -> str:
     refuted)."""
     with_args = any(r.get("args") for r in rows)
     headers = ["run", *(["arguments"] if with_args else []), "samples/s", "ratio",
-               "expected", "outcome"]
+               "expected", "outcome", "proves"]
     body = []
     for r in rows:
         ratio = r.get("ratio")
@@ -241,7 +264,8 @@ def _ladder(rows: list[dict]) -> str:
                  ("num", _esc(_num(r.get("samples_per_s")))),
                  ("num", _esc(f"x{ratio:.2f}" if ratio is not None else "-")),
                  ("", _esc(r.get("expected") or "")),
-                 (word if word in ("confirmed", "refuted") else "", _esc(outcome))]
+                 (word if word in ("confirmed", "refuted") else "", _esc(outcome)),
+                 ("", _esc(r.get("proves") or ""))]
         body.append("<tr>" + "".join(f"<td class=\"{c}\">{text}</td>" if c else
                                      f"<td>{text}</td>" for c, text in cells) + "</tr>")
     head = "".join(f"<th>{_esc(h)}</th>" for h in headers)

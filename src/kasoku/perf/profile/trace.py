@@ -282,7 +282,10 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
         by_name[d.name][0] += d.dur
         by_name[d.name][1] += 1
         phase_device[_phase_of(d, launch_time, graph_corr, phase_at)] += d.dur
-    comm = sum(d.dur for d in work if "nccl" in d.name.lower())
+    # The union of the collectives' kernels (two streams' at once count once): a share of
+    # the step's wall time, never above it.
+    comm = sum(b - a for a, b in merge([(max(d.start, start), min(d.end, end)) for d in work
+                                        if "nccl" in d.name.lower() and d.end > start]))
     kernel_time = sum(by_kind.values()) or 1.0
     host_busy = max(0.0, (host_end - host_start) - waiting)
     result.update(

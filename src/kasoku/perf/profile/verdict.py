@@ -1,32 +1,28 @@
-"""The bottleneck verdict: one line, with its numbers, and the next lever with its expected
-effect -- seed 004's reading of a timeline ("the GPU waits between kernels", "CPU time > GPU
-time per step", "IO overlaps now, but the CPU still can't keep up") made a rule.
+"""The bottleneck verdict: one line, with its numbers, and the levers to try -- seed 004's
+reading of a timeline ("the GPU waits between kernels", "CPU time > GPU time per step", "IO
+overlaps now, but the CPU still can't keep up") made a rule.
 
 ``RULES`` is the table: each ``Rule`` has its thresholds as data, a test over the figures of
 ``kasoku.perf.profile.trace.analyse`` (plus the run's context: its levers, loader, MFU), the
-sentence it says and the lever it suggests. The first rule whose test passes is the verdict;
-the others that pass are listed as secondary, with any other cause that takes at least
-``SECONDARY_PCT`` of the step (``SHARES``). ``--confirm`` runs the rule's experiments
-(``Experiment``): each a change of the command line and what throughput should do.
+sentence it says and the levers that apply to it (``kasoku.perf.profile.levers``). The first
+rule whose test passes is the verdict; the others that pass are listed as secondary, with any
+other cause that takes at least ``SECONDARY_PCT`` of the step (``SHARES``).
+
+A bound is claimed only from figures: compute-bound needs most of the time in matrix products
+and a real share of the measured peak (a CPU step at 3% of its peak is not compute-bound:
+its products are too small, ``latency-bound``); no rule fires by default. The verdict's lever
+is an estimate until ``kasoku.perf.profile.advice`` has measured the candidates; ``--confirm``
+runs the rule's experiments (``Experiment``), which prove the bound, and measures the advice
+again.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kasoku.perf.profile import levers as lv
 from kasoku.perf.profile.kfac_cost import ms
-
-
-@dataclass(frozen=True)
-class Lever:
-    text: str
-    """What to do, as the flags to add (``--cuda-graph``) or a sentence."""
-    expect: str
-    """The expected effect (``~2x``, ``none: ...``)."""
-    args: tuple[str, ...] = ()
-    """Command-line arguments that apply it (for ``--confirm``); () when none can."""
-    speedup: float | None = None
-    """The expected throughput ratio, where one can be estimated."""
+from kasoku.perf.profile.levers import Lever
 
 
 @dataclass(frozen=True)
@@ -48,15 +44,33 @@ class Rule:
     """``test(figures, thresholds)``."""
     say: Callable[[dict], str]
     """The reason with its numbers, from the figures."""
-    lever: Callable[[dict], Lever]
+    candidates: Callable[[dict], list[Lever]]
+    """The levers to try for it on this run, best first (``kasoku.perf.profile.levers``)."""
+    fallback: Callable[[dict], Lever]
+    """What to say when no candidate applies (or none measured faster)."""
     experiments: Callable[[dict], list[Experiment]] = lambda f: []
+    """What ``--confirm`` runs to prove the bound itself (not the advice)."""
     family: str = ""
     """The kind of bound it is a case of ("device-bound" for compute- and memory-bound)."""
+
+    def lever(self, f: dict) -> Lever:
+        """The lever advised before anything is measured: the first candidate (an
+        estimate), else the fallback."""
+        return next(iter(self.candidates(f)), None) or self.fallback(f)
 
 
 MIN_GAIN = 1.10
 """A confirming experiment predicted faster must gain at least 10%; one predicted not faster
 must gain less than that."""
+MATMUL_SHARE = 50.0
+"""% of the device's (or the CPU's operators') time in matrix products that makes a step
+compute-bound, with a real share of the peak."""
+CPU_PEAK_SHARE = 0.2
+"""Below this fraction of the measured matmul peak, a CPU step's products are too small to be
+its bound (latency-bound); at or above it, with ``MATMUL_SHARE``, compute-bound."""
+SMALL_OP_US = 30.0
+"""A CPU step whose operators average less than this (self time) is made of small operators:
+their fixed cost and the threads' synchronization dominate."""
 
 
 @dataclass
@@ -67,92 +81,68 @@ class Verdict:
     lever: Lever
     experiments: list[Experiment] = field(default_factory=list)
     secondary: list[str] = field(default_factory=list)
+    candidates: list[Lever] = field(default_factory=list)
+    """The levers that apply, to be measured (the verdict's lever is the best measured)."""
+    tried: list[dict] = field(default_factory=list)
+    """The candidates as measured (``advice.Outcome.to_dict``), best first."""
 
     @property
     def line(self) -> str:
-        return f"{self.rule}: {self.reason} -> {self.lever.text} (expect {self.lever.expect})"
+        expect = f" ({self.lever.expect})" if self.lever.expect else ""
+        return f"{self.rule}: {self.reason} -> {self.lever.text}{expect}"
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "reason": self.reason, "line": self.line,
-                "lever": {"text": self.lever.text, "expect": self.lever.expect,
-                          "args": list(self.lever.args), "speedup": self.lever.speedup},
+                "lever": _lever_dict(self.lever),
+                "candidates": [_lever_dict(c) for c in self.candidates],
+                "tried": list(self.tried),
                 "experiments": [{"label": e.label, "args": list(e.args), "faster": e.faster}
                                 for e in self.experiments],
                 "secondary": list(self.secondary)}
 
 
-# --- context helpers: what the run already has ---------------------------------------------
-
-def _cfg(f: dict) -> dict:
-    return f.get("config") or {}
-
-
-def _synthetic(f: dict) -> tuple[str, ...]:
-    """Arguments that feed the step synthetic batches from the device (no loading, no copy):
-    a set small enough to be held whole, of whole batches (at least two and 512 samples: an
-    epoch's last, partial batch would run outside a CUDA graph, measured 2x slower on a
-    0.26 ms MNIST step)."""
-    batch = int(f.get("batch_size") or 1)
-    size = batch * max(2, -(-512 // batch))
-    return ("--synthetic", "--synthetic-size", str(size), "--loader", "device")
+def _lever_dict(lever: Lever) -> dict:
+    return {"text": lever.text, "expect": lever.expect, "args": list(lever.args),
+            "speedup": lever.speedup, "caveat": lever.caveat, "measured": lever.measured}
 
 
-def _batch_x2(f: dict) -> tuple[str, ...]:
-    return ("--batch-size", str(2 * int(f.get("batch_size") or 1)))
+# --- the figures the rules read ------------------------------------------------------------
+
+def _pct(x) -> str:
+    return f"{x:.0f}%"
 
 
-def _speedup_from_idle(idle_pct: float, cap: float = 4.0) -> float:
-    return min(cap, 100.0 / max(1.0, 100.0 - idle_pct))
+def _mean_kernel_us(f: dict) -> float:
+    n = f.get("kernels_per_step", 0.0)
+    return 1e3 * f.get("device_ms", 0.0) / n if n else 0.0
 
 
-# --- the rules ------------------------------------------------------------------------------
-
-def _input_lever(f: dict) -> Lever:
-    gain = _speedup_from_idle(f["data_pct"])
-    loader = (f.get("loader") or "serial").split(":")[0]
-    if loader in ("serial", "threads"):
-        return Lever("load in worker processes: --loader multiprocess (JPEG folders on a GPU: "
-                     "--loader gpu-jpeg)", f"up to ~{gain:.1f}x", ("--loader", "multiprocess"),
-                     gain)
-    return Lever("more loader workers (--loader KIND:N), smaller images, or faster storage",
-                 f"up to ~{gain:.1f}x", (), gain)
+def _mean_op_us(f: dict) -> float:
+    n = f.get("ops_per_step", 0.0)
+    return 1e3 * f.get("operator_ms", 0.0) / n if n else 0.0
 
 
-def _host_lever(f: dict) -> Lever:
-    gain = _speedup_from_idle(f.get("idle_host_pct", 0.0) + f.get("idle_other_pct", 0.0))
-    cfg = _cfg(f)
-    if f.get("device") == "cuda" and not cfg.get("cuda_graph"):
-        return Lever("capture the step as a CUDA graph: --cuda-graph", f"~{gain:.1f}x",
-                     ("--cuda-graph",), gain)
-    return Lever(f"a larger batch per launch: {' '.join(_batch_x2(f))}",
-                 "more samples per second at the same launches", _batch_x2(f), None)
+def _cpu_matmul_pct(f: dict) -> float:
+    total = f.get("operator_ms", 0.0)
+    return 100 * f.get("by_kind_ms", {}).get("conv/matmul", 0.0) / total if total else 0.0
 
 
-def _compute_lever(f: dict) -> Lever:
-    cfg = _cfg(f)
-    precision = cfg.get("precision", "fp32")
-    if f.get("device") == "cuda" and precision in ("fp32", "tf32"):
-        return Lever("tensor cores in bf16: --precision bf16", "~2x", ("--precision", "bf16"),
-                     2.0)
-    if f.get("has_conv") and not cfg.get("channels_last"):
-        return Lever("NHWC for tensor-core convolutions: --channels-last", "~1.3x",
-                     ("--channels-last",), 1.3)
-    mfu = f.get("mfu")
-    at = f" at {100 * mfu:.0f}% MFU" if mfu else ""
-    return Lever(f"no cheap lever left{at}: the step is in the math", "none", (), None)
+def _peak(f: dict) -> str:
+    share = f.get("peak_fraction")
+    return (f", {100 * share:.0f}% of its measured {f.get('peak_dtype', 'fp32')} peak"
+            if share is not None else "")
 
 
-def _memory_lever(f: dict) -> Lever:
-    cfg = _cfg(f)
-    if not cfg.get("compile"):
-        return Lever("fuse the element-wise kernels: --compile", "~1.3x", ("--compile",), 1.3)
-    if f.get("has_conv") and cfg.get("channels_last") and not cfg.get("fused_bn"):
-        return Lever("batch norm + ReLU as kasoku's fused kernels: --fused-bn", "~1.1x",
-                     ("--fused-bn",), 1.1)
-    kinds = {k: v for k, v in f.get("by_kind_ms", {}).items() if k != "conv/matmul"}
-    top = max(kinds, key=kinds.get) if kinds else "other"
-    return Lever(f"no cheap lever left: the time is in memory-bound kernels ({top}: "
-                 f"{kinds.get(top, 0.0):.1f} ms/step)", "none", (), None)
+def _mfu(f: dict) -> str:
+    return f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu") else ""
+
+
+def _gpu(f: dict) -> bool:
+    return f.get("device") == "cuda"
+
+
+def _cpu(f: dict) -> bool:
+    return f.get("device") == "cpu"
 
 
 def _host_reason(f: dict) -> str:
@@ -164,39 +154,13 @@ def _host_reason(f: dict) -> str:
                if host_slower else ""))
 
 
-def _proof(lever: Callable[[dict], Lever]):
-    """The experiments of a step bound by the host or the device: synthetic data does not
-    help it; the lever does, or, with none left, neither does a larger batch (the device is
-    full)."""
-    def experiments(f: dict) -> list[Experiment]:
-        chosen = lever(f)
-        last = Experiment(chosen.text.split(": ")[-1], chosen.args, True) if chosen.args \
-            else Experiment(f"batch x2 ({_batch_x2(f)[1]})", _batch_x2(f), False)
-        return [Experiment("synthetic data on the device", _synthetic(f), False), last]
-    return experiments
+def _cpu_ops(f: dict) -> str:
+    return (f"the CPU spends {_pct(f.get('operator_pct', 0.0))} of the step in "
+            f"{f.get('ops_per_step', 0):.0f} operators per step (mean {_mean_op_us(f):.0f} us), "
+            f"{_pct(_cpu_matmul_pct(f))} of their time in matrix products{_peak(f)}")
 
 
-def _cpu_compute_lever(f: dict) -> Lever:
-    """bf16 only where the CPU has bf16 hardware (``cpu_bf16``, from ``kasoku.perf.cpuinfo``):
-    without it autocast converts to bf16 and computes in fp32, slower than fp32."""
-    cfg = _cfg(f)
-    isa = f.get("cpu_bf16_isa") or "bf16"
-    if f.get("cpu_bf16") and cfg.get("precision", "fp32") == "fp32":
-        # ~1.5x: the MNIST MLP measured 1.6x on AVX512-BF16 (2-core EPYC, with keep_memory).
-        what = ("AVX512-BF16 instructions of this CPU (up to 2x the fp32 rate of its matrix "
-                "products)" if isa == "AVX512-BF16" else f"{isa} matrix units of this CPU")
-        return Lever(f"{what}: --precision bf16", "~1.5x", ("--precision", "bf16"), 1.5)
-    why = (f"its {isa} units in use already" if f.get("cpu_bf16") else
-           "no bf16 hardware (AMX-BF16, AVX512-BF16): bf16 would be computed in fp32, slower")
-    return Lever(f"no cheap lever left on this CPU ({why}); a GPU, or more cores (--threads)",
-                 "none", (), None)
-
-
-def _dispatch_lever(f: dict) -> Lever:
-    fuse = "" if _cfg(f).get("compile") else " (or --compile to fuse operators)"
-    return Lever(f"more work per operator: {' '.join(_batch_x2(f))}{fuse}",
-                 "more samples per second at the same overhead per step", _batch_x2(f), None)
-
+# --- K-FAC -----------------------------------------------------------------------------------
 
 def _kfac_lever(f: dict) -> Lever:
     """Half as many of K-FAC's costliest steps: the inverse steps or the factor steps (each
@@ -207,6 +171,7 @@ def _kfac_lever(f: dict) -> Lever:
     top = max(k["phases_pct"], key=k["phases_pct"].get)
     gain = 100.0 / max(1.0, 100.0 - k["phases_pct"][top] / 2)
     method = " (or --kfac-method inverse: Cholesky inverses)" if k["method"] == "eigen" else ""
+    caveat = "fewer curvature updates: compare the accuracy over time too"
     if top in ("kfac_inverse", "kfac_factors"):
         what, key = (("inverses", "inv_update_freq") if top == "kfac_inverse"
                      else ("factors", "factor_update_freq"))
@@ -214,23 +179,19 @@ def _kfac_lever(f: dict) -> Lever:
         args = (flag, str(2 * k[key]))
         return Lever(f"update K-FAC's {what} half as often: {' '.join(args)}"
                      + (method if top == "kfac_inverse" else ""),
-                     f"~{gain:.2f}x, with fewer curvature updates", args, gain)
+                     lv.estimate(gain), args, gain, caveat)
     if k["method"] == "eigen":
         return Lever("precondition with the factors' inverses: --kfac-method inverse",
-                     "faster preconditioning, with damping that grows with the factors",
-                     ("--kfac-method", "inverse"), None)
-    return Lever("no cheap lever left in K-FAC: its preconditioning runs every step",
-                 "none", (), None)
+                     lv.estimate(None, "faster preconditioning"), ("--kfac-method", "inverse"),
+                     None, "damping that grows with the factors")
+    return lv.nothing_left("K-FAC's preconditioning runs every step")
 
 
 def _kfac_experiments(f: dict) -> list[Experiment]:
-    """The lever, and the base optimizer alone: the step K-FAC's work is added to."""
-    k, lever = f["kfac"], _kfac_lever(f)
-    out = [Experiment(" ".join(lever.args), lever.args, lever.speedup >= MIN_GAIN)] \
-        if lever.args and lever.speedup is not None else []
-    without = 100.0 / max(1.0, 100.0 - k["pct"])
-    return out + [Experiment(f"the base optimizer alone (--optimizer {k['base']})",
-                             ("--optimizer", k["base"]), without >= MIN_GAIN)]
+    """The base optimizer alone: the step K-FAC's work is added to."""
+    without = 100.0 / max(1.0, 100.0 - f["kfac"]["pct"])
+    return [Experiment(f"the base optimizer alone (--optimizer {f['kfac']['base']})",
+                       ("--optimizer", f["kfac"]["base"]), without >= MIN_GAIN)]
 
 
 def _kfac_reason(f: dict) -> str:
@@ -243,13 +204,20 @@ def _kfac_reason(f: dict) -> str:
             f"inverses every {k['inv_update_freq']})")
 
 
-def _mean_kernel_us(f: dict) -> float:
-    n = f.get("kernels_per_step", 0.0)
-    return 1e3 * f.get("device_ms", 0.0) / n if n else 0.0
+def _kfac_candidates(f: dict) -> list[Lever]:
+    lever = _kfac_lever(f)
+    return [lever] if lever.args else []
 
 
-def _pct(x) -> str:
-    return f"{x:.0f}%"
+# --- the proofs of a bound (--confirm) ----------------------------------------------------
+
+def _on_device(f: dict) -> Experiment:
+    args = lv.synthetic(f) if _gpu(f) else ("--synthetic",)
+    return Experiment("synthetic data" + (" on the device" if _gpu(f) else ""), args, False)
+
+
+def _batch(f: dict, faster: bool) -> Experiment:
+    return Experiment(f"batch x2 ({lv.batch_x2(f)[1]})", lv.batch_x2(f), faster)
 
 
 RULES: list[Rule] = [
@@ -258,76 +226,90 @@ RULES: list[Rule] = [
          # in the loader, but feeding it faster would not help much.
          lambda f, t: f.get("data_pct", 0.0) >= t["data_pct"]
          and f.get("data_pct", 0.0) >= f.get("idle_host_pct", 0.0),
-         lambda f: (f"the {'GPU' if f['device'] == 'cuda' else 'CPU'} waits for data "
+         lambda f: (f"the {'GPU' if _gpu(f) else 'CPU'} waits for data "
                     f"{_pct(f['data_pct'])} of the step"),
-         _input_lever,
-         lambda f: [Experiment("synthetic data on the device", _synthetic(f), True)]),
+         lv.input_candidates, lv.input_fallback,
+         lambda f: [Experiment("synthetic data on the device", lv.synthetic(f), True)]),
     Rule("communication-bound", {"comm_pct": 20.0},
          lambda f, t: f.get("comm_pct", 0.0) >= t["comm_pct"],
          lambda f: f"collectives (all-reduce) take {_pct(f['comm_pct'])} of the step",
-         lambda f: Lever("a larger batch per device (fewer exchanges per sample), or overlap "
-                         "the all-reduce with the backward pass", "up to "
-                         f"~{_speedup_from_idle(f['comm_pct']):.1f}x"),
+         lv.communication_candidates,
+         lambda f: lv.nothing_left("overlap the all-reduce with the backward pass"),
          # The same all-reduce per step over twice the samples: more samples per second.
-         lambda f: [Experiment("batch x2 per worker", _batch_x2(f), True)]),
+         lambda f: [Experiment("batch x2 per worker", lv.batch_x2(f), True)]),
     Rule("kfac-bound", {"kfac_pct": 25.0},
          # Before the device's rules: K-FAC's work keeps the device (or the CPU) busy, and
          # its own intervals are the lever, whatever bound the rest of the step is.
          lambda f, t: f.get("kfac_pct", 0.0) >= t["kfac_pct"] and bool(f.get("kfac")),
-         _kfac_reason, _kfac_lever, _kfac_experiments),
+         _kfac_reason, _kfac_candidates, _kfac_lever, _kfac_experiments),
     Rule("host-bound", {"idle_host_pct": 25.0, "busy_pct": 75.0},
-         lambda f, t: f.get("device") == "cuda" and (
+         lambda f, t: _gpu(f) and (
              f.get("idle_host_pct", 0.0) >= t["idle_host_pct"]
              or (f.get("busy_pct", 100.0) < t["busy_pct"]
                  and f.get("host_ms", 0.0) > f.get("device_ms", 0.0))),
-         _host_reason, _host_lever, _proof(_host_lever)),
+         _host_reason, lv.host_candidates,
+         lambda f: lv.nothing_left("the launches are as few as they get"),
+         lambda f: [_on_device(f), _batch(f, True)]),
     Rule("latency-bound", {"busy_pct": 75.0, "mean_kernel_us": 10.0},
          # busy, but with kernels so short that each is mostly its own start-up and tail:
          # the device is not full, whatever the busy share says.
-         lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
+         lambda f, t: _gpu(f) and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and 0 < _mean_kernel_us(f) < t["mean_kernel_us"],
          lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, but its "
                     f"{f['kernels_per_step']:.0f} kernels per step average "
-                    f"{_mean_kernel_us(f):.1f} us, too short to fill it"
-                    + (f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu") else "")),
-         lambda f: Lever(f"more work per kernel: {' '.join(_batch_x2(f))}",
-                         "up to ~2x samples/s", _batch_x2(f), None),
-         lambda f: [Experiment("synthetic data on the device", _synthetic(f), False),
-                    Experiment(f"batch x2 ({_batch_x2(f)[1]})", _batch_x2(f), True)],
-         "device-bound"),
-    Rule("compute-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
-         lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
+                    f"{_mean_kernel_us(f):.1f} us, too short to fill it{_mfu(f)}"),
+         lv.latency_candidates, lambda f: lv.nothing_left("the kernels are as few as they get"),
+         lambda f: [_on_device(f), _batch(f, True)], "device-bound"),
+    Rule("compute-bound", {"busy_pct": 75.0, "matmul_pct": MATMUL_SHARE},
+         lambda f, t: _gpu(f) and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) >= t["matmul_pct"],
          lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, "
                     f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in convolutions and "
-                    f"matrix products" + (f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu")
-                                          else "")),
-         _compute_lever, _proof(_compute_lever), "device-bound"),
-    Rule("memory-bound", {"busy_pct": 75.0, "matmul_pct": 50.0},
-         lambda f, t: f.get("device") == "cuda" and f.get("busy_pct", 0.0) >= t["busy_pct"]
+                    f"matrix products{_mfu(f)}"),
+         lv.gpu_compute_candidates, lambda f: lv.nothing_left("the step is in the math"),
+         lambda f: [_on_device(f), _batch(f, False)], "device-bound"),
+    Rule("memory-bound", {"busy_pct": 75.0, "matmul_pct": MATMUL_SHARE},
+         lambda f, t: _gpu(f) and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) < t["matmul_pct"],
          lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, only "
                     f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in matrix products: "
-                    f"the rest moves memory" + (f", MFU {100 * f['mfu']:.0f}%"
-                                                if f.get("mfu") else "")),
-         _memory_lever, _proof(_memory_lever), "device-bound"),
+                    f"the rest moves memory{_mfu(f)}"),
+         lv.gpu_memory_candidates, lv.gpu_memory_fallback,
+         lambda f: [_on_device(f), _batch(f, False)], "device-bound"),
     Rule("dispatch-bound", {"operator_pct": 60.0},
-         lambda f, t: f.get("device") == "cpu" and f.get("operator_pct", 100.0)
-         < t["operator_pct"],
+         lambda f, t: _cpu(f) and f.get("operator_pct", 100.0) < t["operator_pct"],
          lambda f: (f"only {_pct(f['operator_pct'])} of the step is inside operators "
                     f"({f['ops_per_step']:.0f} per step); the rest is Python and dispatch"),
-         _dispatch_lever,
-         lambda f: [Experiment(f"batch x2 ({_batch_x2(f)[1]})", _batch_x2(f), True)]),
-    Rule("compute-bound", {},
-         lambda f, t: f.get("device") == "cpu",
-         lambda f: (f"the CPU spends {_pct(f.get('operator_pct', 0.0))} of the step in "
-                    f"operators, {f['by_kind_ms'].get('conv/matmul', 0.0):.2f} ms of "
-                    f"{f['step_ms']:.2f} ms in matrix products"
-                    + (f", {100 * f['peak_fraction']:.0f}% of its measured "
-                       f"{f.get('peak_dtype', 'fp32')} peak"
-                       if f.get("peak_fraction") else "")),
-         _cpu_compute_lever,
-         lambda f: [Experiment("synthetic data", ("--synthetic",), False)]),
+         lv.cpu_dispatch_candidates,
+         lambda f: lv.nothing_left("the operators are as few as they get"),
+         lambda f: [_batch(f, True)]),
+    Rule("compute-bound", {"matmul_pct": MATMUL_SHARE, "peak_fraction": CPU_PEAK_SHARE,
+                           "mean_op_us": SMALL_OP_US},
+         lambda f, t: _cpu(f) and _cpu_matmul_pct(f) >= t["matmul_pct"]
+         and (f.get("peak_fraction") or 0.0) >= t["peak_fraction"]
+         and _mean_op_us(f) >= t["mean_op_us"],
+         _cpu_ops, lv.cpu_compute_candidates,
+         lambda f: lv.nothing_left("the step is in the math; a GPU, or more cores"),
+         lambda f: [_on_device(f), _batch(f, False)]),
+    Rule("latency-bound", {"mean_op_us": SMALL_OP_US, "matmul_pct": MATMUL_SHARE,
+                           "peak_fraction": CPU_PEAK_SHARE},
+         # Small operators, or products too small to reach the cores' peak.
+         lambda f, t: _cpu(f) and (
+             0 < _mean_op_us(f) < t["mean_op_us"]
+             or (_cpu_matmul_pct(f) >= t["matmul_pct"]
+                 and f.get("peak_fraction") is not None
+                 and f["peak_fraction"] < t["peak_fraction"])),
+         lambda f: _cpu_ops(f) + ": too small to keep the cores busy",
+         lv.cpu_latency_candidates,
+         lambda f: lv.nothing_left("the operators are as large as this batch makes them"),
+         lambda f: [_on_device(f), _batch(f, True)]),
+    Rule("memory-bound", {"matmul_pct": MATMUL_SHARE},
+         lambda f, t: _cpu(f) and f.get("operator_pct", 0.0) > 0
+         and _cpu_matmul_pct(f) < t["matmul_pct"],
+         lambda f: _cpu_ops(f) + ": the rest moves memory (element-wise, copies, norms)",
+         lv.cpu_memory_candidates,
+         lambda f: lv.nothing_left("the time is in memory-bound operators"),
+         lambda f: [_on_device(f)]),
 ]
 
 
@@ -345,13 +327,15 @@ SHARES = (("input-bound", "data_pct", "waiting for data"),
 
 def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
-    levers as ``AccelConfig`` fields; ``loader``; ``batch_size``; ``mfu``; ``has_conv``;
-    ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``; ``kfac`` and ``kfac_pct``, from
-    ``kfac_cost.kfac_figures``)."""
+    levers as ``AccelConfig`` fields; ``loader`` and ``data_kind``; ``batch_size``; ``threads``;
+    ``mfu``; ``has_conv``; ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``; ``kfac`` and
+    ``kfac_pct``, from ``kfac_cost.kfac_figures``). Its lever is an estimate (the first
+    candidate) until ``advice.advise`` replaces it by the best measured."""
     passed = [r for r in rules if r.test(figures, r.thresholds)]
     if not passed:
-        return Verdict("balanced", f"no single bottleneck: the GPU is busy "
-                       f"{figures.get('busy_pct', 0):.0f}% of the step",
+        busy = (f"the GPU is busy {figures.get('busy_pct', 0):.0f}% of the step"
+                if _gpu(figures) else _cpu_ops(figures))
+        return Verdict("balanced", f"no single bottleneck: {busy}",
                        Lever("see the phases and top kernels", "unknown"))
     first = passed[0]
     name = f"{first.family} ({first.name})" if first.family else first.name
@@ -362,4 +346,4 @@ def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
         if rule not in named and share >= SECONDARY_PCT:
             secondary.append(f"{_pct(share)} of the step {words}")
     return Verdict(name, first.say(figures), first.lever(figures),
-                   first.experiments(figures), secondary)
+                   first.experiments(figures), secondary, first.candidates(figures))

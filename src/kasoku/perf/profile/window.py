@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 from kasoku.core.phases import PhaseClock
+from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace as trace_mod
 from kasoku.perf.profile.verdict import judge
 
@@ -70,14 +75,14 @@ class TracingClock:
 
 
 class Window:
-    """torch.profiler over ``warmup + steps`` steps: ``start()`` before the first, ``step()``
-    after each (returns True after the last, when the trace has been written to
-    ``out/trace.json``)."""
+    """torch.profiler over ``warmup + 1 + steps`` steps: ``start()`` before the first,
+    ``step()`` after each (returns True after the last, when the trace has been written to
+    ``out/trace.json``). The step after the warm-up is recorded as the analysis's anchor, so
+    ``steps`` steps are analysed, as many as the settings say."""
 
     def __init__(self, device, out, steps: int = 10, warmup: int = 3):
-        if steps < 2:
-            raise ValueError(f"a profiled window needs at least 2 steps (the first anchors "
-                             f"the analysis), got {steps}")
+        if steps < 1:
+            raise ValueError(f"a profiled window needs at least 1 step, got {steps}")
         self.device = torch.device(device)
         self.out, self.steps, self.warmup = Path(out), steps, warmup
         self.clock: TracingClock | None = None
@@ -99,23 +104,23 @@ class Window:
         self._compiles_before = _compiles()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self._prof = profile(activities=activities,
-                             schedule=schedule(wait=0, warmup=self.warmup, active=self.steps,
-                                               repeat=1),
+                             schedule=schedule(wait=0, warmup=self.warmup,
+                                               active=self.steps + 1, repeat=1),
                              on_trace_ready=lambda p: p.export_chrome_trace(
                                  str(self.trace_path)))
-        self._prof.__enter__()
+        with muted():
+            self._prof.__enter__()
         self.clock = TracingClock(clock)
         return self.clock
 
     def step(self) -> bool:
         self._done += 1
-        last = self._done == self.warmup + self.steps
+        last = self._done == self.warmup + 1 + self.steps
         if last:
             self.clock.close()  # the last step's last phase ends here
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # note: sync, the window's device work in
-        with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle"
-            warnings.simplefilter("ignore", UserWarning)
+        with muted():
             self._prof.step()
         if last:
             self.stop()
@@ -126,7 +131,8 @@ class Window:
             return
         self.clock.close()
         prof, self._prof = self._prof, None
-        prof.__exit__(None, None, None)
+        with muted():
+            prof.__exit__(None, None, None)
         if self.device.type == "cuda":
             self.mem_peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.recompiles = _compiles() - self._compiles_before
@@ -136,11 +142,56 @@ class Window:
         """``analyse``'s figures of the trace, the context keys (see ``verdict.judge``), the
         window's peak memory and recompilations, and ``verdict``."""
         figures = trace_mod.analyse(trace_mod.load(self.trace_path), samples_per_step)
+        figures.update(machine_facts(self.device))
         figures.update(context or {})
         figures.update(mem_peak_gib=self.mem_peak_gib, recompiles=self.recompiles,
                        profiled_steps=self.steps)
         figures["verdict"] = judge(figures).to_dict()
         return figures
+
+
+def machine_facts(device) -> dict:
+    """What the verdict reads of the machine, the same for ``kasoku profile``, ``kasoku
+    bench`` and ``profiling()``: PyTorch's threads and, on a CPU, its bf16 hardware
+    (``kasoku.perf.cpuinfo``: ``cpu_bf16``, whether bf16 products run on bf16 units, and
+    ``cpu_bf16_isa``, which)."""
+    facts = {"threads": torch.get_num_threads()}
+    if torch.device(device).type == "cpu":
+        info = cpuinfo.cpu_info()
+        facts.update(cpu_bf16=info.bf16_hardware, cpu_bf16_isa=info.bf16_isa)
+    return facts
+
+
+PROFILER_NOISE = re.compile(r"USDT|profiler_(start|stop)|Profiler clears events|"
+                            r"ActivityProfilerController|CUPTI|kineto", re.IGNORECASE)
+"""Lines the profiler's native code writes to the process's stderr, and its own warnings."""
+
+
+@contextlib.contextmanager
+def muted():
+    """The profiler's own output kept off the terminal: its Python warnings ignored, and
+    file descriptor 2 (where its C++ writes, past Python) pointed at a temporary file while
+    it starts, steps and stops; lines that are not the profiler's are written back after."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no file descriptor 2 to borrow
+            yield
+            return
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                for line in tmp.read().decode(errors="replace").splitlines():
+                    if line.strip() and not PROFILER_NOISE.search(line):
+                        print(line, file=sys.stderr)
 
 
 def _compiles() -> int:

@@ -31,8 +31,9 @@ class PlotReport:
                  y_range: tuple[float, float] | None = None):
         """``title``, ``xlabel``, ``ylabel``: the chart's (default: the keys); ``log_y``: a
         logarithmic y axis (losses: the first epochs' fall would flatten the rest on a linear
-        one; values that are not positive are left out); ``y_range``: fixed y limits
-        (accuracy: 0 to 1)."""
+        one; values that are not positive are left out); ``y_range``: the bounds the values
+        live in (accuracy: 0 to 1): the axis zooms to the data and never runs past them by
+        more than a margin that keeps a point on them whole."""
         self.y_keys = [y_keys] if isinstance(y_keys, str) else list(y_keys)
         self.x_key, self.filename, self.marker = x_key, filename, marker
         self.log_report = log_report
@@ -76,7 +77,7 @@ class PlotReport:
         fig = Figure(figsize=(6.4, 4.0))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        xs_all = []
+        xs_all, ys_all = [], []
         for key in self.y_keys:
             # A log written before entries had epoch_detail gives its epoch instead.
             points = [(e.get(self.x_key, e.get("epoch")), e[key]) for e in log
@@ -90,16 +91,17 @@ class PlotReport:
                 line, = ax.plot(xs, ys, marker=self.marker or ".", label=_label(key),
                                 linestyle="-" if len(xs) > 1 else "none",
                                 markersize=6 if len(xs) > 3 else 9)
-                if len(xs) <= 3:
+                ys_all += ys
+                if len(xs) == 1:
                     for x, y in points:
                         ax.annotate(f"{y:.4g}", (x, y), textcoords="offset points",
                                     xytext=(-8, 6), ha="right", fontsize=8,
                                     color=line.get_color())
         ax.margins(y=0.15)
+        if self.y_range is not None and ys_all:
+            ax.set_ylim(*_zoomed(min(ys_all), max(ys_all), *self.y_range))
         if self.log_y:
-            _log_axis(ax)
-        if self.y_range is not None:
-            ax.set_ylim(*self.y_range)
+            log_axis(ax)
         if xs_all:  # progress starts at 0: the x axis does too
             ax.set_xlim(0, max(xs_all) * 1.05 if max(xs_all) > 0 else 1)
         ax.set_xlabel(self.xlabel or self.x_key)
@@ -107,21 +109,39 @@ class PlotReport:
         ax.set_title(self.title or ", ".join(self.y_keys))
         ax.grid(True, alpha=0.3, which="both" if self.log_y else "major")
         if ax.lines:
-            ax.legend()
+            ax.legend(loc="best")  # where it covers the fewest points
         return fig
 
 
-def _log_axis(ax) -> None:
-    """A log y axis whose labels read 0.3, not 3 x 10^-1; within one decade the minor ticks
-    are labelled too (else a short run's axis shows no number at all), across several only the
-    decades."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+def _zoomed(low: float, high: float, lower: float, upper: float) -> tuple[float, float]:
+    """Y limits around the data ``low .. high``, inside the bounds ``lower .. upper`` but for
+    a margin that keeps a marker on a bound whole."""
+    pad = max(0.1 * (high - low), 0.01 * (upper - lower))
+    edge = 0.02 * (upper - lower)
+    return max(lower - edge, low - pad), min(upper + edge, high + pad)
+
+
+def log_axis(ax) -> None:
+    """A log y axis whose labels read 0.3, not 3 x 10^-1, and never crowd: across several
+    decades the decades alone; within fewer, 1-2-5 steps, or for a span under half a decade
+    finer ones (1, 1.5, 2, 3, 4, 5, 6, 8), so a short run's axis still shows numbers."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
     ax.set_yscale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1000 else f"{v:.3g}")
     ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(NullFormatter())
     low, high = ax.get_ylim()
-    one_decade = low > 0 and math.log10(high / low) < 1
-    ax.yaxis.set_minor_formatter(plain if one_decade else NullFormatter())
+    if low <= 0:
+        return
+    decades = math.log10(high / low)
+    if decades >= 2:
+        return  # matplotlib's decades
+    subs = (1, 2, 5) if decades >= 0.5 else (1, 1.5, 2, 3, 4, 5, 6, 8)
+    ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(low)) - 1,
+                                          math.ceil(math.log10(high)) + 1)
+             for m in subs if low <= m * 10.0 ** k <= high]
+    if len(ticks) >= 2:
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
 
 
 def _plottable(value, log_y: bool) -> bool:

@@ -1,0 +1,131 @@
+"""The A/B runs of ``kasoku profile``, each side a fresh ``kasoku profile --measure-only``
+process (the run as given, or with some arguments added: a later flag wins):
+
+- ``try_levers``: the verdict's candidate levers, in rounds (the run as given, then each
+  candidate), as long as the rounds fit the time budget; judged by
+  ``kasoku.perf.profile.advice`` (the advice);
+- ``confirm``: the rule's experiments, which prove the bound, and the advised lever once more
+  (``--confirm``).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from kasoku.perf.profile.advice import Outcome
+from kasoku.perf.profile.levers import Lever
+from kasoku.perf.profile.verdict import MIN_GAIN
+
+ROUNDS = 3
+"""Rounds of the tries where the time allows (the medians over rounds are the figures)."""
+BUDGET_S = 60.0
+"""The tries stop after the round that would take them past this (one round at least)."""
+SIDE_TIMEOUT_S = 900.0
+
+_OWN_FLAGS = {"--confirm": 0, "--python": 0, "--out": 1, "--measure-only": 0,
+              "--estimate": 0, "--rounds": 1}
+
+
+def without_own(argv: list[str]) -> list[str]:
+    """The ``kasoku profile`` arguments that choose the run (not this profile's outputs)."""
+    kept, skip = [], 0
+    for token in argv:
+        if skip:
+            skip -= 1
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in _OWN_FLAGS:
+            skip = _OWN_FLAGS[flag] if "=" not in token else 0
+            continue
+        kept.append(token)
+    return kept
+
+
+def measure_side(argv: list[str], timeout_s: float = SIDE_TIMEOUT_S) -> dict:
+    """One fresh ``kasoku profile ARGV --measure-only`` process: ``{"samples_per_s",
+    "window_rates", "phases"}``, or ``{"error": its last line}``."""
+    cmd = [sys.executable, "-m", "kasoku", *argv, "--measure-only"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"error": err.removeprefix("kasoku: error: ")}
+    data = json.loads(lines[-1])
+    return {"samples_per_s": data["samples_per_s"], "phases": data["phases"],
+            "window_rates": data.get("window_rates") or [data["samples_per_s"]]}
+
+
+def try_levers(argv: list[str], candidates: list[Lever], say=None,
+               rounds: int = ROUNDS, budget_s: float = BUDGET_S) -> list[Outcome]:
+    """Each candidate's ``Outcome``: ``rounds`` rounds of the run as given followed by each
+    candidate, stopped early after a round when another would pass ``budget_s``; a candidate
+    that fails is not run again."""
+    base_argv = without_own(argv)
+    outcomes = [Outcome(c) for c in candidates if c.args]
+    if not outcomes:
+        return []
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    for done in range(rounds):
+        base = measure_side(base_argv)
+        if "error" in base:
+            for o in outcomes:
+                o.error = o.error or f"the run as given failed: {base['error']}"
+            break
+        for o in outcomes:
+            if o.error:
+                continue
+            say(f"  {' '.join(o.lever.args)} (round {done + 1} of {rounds}) ...")
+            side = measure_side(base_argv + list(o.lever.args))
+            if "error" in side:
+                o.error = side["error"]
+                continue
+            o.base.append(base["samples_per_s"])
+            o.rates.append(side["samples_per_s"])
+            if not o.base_windows:
+                o.base_windows, o.windows = base["window_rates"], side["window_rates"]
+        elapsed = time.perf_counter() - t0
+        if elapsed * (done + 2) / (done + 1) > budget_s:
+            break
+    return outcomes
+
+
+def confirm(argv: list[str], result: dict, rounds: int = ROUNDS) -> list[dict]:
+    """The verdict's experiments, which prove the bound, then the advised lever when it was
+    measured faster, each beside the run as given in ``rounds`` interleaved rounds (as
+    ``try_levers``): a row per side with the median ratio, what was predicted (``MIN_GAIN``:
+    at least 10% faster, or less than that) and the outcome: confirmed, refuted, or
+    inconclusive where the rounds' noise is as large as the effect to be shown."""
+    verdict = result["verdict"]
+    sides = [(e["label"], tuple(e["args"]), e["faster"], "the bound")
+             for e in verdict["experiments"]]
+    lever = verdict["lever"]
+    if (lever.get("measured") or {}).get("result") == "faster":
+        sides.append((f"the advice: {' '.join(lever['args'])}", tuple(lever["args"]), True,
+                      "the advice"))
+    outcomes = try_levers(argv, [Lever(label, "", args) for label, args, _, _ in sides],
+                          rounds=rounds, budget_s=float("inf"))
+    base = [b for o in outcomes for b in o.base]
+    rows = [{"label": "as given", "samples_per_s": statistics.median(base) if base else None,
+             "ratio": 1.0, "expected": "", "outcome": "", "proves": ""}]
+    for (label, args, faster, proves), o in zip(sides, outcomes):
+        ratio = o.ratio
+        if ratio is None:
+            outcome = f"not measured: {o.error or 'failed'}"
+        elif o.noise >= MIN_GAIN - 1:
+            outcome = f"inconclusive: the rounds' noise is {100 * o.noise:.0f}%"
+        else:
+            outcome = "confirmed" if (ratio >= MIN_GAIN) == faster else "refuted"
+        rows.append({"label": label, "args": " ".join(args),
+                     "command": " ".join(["kasoku", *without_own(argv), *args]),
+                     "samples_per_s": statistics.median(o.rates) if o.rates else None,
+                     "ratio": ratio, "noise": o.noise, "rounds": len(o.rates),
+                     "expected": f">= {MIN_GAIN:.2f}x" if faster else f"< {MIN_GAIN:.2f}x",
+                     "outcome": outcome, "proves": proves})
+    return rows

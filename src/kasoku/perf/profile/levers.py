@@ -1,0 +1,190 @@
+"""The levers a bound can be pulled with: for each rule of ``kasoku.perf.profile.verdict``,
+the candidates that apply to this run (a lever already on, or one this device or model cannot
+use, is left out), best first by what is known of them beforehand.
+
+A lever's ``expect`` and ``speedup`` before it is measured are estimates, and say so; ``kasoku
+profile`` measures the candidates (``kasoku.perf.profile.advice``) and advises the best one
+measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Lever:
+    text: str
+    """What to do, as the flags to add (``--cuda-graph``) or a sentence."""
+    expect: str
+    """The expected effect: an estimate (``estimate ~2x``) until measured, then the measure."""
+    args: tuple[str, ...] = ()
+    """Command-line arguments that apply it (for the A/B runs); () when none can."""
+    speedup: float | None = None
+    """The expected (estimated) or measured throughput ratio."""
+    caveat: str = ""
+    """What else it changes (a larger batch changes the training, not only its speed)."""
+    measured: dict | None = None
+    """Its A/B runs (``advice.Outcome.to_dict``) once measured; None: an estimate."""
+
+    def measured_as(self, outcome: dict) -> "Lever":
+        return replace(self, measured=outcome, speedup=outcome.get("ratio"),
+                       expect=outcome.get("text", self.expect))
+
+
+def estimate(ratio: float | None, words: str = "") -> str:
+    """``estimate ~1.3x`` (or the words): the label of a figure not measured."""
+    if ratio is None:
+        return f"estimate: {words}" if words else "estimate: unknown"
+    return f"estimate ~{ratio:.1f}x" + (f", {words}" if words else "")
+
+
+def cfg(f: dict) -> dict:
+    return f.get("config") or {}
+
+
+def synthetic(f: dict) -> tuple[str, ...]:
+    """Arguments that feed the step synthetic batches from the device (no loading, no copy):
+    a set small enough to be held whole, of whole batches (at least two and 512 samples: an
+    epoch's last, partial batch would run outside a CUDA graph, measured 2x slower on a
+    0.26 ms MNIST step)."""
+    batch = int(f.get("batch_size") or 1)
+    size = batch * max(2, -(-512 // batch))
+    return ("--synthetic", "--synthetic-size", str(size), "--loader", "device")
+
+
+def batch_x2(f: dict) -> tuple[str, ...]:
+    return ("--batch-size", str(2 * int(f.get("batch_size") or 1)))
+
+
+def idle_speedup(idle_pct: float, cap: float = 4.0) -> float:
+    """The most a step can gain by removing ``idle_pct`` of it."""
+    return min(cap, 100.0 / max(1.0, 100.0 - idle_pct))
+
+
+BATCH_CAVEAT = "changes the training: twice the samples per step (scale the learning rate)"
+
+
+def _bigger_batch(f: dict, why: str) -> Lever:
+    return Lever(f"more work per {why}: {' '.join(batch_x2(f))}",
+                 estimate(None, "more samples per second at the same overhead per step"),
+                 batch_x2(f), None, BATCH_CAVEAT)
+
+
+def _compile(f: dict, gain: float, why: str) -> list[Lever]:
+    if cfg(f).get("compile"):
+        return []
+    return [Lever(f"{why}: --compile", estimate(gain), ("--compile",), gain)]
+
+
+def _bf16(f: dict, gain: float, why: str) -> list[Lever]:
+    if cfg(f).get("precision", "fp32") not in ("fp32", "tf32"):
+        return []
+    if f.get("device") == "cpu" and not f.get("cpu_bf16"):
+        return []  # no bf16 units: autocast would convert to bf16 and compute in fp32
+    return [Lever(f"{why}: --precision bf16", estimate(gain), ("--precision", "bf16"), gain)]
+
+
+def _channels_last(f: dict, gain: float) -> list[Lever]:
+    if not f.get("has_conv") or cfg(f).get("channels_last"):
+        return []
+    return [Lever("NHWC convolutions: --channels-last", estimate(gain), ("--channels-last",),
+                  gain)]
+
+
+def input_candidates(f: dict) -> list[Lever]:
+    gain = idle_speedup(f.get("data_pct", 0.0))
+    loader = (f.get("loader") or "serial").split(":")[0]
+    kind = f.get("data_kind")
+    out = []
+    if f.get("device") == "cuda" and kind == "in-memory" and loader != "device":
+        out.append(Lever("the dataset resident on the GPU: --loader device",
+                         estimate(gain, "up to"), ("--loader", "device"), gain))
+    if f.get("device") == "cuda" and kind == "image-folder" and loader != "gpu-jpeg":
+        out.append(Lever("decode the JPEGs on the GPU: --loader gpu-jpeg",
+                         estimate(gain, "up to"), ("--loader", "gpu-jpeg"), gain))
+    if loader in ("serial", "threads"):
+        out.append(Lever("load in worker processes: --loader multiprocess",
+                         estimate(gain, "up to"), ("--loader", "multiprocess"), gain))
+    return out
+
+
+def input_fallback(f: dict) -> Lever:
+    return Lever("more loader workers (--loader KIND:N), smaller images, or faster storage",
+                 estimate(idle_speedup(f.get("data_pct", 0.0)), "up to"))
+
+
+def communication_candidates(f: dict) -> list[Lever]:
+    out = [_bigger_batch(f, "exchange (the same all-reduce over twice the samples)")]
+    if (f.get("allreduce_dtype") or "fp32") == "fp32":
+        out.append(Lever("all-reduce the gradients in bf16: --allreduce-dtype bf16",
+                         estimate(None, "half the bytes on the wire"),
+                         ("--allreduce-dtype", "bf16"), None,
+                         "the averaged gradients are rounded to bf16"))
+    return out
+
+
+def host_candidates(f: dict) -> list[Lever]:
+    gain = idle_speedup(f.get("idle_host_pct", 0.0) + f.get("idle_other_pct", 0.0))
+    out = []
+    if f.get("device") == "cuda" and not cfg(f).get("cuda_graph"):
+        out.append(Lever("capture the step as a CUDA graph: --cuda-graph", estimate(gain),
+                         ("--cuda-graph",), gain))
+    out += _compile(f, min(gain, 1.3), "fewer, fused kernels to launch")
+    return out + [_bigger_batch(f, "launch")]
+
+
+def latency_candidates(f: dict) -> list[Lever]:
+    out = [_bigger_batch(f, "kernel")]
+    if f.get("device") == "cuda" and not cfg(f).get("cuda_graph"):
+        out.append(Lever("capture the step as a CUDA graph: --cuda-graph", estimate(None),
+                         ("--cuda-graph",), None))
+    return out + _compile(f, 1.2, "fused kernels")
+
+
+def gpu_compute_candidates(f: dict) -> list[Lever]:
+    return (_bf16(f, 2.0, "tensor cores in bf16") + _channels_last(f, 1.3))
+
+
+def gpu_memory_candidates(f: dict) -> list[Lever]:
+    out = _compile(f, 1.3, "fuse the element-wise kernels")
+    if f.get("has_conv") and cfg(f).get("channels_last") and not cfg(f).get("fused_bn"):
+        out.append(Lever("batch norm + ReLU as kasoku's fused kernels: --fused-bn",
+                         estimate(1.1), ("--fused-bn",), 1.1))
+    return out + _bf16(f, 1.5, "half the bytes per activation") + _channels_last(f, 1.2)
+
+
+def gpu_memory_fallback(f: dict) -> Lever:
+    kinds = {k: v for k, v in f.get("by_kind_ms", {}).items() if k != "conv/matmul"}
+    top = max(kinds, key=kinds.get) if kinds else "other"
+    return nothing_left(f"the time is in memory-bound kernels ({top}: "
+                        f"{kinds.get(top, 0.0):.1f} ms/step)")
+
+
+def cpu_dispatch_candidates(f: dict) -> list[Lever]:
+    return _compile(f, 1.3, "fewer operators to dispatch") + [_bigger_batch(f, "operator")]
+
+
+def cpu_latency_candidates(f: dict) -> list[Lever]:
+    out = _compile(f, 1.3, "fused operators")
+    if (f.get("threads") or 1) > 1:
+        out.append(Lever("one thread (small operators spend their time synchronizing "
+                         "threads): --threads 1", estimate(None), ("--threads", "1"), None))
+    return out + [_bigger_batch(f, "operator")]
+
+
+def cpu_compute_candidates(f: dict) -> list[Lever]:
+    isa = f.get("cpu_bf16_isa") or "bf16"
+    return (_bf16(f, 1.5, f"the {isa} units of this CPU") + _channels_last(f, 1.3)
+            + _compile(f, 1.1, "fused operators around the matrix products"))
+
+
+def cpu_memory_candidates(f: dict) -> list[Lever]:
+    out = _compile(f, 1.3, "fuse the element-wise operators") + _channels_last(f, 1.3)
+    if not cfg(f).get("keep_memory"):
+        out.append(Lever("keep freed memory instead of returning it to the OS: --keep-memory",
+                         estimate(None), ("--keep-memory",), None))
+    return out
+
+
+def nothing_left(why: str) -> Lever:
+    return Lever(f"no cheap lever left: {why}", "none")
