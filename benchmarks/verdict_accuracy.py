@@ -43,11 +43,11 @@ def measure(argv: list[str]) -> float | None:
     return json.loads(lines[-1])["samples_per_s"]
 
 
-def retime(base: list[str], lever: list[str]) -> dict:
-    """``PAIRS`` alternating pairs, as given then with the lever: the median ratio and its
+def retime(base: list[str], lever: list[str], pairs: int = PAIRS) -> dict:
+    """``pairs`` alternating pairs, as given then with the lever: the median ratio and its
     range over the pairs."""
     ratios, rates = [], []
-    for _ in range(PAIRS):
+    for _ in range(pairs):
         a, b = measure(base), measure(base + lever)
         if a and b:
             ratios.append(b / a)
@@ -71,6 +71,8 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--extra", default="", help="options added to every run")
     p.add_argument("--out", type=Path, default=Path("runs/verdict-accuracy"))
+    p.add_argument("--pairs", type=int, default=PAIRS, help="alternating pairs of the "
+                   "re-timing (default %(default)s)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -97,7 +99,7 @@ def main() -> int:
         if lever:
             print(f"  advised {' '.join(lever)}: timing it again ...", file=sys.stderr,
                   flush=True)
-            row["retimed"] = retime(words, lever)
+            row["retimed"] = retime(words, lever, args.pairs)
         rows.append(row)
         with open(args.out / "accuracy.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")

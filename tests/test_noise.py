@@ -115,16 +115,20 @@ def test_a_bench_beside_a_cpu_hog_agrees_with_a_quiet_one_or_says_it_is_unstable
     argv = [sys.executable, "-m", "kasoku", "bench", "mnist-mlp", "--device", "cpu",
             "--batch-size", "100", "--config", "+fused", "--numerics-steps", "0",
             "--steps", "20", "--windows", "3", "--warmup", "2"]
-    subprocess.run([*argv, "--out", str(tmp_path / "quiet")], check=True, capture_output=True)
     with hog(CPUS[-1]):
         busy = subprocess.run([*argv, "--out", str(tmp_path / "busy")], check=True,
                               capture_output=True, text=True)
-    quiet, loaded = _fused_rate(tmp_path / "quiet"), _fused_rate(tmp_path / "busy")
-    q, b = quiet["figures"]["samples_per_s"]["median"], loaded["figures"]["samples_per_s"]["median"]
+    loaded = _fused_rate(tmp_path / "busy")
     stability = loaded["figures"]["stability"]
-    assert abs(b / q - 1) <= 0.10 or not stability["stable"], (q, b, stability)
-    if not stability["stable"]:  # said where a reader sees it: the table and its notes
+    if stability["stable"]:  # then it must agree with a quiet run
+        subprocess.run([*argv, "--out", str(tmp_path / "quiet")], check=True,
+                       capture_output=True)
+        q = _fused_rate(tmp_path / "quiet")["figures"]["samples_per_s"]["median"]
+        b = loaded["figures"]["samples_per_s"]["median"]
+        assert abs(b / q - 1) <= 0.10, (q, b, stability)
+    else:  # said where a reader sees it: the table and its notes
         assert "unstable figures (!)" in busy.stdout and "!" in busy.stdout
+        assert any("other processes used" in r for r in stability["reasons"])
     # The busy core was seen, named, and kept out of the threads.
     note = loaded["settings"]["cpu_threads"]["note"]
     assert note and f"CPU {CPUS[-1]}" in note

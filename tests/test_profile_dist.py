@@ -12,6 +12,7 @@ def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd):
     out = tmp_path / "prof"
     code = main(["profile", "mnist-mlp", "--synthetic", "--procs", "2", "--steps", "4",
                  "--warmup", "1", "--skip", "3", "--measure-steps", "6", "--confirm",
+                 "--measure-seconds", "0.2",
                  "--estimate", "--rounds", "1", "--out", str(out)])
     printed = capfd.readouterr()
     assert code == 0, printed.err

@@ -35,6 +35,7 @@ PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "warmup": {"type": a.nonnegative_int, "metavar": "N"},
                  "skip": {"type": a.nonnegative_int, "metavar": "N"},
                  "measure_steps": {"type": a.positive_int, "metavar": "N"},
+                 "measure_seconds": {"type": a.positive_float, "metavar": "S"},
                  "confirm": None, "estimate": None,
                  "rounds": {"type": a.positive_int, "metavar": "N"}, "python": None}
 PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph",

@@ -57,9 +57,6 @@ from kasoku.workloads import create_workload
 
 MEASURE_WINDOWS = 5
 """The unprofiled steps are timed in this many windows (one span with K-FAC)."""
-MIN_MEASURE_S = 1.0
-"""The unprofiled steps last at least this long (more steps than ``measure_steps`` where the
-step is short: 20 steps of a 2 ms step are 40 ms, at the mercy of one interruption)."""
 MAX_MEASURE_STEPS = 2000
 
 
@@ -73,8 +70,11 @@ class ProfileConfig:
     """Steps run first and not profiled: compilation, graph capture, autotuning."""
     measure_steps: int = 20
     """Steps timed without the profiler (the throughput beside the profiled figures), at
-    least; more where they would take under a second; with --optimizer kfac, rounded up to
-    whole cycles of its factor and inverse steps."""
+    least; more where they would take under --measure-seconds; with --optimizer kfac,
+    rounded up to whole cycles of its factor and inverse steps."""
+    measure_seconds: float = 1.0
+    """The unprofiled steps last at least this long (20 steps of a 2 ms step are 40 ms, at
+    the mercy of one interruption; K-FAC's whole cycles are kept as --measure-steps asks)."""
     confirm: bool = False
     """Run the A/B runs that prove the bound (each side a fresh process), and the advised
     lever once more, and print them."""
@@ -224,14 +224,14 @@ def _measure(u, cfg: ProfileConfig) -> dict:
         u.update()
     _sync(device)
     skip_s = time.perf_counter() - t0
-    # The skipped steps' second half, warm: enough steps to last MIN_MEASURE_S.
+    # The skipped steps' second half, warm: enough steps to last cfg.measure_seconds.
     warm = cfg.skip // 2
     step_s = (time.perf_counter() - t1) / warm if warm else 0.0  # 0: unknown, no extension
     u.phases.take()
     cycle = cycle_steps(u.optimizer)
     wanted = cfg.measure_steps
     if cycle == 1 and step_s > 0:  # K-FAC's steps: whole cycles of them, as asked
-        wanted = max(wanted, min(MAX_MEASURE_STEPS, int(MIN_MEASURE_S / step_s)))
+        wanted = max(wanted, min(MAX_MEASURE_STEPS, int(cfg.measure_seconds / step_s)))
     if ddp.active():  # every worker steps as often as worker 0, or the collectives hang
         wanted = ddp.broadcast_object(wanted)
     steps = measured_steps(wanted, cycle)
