@@ -57,6 +57,9 @@ def measure_side(argv: list[str], timeout_s: float = SIDE_TIMEOUT_S) -> dict:
         err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return {"error": err.removeprefix("kasoku: error: ")}
     data = json.loads(lines[-1])
+    if data.get("recompiles"):  # compilation inside the timed steps: not the lever's rate
+        return {"error": f"torch.compile recompiled {data['recompiles']} graph(s) while the "
+                         f"steps were timed"}
     return {"samples_per_s": data["samples_per_s"], "phases": data["phases"],
             "window_rates": data.get("window_rates") or [data["samples_per_s"]]}
 

@@ -14,6 +14,7 @@ evaluation -- do not run):
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -51,13 +52,15 @@ from kasoku.perf.profile.kfac_cost import (
 from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.timeline import draw_timeline
 from kasoku.perf.profile.verdict import Verdict, judge
-from kasoku.perf.profile.window import machine_facts, profile_updater
+from kasoku.perf.profile.window import compiled_graphs, machine_facts, profile_updater
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
 
 MEASURE_WINDOWS = 5
 """The unprofiled steps are timed in this many windows (one span with K-FAC)."""
 MAX_MEASURE_STEPS = 2000
+WARM_AGREE = 0.10
+WARM_MAX_S = 120.0
 
 
 @dataclass
@@ -67,7 +70,8 @@ class ProfileConfig:
     warmup: int = 3
     """Profiler warm-up steps before the recorded ones."""
     skip: int = 10
-    """Steps run first and not profiled: compilation, graph capture, autotuning."""
+    """Steps run first and not timed (compilation, graph capture, autotuning), at least:
+    blocks of as many follow until two agree on the step time and nothing recompiles."""
     measure_steps: int = 20
     """Steps timed without the profiler (the throughput beside the profiled figures), at
     least; more where they would take under --measure-seconds; with --optimizer kfac,
@@ -116,23 +120,38 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
         train = join_as_worker(world, train, dist_cfg, resolve_device(train.device))
         if not world.is_main:
             out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
+    speak = world.is_main or not parallel
     try:
         trainer = build_trainer(workload, data, train, accel, out=out,
                                 world=world if parallel else None,
                                 dist_cfg=dist_cfg if parallel else None, kfac=kfac)
-        return _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
-                        argv, speak=world.is_main or not parallel,
-                        workers=world.world_size if parallel else 1)
+        result = _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
+                          speak=speak, workers=world.world_size if parallel else 1)
     finally:
         if parallel:
             ddp.leave()
+    if measure_only or not speak:
+        return result
+    trainer = None
+    _free_device_memory()  # the A/B runs' processes need the GPU's memory, not this one
+    candidates = result.pop("candidates")
+    if argv is not None and not under_launcher():
+        _ab(result, argv, cfg, candidates)
+    _write(out, result)
+    return result
+
+
+def _free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Path,
-             measure_only: bool, argv, speak: bool, workers: int = 1) -> dict:
-    """Steps 1-4 of the module doc on a built trainer; ``speak``: print, confirm and write
-    (worker 0 of a data-parallel run, or the only process); ``workers``: how many train
-    (the rates are this worker's)."""
+             measure_only: bool, speak: bool, workers: int = 1) -> dict:
+    """Steps 1-4 of the module doc on a built trainer; ``speak``: print (worker 0 of a
+    data-parallel run, or the only process); ``workers``: how many train (the rates are
+    this worker's)."""
     u = trainer.updater
     try:
         result = {"workload": workload.name, "device": str(u.device), "out": str(out),
@@ -167,12 +186,6 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
         close_run(trainer)
-    if not speak:
-        return result
-    candidates = result.pop("candidates")
-    if argv is not None and not under_launcher():
-        _ab(result, argv, cfg, candidates)
-    _write(out, result)
     return result
 
 
@@ -212,21 +225,39 @@ def _lever(d: dict):
                  d.get("caveat") or "", d.get("measured"))
 
 
-def _measure(u, cfg: ProfileConfig) -> dict:
+def _warm_up(u, cfg: ProfileConfig) -> tuple[float, int, float]:
+    """``cfg.skip`` steps, then blocks of as many (2 at least) until two blocks agree per step
+    within ``WARM_AGREE`` and the last compiled nothing, for at most ``WARM_MAX_S``:
+    compilation, autotuning and a compiled step's first recompilations stay out of the timed
+    steps. All workers of a data-parallel run follow worker 0's decision. Returns (seconds,
+    steps, seconds per step of the last block)."""
     device = u.device
     t0 = time.perf_counter()
-    first = cfg.skip - cfg.skip // 2
-    for _ in range(first):
+    for _ in range(cfg.skip):
         u.update()
     _sync(device)
-    t1 = time.perf_counter()
-    for _ in range(cfg.skip // 2):
-        u.update()
-    _sync(device)
-    skip_s = time.perf_counter() - t0
-    # The skipped steps' second half, warm: enough steps to last cfg.measure_seconds.
-    warm = cfg.skip // 2
-    step_s = (time.perf_counter() - t1) / warm if warm else 0.0  # 0: unknown, no extension
+    cycle = cycle_steps(u.optimizer)  # K-FAC's: blocks of whole cycles, alike
+    steps, block, last = cfg.skip, -(-max(2, cfg.skip) // cycle) * cycle, None
+    while True:
+        graphs, t1 = compiled_graphs(), time.perf_counter()
+        for _ in range(block):
+            u.update()
+        _sync(device)
+        per = (time.perf_counter() - t1) / block
+        steps += block
+        settled = (last is not None and abs(per / last - 1) <= WARM_AGREE
+                   and compiled_graphs() == graphs)
+        done = settled or time.perf_counter() - t0 > WARM_MAX_S
+        if ddp.active():
+            done = ddp.broadcast_object(done)
+        if done:
+            return time.perf_counter() - t0, steps, per
+        last = per
+
+
+def _measure(u, cfg: ProfileConfig) -> dict:
+    device = u.device
+    skip_s, skipped, step_s = _warm_up(u, cfg)
     u.phases.take()
     cycle = cycle_steps(u.optimizer)
     wanted = cfg.measure_steps
@@ -245,6 +276,7 @@ def _measure(u, cfg: ProfileConfig) -> dict:
     windows = 1 if cycle > 1 else min(MEASURE_WINDOWS, steps)
     counts = [steps // windows + (i < steps % windows) for i in range(windows)]
     window_rates, elapsed = [], 0.0
+    graphs = compiled_graphs()
     watch = MachineWatch(own=job_pids(), device=device).start()
     try:
         samples0 = u.samples
@@ -262,7 +294,8 @@ def _measure(u, cfg: ProfileConfig) -> dict:
     finally:
         u.phases = clock
     samples = u.samples - samples0
-    return {"skip_s": skip_s, "measure_s": elapsed, "measured_steps": steps,
+    return {"skip_s": skip_s, "skipped_steps": skipped, "measure_s": elapsed,
+            "measured_steps": steps, "recompiles": compiled_graphs() - graphs,
             "cycle_steps": cycle, "samples_per_s": samples / elapsed,
             "window_rates": window_rates,
             "stability": Stability(spread(window_rates), watch.stop()).to_dict(),

@@ -101,7 +101,7 @@ class Window:
         if cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._compiles_before = _compiles()
+        self._compiles_before = compiled_graphs()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self._prof = profile(activities=activities,
                              schedule=schedule(wait=0, warmup=self.warmup,
@@ -135,7 +135,7 @@ class Window:
             prof.__exit__(None, None, None)
         if self.device.type == "cuda":
             self.mem_peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.recompiles = _compiles() - self._compiles_before
+        self.recompiles = compiled_graphs() - self._compiles_before
 
     def analyse(self, context: dict | None = None, samples_per_step: int | None = None
                 ) -> dict:
@@ -194,7 +194,7 @@ def muted():
                         print(line, file=sys.stderr)
 
 
-def _compiles() -> int:
+def compiled_graphs() -> int:
     """Graphs torch.compile has compiled so far in this process (0 when it never ran)."""
     try:
         from torch._dynamo.utils import counters

@@ -1,0 +1,62 @@
+"""The verdict corpus: the figures of real profiles (``tests/fixtures/verdicts``: the
+``profile.json`` kasoku wrote, on the 2-core EPYC here and on one H200 through
+``benchmarks/verdict_accuracy.py``) with the verdict and the candidate levers each must give.
+A change of a rule that flips one fails here; if the change is meant, the table says the new
+verdict and the commit says why."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kasoku.perf.profile.verdict import judge
+
+FIXTURES = Path(__file__).parent / "fixtures" / "verdicts"
+
+COMPILE, BATCH = ("--compile",), ("--batch-size", "200")
+DEVICE, PROCESSES = ("--loader", "device"), ("--loader", "multiprocess")
+EXPECTED = {
+    # 2-core AMD EPYC (AVX512-BF16), torch 2.13: sine-lstm's products at 3% of the peak are
+    # small operators, not compute; the MNIST MLP's at 53% are.
+    "cpu-epyc2-sine-lstm": ("latency-bound", [COMPILE, BATCH]),
+    "cpu-epyc2-cifar10-lenet5": ("latency-bound", [COMPILE, ("--threads", "1"), BATCH]),
+    "cpu-epyc2-mnist-mlp": ("compute-bound", [("--precision", "bf16"), COMPILE]),
+    "cpu-epyc2-stripes_cnn": ("memory-bound", [COMPILE, ("--channels-last",),
+                                               ("--keep-memory",)]),
+    # One H200, torch 2.11: the recipes as given, then with the step as a CUDA graph.
+    "h200-mnist-mlp": ("host-bound", [("--cuda-graph",), COMPILE, BATCH]),
+    "h200-sine-lstm": ("host-bound", [("--cuda-graph",), COMPILE, BATCH]),
+    "h200-cifar10-lenet5": ("host-bound", [("--cuda-graph",), COMPILE, BATCH]),
+    "h200-cifar10-resnet152": ("device-bound (compute-bound)",
+                               [("--precision", "bf16"), ("--channels-last",)]),
+    "h200-imagenet-resnet50": ("input-bound", [PROCESSES]),
+    "h200-mnist-mlp-top": ("input-bound", [DEVICE, PROCESSES]),
+    "h200-sine-lstm-top": ("input-bound", [DEVICE, PROCESSES]),
+    "h200-cifar10-lenet5-top": ("input-bound", [DEVICE, PROCESSES]),
+}
+
+
+def test_every_fixture_has_its_expected_verdict():
+    assert sorted(p.stem for p in FIXTURES.glob("*.json")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_corpus_keeps_its_verdicts(name):
+    recorded = json.loads((FIXTURES / f"{name}.json").read_text())
+    rule, candidates = EXPECTED[name]
+    verdict = judge(recorded["figures"])
+    assert verdict.rule == rule, verdict.line
+    assert [c.args for c in verdict.candidates] == candidates
+    assert all(c.expect.startswith("estimate") for c in verdict.candidates)  # not measured
+    # ... and the profile that recorded it said the same.
+    assert recorded["verdict"]["rule"] == rule
+
+
+def test_the_recorded_advice_was_measured_and_never_slower():
+    for name in EXPECTED:
+        lever = json.loads((FIXTURES / f"{name}.json").read_text())["verdict"]["lever"]
+        measured = lever.get("measured") or {}
+        assert measured.get("result") in ("faster", "none faster"), (name, lever)
+        if measured["result"] == "faster":
+            assert measured["ratio"] >= 1 + measured["noise"], (name, measured)
