@@ -157,10 +157,11 @@ def test_every_phase_has_a_colour_and_kfac_phases_are_listed():
 
 
 def test_profile_measures_whole_cycles_with_every_step_timed(tmp_path):
-    from kasoku.commands.profile import ProfileConfig, _measure
+    from kasoku.commands.profile import ProfileConfig
+    from kasoku.commands.profile_steps import time_steps
     u = kfac_trainer(tmp_path).updater
     sampled = u.phases = PhaseClock("cpu", sample_every=10**6)  # times nothing, nearly
-    result = _measure(u, ProfileConfig(skip=1, measure_steps=3))
+    result = time_steps(u, ProfileConfig(skip=1, measure_steps=3))
     assert result["measured_steps"] == INVERSE_EVERY and result["cycle_steps"] == INVERSE_EVERY
     assert set(f"time/{p}" for p in KFAC_PHASES) <= set(result["phases"])
     assert u.phases is sampled

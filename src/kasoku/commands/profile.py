@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.device import resolve_device
+from kasoku.commands.profile_steps import sync, time_steps
 from kasoku.commands.train import build_trainer, close_run, join_as_worker
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
@@ -38,29 +38,19 @@ from kasoku.kfac import KFAC
 from kasoku.perf import cpuinfo
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
-from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
 from kasoku.perf.profile.advice import advise
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
-    cycle_steps,
-    every_step_clock,
     kfac_figures,
-    measured_steps,
 )
 from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.timeline import draw_timeline
 from kasoku.perf.profile.verdict import Verdict, judge
-from kasoku.perf.profile.window import compiled_graphs, machine_facts, profile_updater
+from kasoku.perf.profile.window import machine_facts, profile_updater
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
-
-MEASURE_WINDOWS = 5
-"""The unprofiled steps are timed in this many windows (one span with K-FAC)."""
-MAX_MEASURE_STEPS = 2000
-WARM_AGREE = 0.10
-WARM_MAX_S = 120.0
 
 
 @dataclass
@@ -159,7 +149,7 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
                                "loader": train.loader,
                                "cpu_threads": trainer.setup.get("cpu_threads"),
                                "data": "synthetic" if data.synthetic else str(data.root)}}
-        result.update(_measure(u, cfg))
+        result.update(time_steps(u, cfg))
         if measure_only:
             return result
         result["workers"] = workers
@@ -225,84 +215,6 @@ def _lever(d: dict):
                  d.get("caveat") or "", d.get("measured"))
 
 
-def _warm_up(u, cfg: ProfileConfig) -> tuple[float, int, float]:
-    """``cfg.skip`` steps, then blocks of as many (2 at least) until two blocks agree per step
-    within ``WARM_AGREE`` and the last compiled nothing, for at most ``WARM_MAX_S``:
-    compilation, autotuning and a compiled step's first recompilations stay out of the timed
-    steps. All workers of a data-parallel run follow worker 0's decision. Returns (seconds,
-    steps, seconds per step of the last block)."""
-    device = u.device
-    t0 = time.perf_counter()
-    for _ in range(cfg.skip):
-        u.update()
-    _sync(device)
-    cycle = cycle_steps(u.optimizer)  # K-FAC's: blocks of whole cycles, alike
-    steps, block, last = cfg.skip, -(-max(2, cfg.skip) // cycle) * cycle, None
-    while True:
-        graphs, t1 = compiled_graphs(), time.perf_counter()
-        for _ in range(block):
-            u.update()
-        _sync(device)
-        per = (time.perf_counter() - t1) / block
-        steps += block
-        settled = (last is not None and abs(per / last - 1) <= WARM_AGREE
-                   and compiled_graphs() == graphs)
-        done = settled or time.perf_counter() - t0 > WARM_MAX_S
-        if ddp.active():
-            done = ddp.broadcast_object(done)
-        if done:
-            return time.perf_counter() - t0, steps, per
-        last = per
-
-
-def _measure(u, cfg: ProfileConfig) -> dict:
-    device = u.device
-    skip_s, skipped, step_s = _warm_up(u, cfg)
-    u.phases.take()
-    cycle = cycle_steps(u.optimizer)
-    wanted = cfg.measure_steps
-    if cycle == 1 and step_s > 0:  # K-FAC's steps: whole cycles of them, as asked
-        wanted = max(wanted, min(MAX_MEASURE_STEPS, int(cfg.measure_seconds / step_s)))
-    if ddp.active():  # every worker steps as often as worker 0, or the collectives hang
-        wanted = ddp.broadcast_object(wanted)
-    steps = measured_steps(wanted, cycle)
-    clock = u.phases
-    if cycle > 1:  # steps unalike on a schedule (K-FAC's): each timed, none left to chance
-        u.phases = every_step_clock(device)
-    else:  # steps alike: the clock's sample, but never none in a short window
-        clock.time_next()
-    # Steps alike: a few windows, each timed to a synchronize, so a single process has a
-    # spread too (the A/B runs' noise rule reads it); K-FAC's cycles stay one span.
-    windows = 1 if cycle > 1 else min(MEASURE_WINDOWS, steps)
-    counts = [steps // windows + (i < steps % windows) for i in range(windows)]
-    window_rates, elapsed = [], 0.0
-    graphs = compiled_graphs()
-    watch = MachineWatch(own=job_pids(), device=device).start()
-    try:
-        samples0 = u.samples
-        for i, n in enumerate(counts):
-            before, t0 = u.samples, time.perf_counter()
-            for _ in range(n):
-                u.update()
-            if i == len(counts) - 1:
-                u.phases.step()  # the last step's phases end here, with its work
-            _sync(device)  # note: sync, the window's device work inside its span
-            seconds = time.perf_counter() - t0
-            elapsed += seconds
-            window_rates.append((u.samples - before) / seconds)
-        phases = u.phases.take()
-    finally:
-        u.phases = clock
-    samples = u.samples - samples0
-    return {"skip_s": skip_s, "skipped_steps": skipped, "measure_s": elapsed,
-            "measured_steps": steps, "recompiles": compiled_graphs() - graphs,
-            "cycle_steps": cycle, "samples_per_s": samples / elapsed,
-            "window_rates": window_rates,
-            "stability": Stability(spread(window_rates), watch.stop()).to_dict(),
-            "samples_per_step": samples // max(1, steps),
-            "phases": phases, "phases_split": u.phases_split}
-
-
 def unprofiled_shares(figures: dict, result: dict) -> None:
     """Restate the shares of the step for the run without the profiler, which slows the host
     (every operator it records costs microseconds) but hardly the kernels: the step time and
@@ -322,11 +234,6 @@ def unprofiled_shares(figures: dict, result: dict) -> None:
         host_share = host / (host + other) if host + other > 0 else 0.0
         figures.update(busy_pct=busy, idle_data_pct=data, idle_host_pct=rest * host_share,
                        idle_other_pct=rest * (1 - host_share))
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _context(workload, trainer, train, accel, result: dict) -> dict:
@@ -397,7 +304,7 @@ def _python_profile(u, out: Path, steps: int) -> Path:
     profiler.start()
     for _ in range(steps):
         u.update()
-    _sync(u.device)
+    sync(u.device)
     profiler.stop()
     path = out / "python.html"
     path.write_text(profiler.output_html())

@@ -227,9 +227,11 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     ax, bx = fig.subplots(1, 2)
     ax.plot(ns, [row["samples_per_s"] for row in rows], "o-", color="C0", label="measured")
     ax.plot(ns, [n * base for n in ns], "--", color="0.5", label="ideal (N x 1 worker alone)")
-    for row in rows:
+    for i, row in enumerate(rows):
+        last = i == len(rows) - 1 and len(rows) > 1  # inside the axes, left of its point
         ax.annotate(f"{row['efficiency']:.0%} efficiency", (row["world_size"],
-                    row["samples_per_s"]), textcoords="offset points", xytext=(4, -12),
+                    row["samples_per_s"]), textcoords="offset points",
+                    xytext=(-4 if last else 4, -12), ha="right" if last else "left",
                     fontsize=8)
     ax.set_xticks(ns)
     ax.set_xlabel("workers")
