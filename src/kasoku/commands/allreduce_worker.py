@@ -74,11 +74,19 @@ def measure_size(size_bytes: int, request: dict, device, world_size: int):
     buf.zero_()
     for _ in range(request["warmup"]):
         dist.all_reduce(buf)
-    times = torch.tensor([_timed_batch(buf, request["iters"]) / request["iters"]
-                          for _ in range(request["reps"])], dtype=torch.float64, device=device)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # done when the slowest rank is done
+    def batches(reps: int) -> list[float]:
+        times = torch.tensor([_timed_batch(buf, request["iters"]) / request["iters"]
+                              for _ in range(reps)], dtype=torch.float64, device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # done when the slowest rank is done
+        return times.tolist()
+
+    times = batches(request["reps"])
+    # More batches while they disagree, up to twice as many again: every rank holds the same
+    # slowest times, so all decide alike.
+    while not spread(times).stable and len(times) < 3 * request["reps"]:
+        times += batches(1)
     dist.all_reduce(wrong)
-    return times.tolist(), int(wrong.item())
+    return times, int(wrong.item())
 
 
 def _timed_batch(buf, iters: int) -> float:

@@ -32,6 +32,7 @@ from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.rungs import Rung
 from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS
 from kasoku.commands.bench.worker import config_from_dict
 from kasoku.core.queues import request_queues
 from kasoku.distributed import ddp
@@ -145,16 +146,30 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     warmup_s = time.perf_counter() - t0
     windows = []
     watch = MachineWatch(own=job_pids(), device=device).start()
-    for _ in range(request["windows"]):
+
+    def window() -> None:
+        nonlocal done
         _barrier(device)
         t0 = time.perf_counter()
         runner(cycle(pool, steps, done))
         _sync(device)  # note: the window ends when this rank's device is done
         windows.append((time.perf_counter() - t0) * 1e3 / steps)
         done += steps
+
+    for _ in range(request["windows"]):
+        window()
     slowest = _max_over_ranks(windows, device)
+    # More windows while they disagree, up to twice as many again within their time: every
+    # rank holds the same slowest times, so all decide alike (no exchange needed).
+    budget_ms = min(1e3 * EXTRA_BUDGET_S, 2 * steps * sum(slowest))
+    while (not spread(slowest).stable and budget_ms > 0
+           and len(windows) < (1 + EXTRA_WINDOWS) * request["windows"]):
+        window()
+        slowest = _max_over_ranks(windows, device)
+        budget_ms -= steps * slowest[-1]
     params = [p for p in getattr(runner, "model", model).parameters() if p.requires_grad]
-    stability = Stability(spread(slowest), watch.stop()).to_dict()
+    stability = Stability(spread(slowest), watch.stop(),
+                          len(windows) - request["windows"]).to_dict()
     return {"step_ms": statistics.median(slowest), "step_ms_windows": slowest,
             "warmup_s": warmup_s, "stability": stability}, params
 

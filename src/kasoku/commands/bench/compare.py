@@ -195,6 +195,7 @@ def side_figures(best: dict | None, how: str, window: Window, out: Path, device_
     side.update(rung=best["rung"], batch_size=best["batch_size"],
                 device_name=best.get("env", {}).get("device_name"),
                 samples_per_s=rate, step_time_ms=(f.get("step_time_ms") or {}).get("median"),
+                stability=f.get("stability"),
                 compute_dtype=f.get("compute_dtype"), peak_flops_per_s=f.get("peak_flops_per_s"),
                 mfu=f.get("mfu"), mfu_note=f.get("mfu_note"),
                 model_flops_per_step=f.get("model_flops_per_step"),

@@ -7,6 +7,7 @@ from pathlib import Path
 from kasoku.commands.bench.compare import SCHEMA, times
 from kasoku.commands.bench.results import read_results
 from kasoku.commands.table import print_table
+from kasoku.perf.noise import marked
 from kasoku.train.extensions.plot_report import log_axis
 
 SIDES = (("cpu", "CPU"), ("cuda", "1 GPU"), ("cuda_2", "2 GPUs"))
@@ -40,7 +41,9 @@ def _share(side: dict | None) -> str:
 
 
 def _rate(side: dict | None) -> str:
-    return f"{side['samples_per_s']:,.0f}" if side and side.get("samples_per_s") else "-"
+    if not side or not side.get("samples_per_s"):
+        return "-"
+    return marked(f"{side['samples_per_s']:,.0f}", side.get("stability"))
 
 
 def _epoch(side: dict | None) -> str:
@@ -138,11 +141,18 @@ def print_compare(lines: list[dict], file=None) -> None:
     unit = lines[0].get("unit", "samples") if lines else "samples"
     print_table(headers, rows, file=file,
                 title=f"kasoku compare: each device's best rung ({unit}/s, median of the "
-                      f"timed windows); epoch = the real training set, extrapolated")
+                      f"timed windows, ! unstable); epoch = the real training set, "
+                      f"extrapolated")
     for line in lines:
         print(f"{line['workload']}: {line['reading']}", file=file)
     for note in notes(lines):
         print(f"note: {note}", file=file)
+    for line in lines:
+        for key, name in SIDES:
+            reasons = ((line.get(key) or {}).get("stability") or {}).get("reasons")
+            if reasons:
+                print(f"unstable (!): {line['workload']} on the {name}: {'; '.join(reasons)}",
+                      file=file)
 
 
 def latest_lines(out: Path, workloads: list[str]) -> list[dict]:

@@ -18,7 +18,7 @@ from kasoku.commands.bench.data_sources import Source, in_memory
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.rungs import Rung
 from kasoku.commands.bench.runner import make_runner
-from kasoku.commands.bench.timing import measure_windows, timed
+from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS, measure_windows, timed
 from kasoku.core.errors import ConfigError
 from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
 from kasoku.data.parallel_loader import ProcessLoader
@@ -117,13 +117,19 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
         watch = MachineWatch(own=pids, device=device).start()
         cpu_before, t0 = cpu.cpu_seconds(pids), time.perf_counter()
         spans = [_wall(device, lambda: _take(loader, req.batches)) for _ in range(req.windows)]
+        # More windows while they disagree: up to twice as many again, within their time.
+        budget = min(EXTRA_BUDGET_S, 2 * sum(sec for _, sec in spans))
+        while (not spread([n / sec for n, sec in spans]).stable
+               and len(spans) < (1 + EXTRA_WINDOWS) * req.windows and budget > 0):
+            spans.append(_wall(device, lambda: _take(loader, req.batches)))
+            budget -= spans[-1][1]
         wall_s = time.perf_counter() - t0
         cores = min(cpu.busy_cores(cpu_before, cpu.cpu_seconds(pids), wall_s), cpu.usable_cores())
         images = [n for n, _ in spans]
         figures["images_per_s"] = _rates(images, [s for _, s in spans])
-        figures["stability"] = Stability(spread([n / s for n, s in spans]),
-                                         watch.stop()).to_dict()
-        per_image = _delivered_bytes(loader, start, req.windows * req.batches,
+        figures["stability"] = Stability(spread([n / s for n, s in spans]), watch.stop(),
+                                         len(spans) - req.windows).to_dict()
+        per_image = _delivered_bytes(loader, start, len(spans) * req.batches,
                                      source.sample_bytes) / sum(images)
         figures.update(mb_per_s=figures["images_per_s"]["median"] * per_image / 1e6,
                        bytes_per_image=per_image, cpu_cores=cores,
