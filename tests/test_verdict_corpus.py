@@ -24,6 +24,11 @@ EXPECTED = {
     "cpu-epyc2-mnist-mlp": ("compute-bound", [("--precision", "bf16"), COMPILE]),
     "cpu-epyc2-stripes_cnn": ("memory-bound", [COMPILE, ("--channels-last",),
                                                ("--keep-memory",)]),
+    # ... LeNet-5 with K-FAC's factors every step, the MNIST MLP on 2 gloo workers, and
+    # sine-lstm at batch 1 (most of its step outside operators).
+    "cpu-epyc2-cifar10-lenet5-kfac": ("kfac-bound", [("--kfac-factor-update-freq", "2")]),
+    "cpu-epyc2-mnist-mlp-2procs": ("communication-bound", [BATCH]),
+    "cpu-epyc2-sine-lstm-bs1": ("dispatch-bound", [COMPILE, ("--batch-size", "2")]),
     # One H200, torch 2.11: the recipes as given, then with the step as a CUDA graph.
     "h200-mnist-mlp": ("host-bound", [("--cuda-graph",), COMPILE, BATCH]),
     "h200-sine-lstm": ("host-bound", [("--cuda-graph",), COMPILE, BATCH]),

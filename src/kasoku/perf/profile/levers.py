@@ -115,7 +115,8 @@ def input_fallback(f: dict) -> Lever:
 
 def communication_candidates(f: dict) -> list[Lever]:
     out = [_bigger_batch(f, "exchange (the same all-reduce over twice the samples)")]
-    if (f.get("allreduce_dtype") or "fp32") == "fp32":
+    # DDP's bf16 compression hook: NCCL's; gloo's all-reduce refused it on a CPU.
+    if f.get("device") == "cuda" and (f.get("allreduce_dtype") or "fp32") == "fp32":
         out.append(Lever("all-reduce the gradients in bf16: --allreduce-dtype bf16",
                          estimate(None, "half the bytes on the wire"),
                          ("--allreduce-dtype", "bf16"), None,

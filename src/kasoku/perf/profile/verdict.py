@@ -303,8 +303,8 @@ RULES: list[Rule] = [
          lv.cpu_latency_candidates,
          lambda f: lv.nothing_left("the operators are as large as this batch makes them"),
          lambda f: [_on_device(f), _batch(f, True)]),
-    Rule("memory-bound", {"matmul_pct": MATMUL_SHARE},
-         lambda f, t: _cpu(f) and f.get("operator_pct", 0.0) > 0
+    Rule("memory-bound", {"matmul_pct": MATMUL_SHARE, "mean_op_us": SMALL_OP_US},
+         lambda f, t: _cpu(f) and _mean_op_us(f) >= t["mean_op_us"]
          and _cpu_matmul_pct(f) < t["matmul_pct"],
          lambda f: _cpu_ops(f) + ": the rest moves memory (element-wise, copies, norms)",
          lv.cpu_memory_candidates,
