@@ -9,7 +9,7 @@ independent operators side by side; a training step's operators depend on each o
 is enough and more only take cores from the intra-op threads.
 
 Where no thread count is asked for, the cores another process keeps busy are left out
-(``kasoku.perf.noise.free_cpus``, watched for a tenth of a second): on a 2-core machine
+(``kasoku.perf.noise.free_cpus``, watched for a twentieth of a second): on a 2-core machine
 with one core busy elsewhere, two threads that wait on each other at every operator ran the
 MNIST MLP 20x slower than one thread on the free core.
 

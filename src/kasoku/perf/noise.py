@@ -263,7 +263,7 @@ def gpu_state(device, own: set[int] | None = None) -> dict | None:
         return None
 
 
-def free_cpus(cpus: Iterable[int], sample_s: float = 0.1) -> tuple[list[int], dict[int, float]]:
+def free_cpus(cpus: Iterable[int], sample_s: float = 0.05) -> tuple[list[int], dict[int, float]]:
     """The CPUs of ``cpus`` that other processes leave free, watched for ``sample_s`` seconds
     while this process waits: ``(free, {cpu: busy share} of the taken ones)``. A CPU is taken
     when it is busy at least ``CPU_TAKEN`` of the time; all of them free when /proc cannot be
