@@ -20,6 +20,7 @@ from kasoku.distributed.ddp import describe_failure
 from kasoku.distributed.launch import exit_worker, under_launcher
 from kasoku.distributed.world import World
 from kasoku.train import SnapshotError
+from kasoku.train.run_dir import AUTO, OUTPUT_ROOT, check_writable, find_snapshot
 
 EXIT_USAGE = 2
 """A user's mistake: a bad value, a missing file, an incompatible snapshot."""
@@ -75,6 +76,7 @@ def run_as_program() -> None:
 
 def _run(args) -> int:
     try:
+        _check_out(args)
         return args.handler(args)
     except (ConfigError, DataError, SnapshotError) as exc:
         _error(exc)
@@ -92,6 +94,29 @@ def _run(args) -> int:
         print(f"kasoku: error: {describe_failure(exc, World.from_env().rank, timeout)}",
               file=sys.stderr, flush=True)
         return EXIT_FAILED
+
+
+def _check_out(args) -> None:
+    """Refuse (``ConfigError``) a command's output folder that cannot take files, before any
+    work, and in a data-parallel run before its workers start: ``--out`` (every command that
+    writes has it, ``data make-jpeg``'s destination included), else where the command writes
+    without one, a resumed run's folder or ``runs/``. A redraw that writes nothing
+    (``--report --no-chart``) is let through."""
+    if not hasattr(args, "out") or (getattr(args, "report", False)
+                                    and getattr(args, "no_chart", False)):
+        return
+    if args.out is not None:
+        check_writable(args.out)
+    elif getattr(args, "resume", None) not in (None, AUTO):
+        try:  # the run goes on in its snapshot's folder
+            folder = find_snapshot(args.resume).parent
+        except SnapshotError:
+            return  # the command says what is wrong with --resume
+        check_writable(folder, flag="--resume",
+                       advice="give --out a folder you can write to, to continue it there")
+    else:
+        check_writable(OUTPUT_ROOT, flag="the default output folder",
+                       advice="give --out a folder you can write to")
 
 
 def _error(exc: BaseException) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import os
+import tempfile
 from pathlib import Path
 
 from kasoku.core.errors import ConfigError, warn_once
@@ -53,12 +55,42 @@ def run_files(folder: Path) -> list[Path]:
     return sorted({p for pattern in RUN_FILES for p in folder.glob(pattern) if p.is_file()})
 
 
+def check_writable(out: Path, flag: str = "--out", what: str = "the command's output",
+                   advice: str = "choose a folder you can write to") -> None:
+    """Refuse (``ConfigError``, one line saying what to do) an output folder ``out`` that
+    cannot take files: a file, a path under a file, or a folder, ``out`` itself or else its
+    nearest existing parent (where it would be created), in which creating a file fails
+    (read-only file system, no permission). Probed by creating and removing a file there:
+    ``os.access`` says yes on a read-only mount, and to root. Creates nothing that stays.
+    The message names ``flag``, ``what`` goes there, and ends with ``advice``."""
+    out = Path(out)
+    target = folder = Path(os.path.abspath(out))
+    # os.path.exists, not Path.exists: a parent without search permission is "absent" here
+    # (Path.exists raises), and the walk goes on up to the folder that refuses the probe.
+    while not os.path.exists(folder) and folder.parent != folder:
+        folder = folder.parent
+    if not os.path.isdir(folder):
+        where = "is a file" if folder == target else f"is under {folder}, a file"
+        raise ConfigError(f"{flag} {out} {where}; give a folder for {what}")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kasoku-write-check-")
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if folder == target:
+            raise ConfigError(f"{flag} {out}: cannot write in the folder ({why}); {advice}"
+                              ) from None
+        raise ConfigError(f"{flag} {out}: cannot create the folder ({folder}: {why}); "
+                          f"{advice}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def make_out_dir(out: Path, what: str = "the run's log, snapshots and plots") -> Path:
     """``out`` as a folder, created if missing: what every command writes into. A file there, or
-    a folder that cannot be created, is a ``ConfigError`` saying so, before any work starts."""
+    a folder that cannot be created or written in (``check_writable``), is a ``ConfigError``
+    saying so, before any work starts."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; give a folder for {what}")
+    check_writable(out, what=what)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
