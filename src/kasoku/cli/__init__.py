@@ -48,7 +48,8 @@ def build_parser() -> a.Parser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``kasoku ARGV``; returns the exit code (0 done, 1 the work failed, 2 a mistake in
-    the command or its inputs, 128 + N stopped by signal N)."""
+    the command or its inputs, 128 + N stopped by signal N). No arguments print the help (on
+    stdout) and return 2, as a missing command does in argparse tools."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv == ["--version"]:  # answered before the parser, whose flags need torch (~1.5 s)
         print(f"kasoku {__version__}")
@@ -56,8 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     request_queues()  # before anything starts CUDA: side streams need queues of their own
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
+        parser = build_parser()
+        if not argv:  # the help rather than "a command is required"; still 2: nothing was done
+            parser.print_help()
+            return EXIT_USAGE
         try:
-            args = build_parser().parse_args(argv)
+            args = parser.parse_args(argv)
         except SystemExit as exc:  # --help, --version, or a bad value (its line is printed)
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         args.argv = argv

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -17,6 +16,7 @@ import zlib
 from pathlib import Path
 
 from kasoku.core.errors import ConfigError, DataError
+from kasoku.core.status_line import StatusLine
 
 _MNIST = "https://yann.lecun.com/exdb/mnist/"
 DATASETS = {
@@ -83,6 +83,7 @@ def download_file(url: str, dest: Path, md5: str, progress: bool = True) -> Path
 def _stream(url: str, out, label: str, progress: bool) -> tuple[str, int, int | None]:
     """Copy ``url`` into ``out``; returns (md5 hex, bytes received, Content-Length or None)."""
     h, received = hashlib.md5(), 0
+    line = StatusLine() if progress else None
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response:
             length = response.headers.get("Content-Length")
@@ -91,21 +92,20 @@ def _stream(url: str, out, label: str, progress: bool) -> tuple[str, int, int | 
                 out.write(chunk)
                 h.update(chunk)
                 received += len(chunk)
-                if progress:
-                    _show(label, received, total)
+                if line:
+                    line.update(_progress(label, received, total))
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise DataError(f"{url}: download failed ({e}). Check the network, or download the "
                         "file by hand with a browser and put it into the dataset folder.") from e
     finally:
-        if progress and received:
-            sys.stderr.write("\n")
+        if line:
+            line.close()
     return h.hexdigest(), received, total
 
 
-def _show(label: str, received: int, total: int | None) -> None:
+def _progress(label: str, received: int, total: int | None) -> str:
     of = f" / {total / 1e6:.1f} MB" if total else " MB"
-    sys.stderr.write(f"\r{label}: {received / 1e6:.1f}{of}")
-    sys.stderr.flush()
+    return f"{label}: {received / 1e6:.1f}{of}"
 
 
 def fetch_dataset(name: str, root: str | Path, base_url: str | None = None,

@@ -13,7 +13,6 @@ import json
 import multiprocessing as mp
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.status_line import StatusLine
 
 MARKER = ".kasoku-make-jpeg.json"
 # (grid cells across the image's longer side, amplitude in 8-bit levels): coarse lighting down
@@ -56,13 +56,11 @@ def make_jpeg_folder(out: str | Path, num_images: int, width: int, height: int,
             sizes = pool.imap(job, range(num_images), chunksize=16)
         else:
             sizes = map(job, range(num_images))
+        line = stack.enter_context(StatusLine()) if progress else None
         for i, size in enumerate(sizes):
             total_bytes += size
-            if progress and (i + 1 == num_images or (i + 1) % 100 == 0):
-                sys.stderr.write(f"\rmake-jpeg: {i + 1}/{num_images} images")
-                sys.stderr.flush()
-    if progress:
-        sys.stderr.write("\n")
+            if line and (i + 1 == num_images or (i + 1) % 100 == 0):
+                line.update(f"make-jpeg: {i + 1}/{num_images} images")
     stats = {"num_images": num_images, "num_classes": num_classes, "width": width,
              "height": height, "quality": quality, "seed": seed, "total_bytes": total_bytes,
              "mean_bytes": total_bytes / num_images,
