@@ -3,10 +3,16 @@ log, the printed table and plots, snapshots, the progress bar, and the learning-
 schedule of the workload's recipe. ``workload`` is a ``kasoku.workloads.Workload``."""
 from __future__ import annotations
 
-from kasoku.core.errors import ConfigError
+import math
+
+from kasoku.core.errors import ConfigError, warn_once
 from kasoku.train import extensions as ext
 from kasoku.train.config import TrainConfig
 from kasoku.train.trainer import Trainer
+from kasoku.train.triggers import IntervalTrigger
+
+ROUNDING_NOTED = 0.05
+"""A run that trains this fraction more iterations than ``--epochs`` asks for says so."""
 
 
 def log_trigger(train: TrainConfig):
@@ -27,6 +33,7 @@ def extend_reports(trainer: Trainer, workload, train: TrainConfig, has_val: bool
     trainer.extend(ext.LogReport(trigger=every))
     trainer.extend(ext.PrintReport(print_entries(workload, has_val)))
     trainer.extend(ext.SkippedReport())
+    trainer.extend(EpochsRounded())
     trainer.extend(ext.FailOnNonNumber(), trigger=every)
     # Against the progress in epochs, fractions included: log lines every N iterations
     # fall between the epochs.
@@ -43,6 +50,38 @@ def extend_reports(trainer: Trainer, workload, train: TrainConfig, has_val: bool
     trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
     if train.progress:
         trainer.extend(ext.ProgressBar(unit=workload.sample_unit))
+
+
+class EpochsRounded:
+    """Says once, as the run starts, that the iterations it will train are noticeably more
+    than ``--epochs`` asks for (``rounded_epochs``)."""
+    trigger = None  # never fires: its one word is said in initialize
+    name = "EpochsRounded"
+
+    def initialize(self, trainer) -> None:
+        note = rounded_epochs(trainer.stop_trigger, trainer.updater.batches_per_epoch)
+        if note:
+            warn_once(note)
+
+    def __call__(self, trainer) -> None:
+        pass
+
+
+def rounded_epochs(stop, batches_per_epoch: int) -> str | None:
+    """What to say when a stop after ``stop``'s epochs (an ``IntervalTrigger`` in epochs;
+    any other stop: None) trains ``ROUNDING_NOTED`` or more iterations than asked: a run
+    stops after the whole iteration that reaches it, so ``--epochs 0.01`` of an epoch of 4
+    iterations trains one iteration, 0.25 epochs. None when the rounding is smaller."""
+    if not (isinstance(stop, IntervalTrigger) and stop.unit == "epoch"):
+        return None
+    asked = stop.period * batches_per_epoch
+    iterations = math.ceil(asked - 1e-9)  # where the stop fires (float rounding absorbed)
+    if iterations <= asked * (1 + ROUNDING_NOTED):
+        return None
+    return (f"--epochs {stop.period:g} asks for {asked:.3g} iterations ({batches_per_epoch} "
+            f"make an epoch here); a run trains whole iterations, so this one trains "
+            f"{iterations} iteration{'s' if iterations > 1 else ''} "
+            f"({iterations / batches_per_epoch:.4g} epochs)")
 
 
 def schedules(recipe, epochs: float, warmup_epochs: float) -> list:
