@@ -3,6 +3,7 @@
 
     kasoku scale imagenet-resnet50 --gpus 1,2,4 --batch-size 256
     kasoku scale mnist-mlp --procs 1,2
+    kasoku scale mnist-mlp --procs 1,2 --data ../shared/data/mnist --loader multiprocess
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kasoku.commands.scale import (
     print_results,
     run_scale,
 )
+from kasoku.commands.scale_feed import DEFAULT_LOADER, check_data
 from kasoku.distributed import World, require_single_process
 from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
 from kasoku.distributed.launch import plan_worlds
@@ -40,7 +42,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "scale", help="data-parallel scaling: throughput on 1, 2, 4... workers, and what "
         "limits it",
-        description="Train a workload on synthetic batches with 1, 2, 4... data-parallel "
+        description="Train a workload on synthetic batches (or with --data, each worker "
+        "reading its shard of the dataset through a loader) with 1, 2, 4... data-parallel "
         "workers (PyTorch's DDP; a process per GPU over NCCL, or CPU processes over gloo), "
         "each count in its own launch of PyTorch's elastic launcher, the batch per worker "
         "fixed. Per count: throughput, scaling efficiency over one worker without DDP, the "
@@ -62,6 +65,14 @@ def add_parser(sub) -> None:
                    help="the step's levers: a ladder label (plain, amp, +compile, ...) or "
                    "settings as `kasoku train` names them, e.g. precision=bf16,channels_last "
                    f"(default: the device's top rung on a GPU, {CPU_DEFAULT_RUNG} on a CPU)")
+    p.add_argument("--data", type=Path, metavar="DIR",
+                   help="the workload's dataset (the folder `kasoku train --data` reads): each "
+                   "worker reads its shard of the training split through --loader, inside the "
+                   "timed steps, and the time a step waits for its batch is measured (default: "
+                   "synthetic batches already on the device)")
+    p.add_argument("--loader", type=a.loader_spec, metavar="KIND[:N]",
+                   help="the loader of --data, as `kasoku train --loader` takes it (default: "
+                   f"{DEFAULT_LOADER})")
     p.add_argument("--steps", type=a.positive_int,
                    help="steps per timed window (default 20)")
     p.add_argument("--windows", type=a.positive_int, default=5,
@@ -91,8 +102,9 @@ def run(args) -> int:
     wl = create_workload(args.workload)
     plan = plan_worlds(gpus=args.gpus, procs=args.procs, from_one=True)
     cfg = scale_config(args, wl, plan.device_type)
-    out = out_or_new(args.out, wl.name, "scale", "the results and the chart")
     batch_sizes = args.batch_size or [wl.recipe.batch_size]
+    check_data(wl, args.data, args.loader, batch_sizes, plan.world_sizes, args.seed)
+    out = out_or_new(args.out, wl.name, "scale", "the results and the chart")
     failed = None
     for b in batch_sizes:
         one = dataclasses.replace(cfg, batch_size=b)
@@ -129,4 +141,6 @@ def scale_config(args, wl, device_type: str):
                        warmup=args.warmup if args.warmup is not None else defaults["warmup"],
                        seed=args.seed, threads=args.threads, bucket_mb=dist.bucket_mb,
                        static_graph=dist.static_graph, allreduce_dtype=dist.allreduce_dtype,
-                       timeout_s=dist.dist_timeout)
+                       timeout_s=dist.dist_timeout,
+                       data=str(args.data.resolve()) if args.data is not None else None,
+                       loader=args.loader)

@@ -22,7 +22,9 @@ From those, per N:
     hidden              = all-reduce alone - exposed        (what the overlap saved)
 
 and one line saying what limits the scaling: the exposed all-reduce, or workers that slow each
-other down (on one CPU, N processes split its cores), with what would help. On the CPU each
+other down (on one CPU, N processes split its cores), or with ``--data`` steps waiting for the
+loader's batches (``kasoku.commands.scale_feed``: each worker reads its shard of the dataset),
+with what would help. On the CPU each
 worker gets cores / N threads (``--threads`` to set it), so the N workers never ask for more
 cores than there are. The baseline of the efficiency is 1 worker alone: a single process
 without DDP, what one would run without ``--gpus``.
@@ -39,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kasoku.commands.bench.results import carry_results
+from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
 from kasoku.commands.table import print_table
 from kasoku.distributed.launch import WorkersFailed, cpu_cores, run_module
 from kasoku.perf.noise import marked
@@ -71,6 +74,11 @@ class ScaleConfig:
     static_graph: bool = False
     allreduce_dtype: str = "fp32"
     timeout_s: float = 300.0
+    data: str | None = None
+    """The dataset folder each worker reads its shard of; None: synthetic batches on the
+    device."""
+    loader: str | None = None
+    """The loader spec with ``data`` (None: ``kasoku train``'s default)."""
 
 
 def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None) -> list[dict]:
@@ -84,11 +92,13 @@ def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None)
     for n in world_sizes:
         threads = cfg.threads or max(1, cpu_cores() // n)
         what = f"{cfg.workload} with {n} worker{'s' * (n != 1)}"
+        source = (f"; each worker reads its shard of {cfg.data} through the "
+                  f"{cfg.loader or DEFAULT_LOADER} loader" if cfg.data else "")
         print(f"# {what}: {backend} on {device_type}, {cfg.label}, batch {cfg.batch_size} per "
               f"worker (global {cfg.batch_size * n})"
               + (f", {threads} thread{'s' * (threads != 1)} each" if device_type == "cpu"
                  else "") + f"; {cfg.warmup} warm-up + {cfg.windows} x {cfg.steps} steps, "
-              f"alone then data-parallel", file=file, flush=True)
+              f"alone then data-parallel{source}", file=file, flush=True)
         with tempfile.TemporaryDirectory(prefix="kasoku-scale-") as tmp:
             request = dict(asdict(cfg), device_type=device_type, threads=threads,
                            results=str(Path(tmp) / RESULTS_FILE))
@@ -129,14 +139,17 @@ def explain(r: dict, row: dict) -> str:
     """One line: what N workers give over one, and what limits it, with what would help."""
     n = r["world_size"]
     exposed, comm = r["exposed_allreduce_ms"], r["allreduce_alone_ms"]
+    fed = data_cause(r)  # with --data: (share, words, what would help) when steps wait
     if n == 1:
         head = (f"{r['workload']}, 1 worker through DDP: {row['speedup']:.2f}x the throughput "
                 f"of one process without DDP")
         if row["exposed_pct"] >= EXPOSED_PCT:
-            return head + (f"; DDP's bookkeeping and its all-reduce among one worker take "
-                           f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
-                           f"{r['step_ms']:.2f})")
-        return head + "; DDP costs little here"
+            head += (f"; DDP's bookkeeping and its all-reduce among one worker take "
+                     f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
+                     f"{r['step_ms']:.2f})")
+        else:
+            head += "; DDP costs little here"
+        return head + (f"; {fed[1]}. Would help: {', '.join(fed[2])}" if fed else "")
     head = (f"{r['workload']}, {n} workers: {row['speedup']:.2f}x the throughput of 1 worker "
             f"alone ({row['efficiency']:.0%} scaling efficiency)")
     hidden = max(0.0, comm - exposed)
@@ -159,14 +172,20 @@ def explain(r: dict, row: dict) -> str:
     if row["slowdown"] >= SLOWDOWN:
         share = 100.0 * (r["alone_step_ms"] - r["alone_step_ms"] / row["slowdown"]) \
             / r["step_ms"]
+        loaders = (r.get("data") or {}).get("loader_workers_per_worker") or 0
         why = (f"the {n} processes share this CPU's cores ({r['threads_per_worker']} "
-               f"thread{'s' * (r['threads_per_worker'] != 1)} each)"
+               f"thread{'s' * (r['threads_per_worker'] != 1)}"
+               + (f" and {loaders} loader worker{'s' * (loaders != 1)}" if loaders else "")
+               + " each)"
                if r["device_type"] == "cpu" else "they share the host, its memory and links")
         causes.append((share, f"each worker's step alone takes {row['slowdown']:.2f}x one "
                               f"worker's: {why}"))
         if r["device_type"] == "cpu":
             help_.append("on one machine, one process with all the cores (processes pay off "
                          "across machines)")
+    if fed:
+        causes.append(fed[:2])
+        help_.extend(fed[2])
     if not causes:
         if row["efficiency"] >= GOOD_EFFICIENCY:
             return head + (f"; the all-reduce ({comm:.2f} ms alone) is hidden behind the "
@@ -183,6 +202,8 @@ def print_results(records: list[dict], file=None) -> list[dict]:
     rows = summarize(records)
     by_n = {r["world_size"]: r for r in records}
     unit = records[0].get("unit", "samples") if records else "samples"
+    data = (records[0].get("data") or {}) if records else {}
+    fed = data.get("source") == "files"
     table = []
     for row in rows:
         r = by_n[row["world_size"]]
@@ -191,16 +212,27 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                       f"{row['speedup']:.2f}x",
                       f"{row['efficiency']:.0%}", f"{r['step_ms']:.2f}",
                       f"{r['alone_step_ms']:.2f}", f"{r['exposed_allreduce_ms']:.2f}",
-                      f"{row['exposed_pct']:.0f}%", f"{r['allreduce_alone_ms']:.2f}"])
+                      f"{row['exposed_pct']:.0f}%", f"{r['allreduce_alone_ms']:.2f}"]
+                     + ([f"{r['data_wait_ms']:.2f}"] if fed else []))
     if rows:
         print_table(["workers", "global batch", f"{unit}/s", "speed-up", "efficiency",
                      "step (ms)", "alone (ms)", "exposed all-reduce (ms)", "exposed %",
-                     "all-reduce alone (ms)"], table,
+                     "all-reduce alone (ms)"] + (["data wait (ms)"] if fed else []), table,
                     title=f"scaling: {records[0]['workload']}, {records[0]['rung']}, "
-                          f"{records[0]['backend']}; speed-up over {rows[0]['baseline']}",
+                          f"{records[0]['backend']}; speed-up over {rows[0]['baseline']}"
+                          + (f"; data: {data['root']} through the {data['loader']} loader"
+                             if fed else ""),
                     file=file)
         for row in rows:
             print(row["explanation"], file=file)
+        for r in records if fed else []:
+            d = r["data"]
+            print(f"data, {r['world_size']} worker{'s' * (r['world_size'] != 1)}: "
+                  f"{d['train_samples']:,} training samples, a shard of "
+                  f"{d['samples_per_worker']:,} per worker, {d['samples_read_per_worker']:,} "
+                  f"read by each ({d['epochs_read']:.2f} of an epoch)"
+                  + (f", {d['skipped_files']} bad files skipped" if d["skipped_files"] else ""),
+                  file=file)
         for r in records:
             for key, what in (("stability", "data-parallel step"), ("alone_stability",
                                                                      "step alone")):
@@ -243,16 +275,25 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     alone = [by_n[n]["alone_step_ms"] for n in ns]
     exposed = [by_n[n]["exposed_allreduce_ms"] for n in ns]
     labels = [str(n) for n in ns]
-    bx.bar(labels, alone, color="C0", label="step alone (no DDP)")
+    waits = [by_n[n].get("alone_data_wait_ms") for n in ns]
+    if all(w is not None for w in waits):  # --data: the step alone's wait for its batches
+        rest = [a - w for a, w in zip(alone, waits)]
+        bx.bar(labels, rest, color="C0", label="step alone (no DDP): the rest")
+        bx.bar(labels, waits, bottom=rest, color="C1", label="step alone: waiting for data")
+    else:
+        bx.bar(labels, alone, color="C0", label="step alone (no DDP)")
     bx.bar(labels, exposed, bottom=alone, color="C3", label="exposed all-reduce")
     bx.set_xlabel("workers")
     bx.set_ylabel("ms per step")
     bx.grid(alpha=0.3, axis="y")
     bx.legend(fontsize=8)
     first = records[0]
+    data = first.get("data") or {}
     fig.suptitle(f"{first['workload']} data-parallel: {first['rung']}, batch "
                  f"{first['batch_size_per_worker']} per worker, {first['backend']} on "
-                 f"{first['env'].get('device_name', first['device_type'])}", fontsize=10)
+                 f"{first['env'].get('device_name', first['device_type'])}"
+                 + (f"; {data['loader']} loader" if data.get("source") == "files" else ""),
+                 fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")

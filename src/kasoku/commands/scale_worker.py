@@ -15,8 +15,12 @@ time is the slowest rank's (a step is not done before its last worker is), the f
 median over windows. Warm-up steps (compilation, autotuning, DDP's bucket rebuild, graph
 capture) run before and are reported, not timed.
 
+With ``--data DIR`` every step pulls its batch from this worker's shard through a loader
+(``kasoku.commands.scale_feed``) in both step measurements, and the time it waited for it is
+timed beside it (each window the slowest rank's wait per step).
+
 Test hook (environment): ``KASOKU_SCALE_SIMULATE_FAILURE=RANK`` makes that rank fail after
-the process group is up.
+the process group is up (and ``scale_feed`` has one for the samples read).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from kasoku.commands.bench.rungs import Rung
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS
 from kasoku.commands.bench.worker import config_from_dict
+from kasoku.commands.scale_feed import SAMPLES_ENV, ShardFeed
 from kasoku.core.queues import request_queues
 from kasoku.distributed import ddp
 from kasoku.distributed.config import DistConfig
@@ -82,17 +87,23 @@ def measure(request: dict, device, world_size: int) -> dict:
                      allreduce_dtype=request["allreduce_dtype"])
     rank = torch.distributed.get_rank()
     torch.manual_seed(request["seed"])
-    spec = batch_spec(wl, wl.build_model())
-    # Each worker its own batches, as a sharded loader gives it.
-    pool = make_pool(spec, request["batch_size"], device, 4, seed=request["seed"] + rank)
+    batches, feed, data = _source(request, wl, device, rank, world_size)
     notes: list[str] = []
-
-    alone, _ = _time_steps(request, wl, rung, device, pool, notes, distribute=None)
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    wrapped, params = _time_steps(request, wl, rung, device, pool, notes,
-                                  distribute=lambda model: ddp.wrap(model, cfg, device))
+    try:
+        alone, _ = _time_steps(request, wl, rung, device, batches, feed, notes,
+                               distribute=None)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        wrapped, params = _time_steps(request, wl, rung, device, batches, feed, notes,
+                                      distribute=lambda model: ddp.wrap(model, cfg, device))
+        if feed is not None:
+            data = feed.describe()
+            if os.environ.get(SAMPLES_ENV):
+                feed.save_seen(Path(os.environ[SAMPLES_ENV]))
+    finally:
+        if feed is not None:
+            feed.close()
     comm = _time_allreduce(params, cfg, device)
     step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
     exposed_ms = max(0.0, step_ms - alone_ms)
@@ -118,16 +129,38 @@ def measure(request: dict, device, world_size: int) -> dict:
         "samples_per_s_per_worker": b / (step_ms / 1e3),
         "alone_samples_per_s_per_worker": b / (alone_ms / 1e3),
         "warmup_s": {"alone": alone["warmup_s"], "data_parallel": wrapped["warmup_s"]},
+        "data": data, "data_wait_ms": wrapped["data_wait_ms"],
+        "data_wait_ms_windows": wrapped["data_wait_ms_windows"],
+        "alone_data_wait_ms": alone["data_wait_ms"],
         "timing": "perf_counter around a synchronize, slowest rank",
         "notes": list(dict.fromkeys(notes)), "env": environment(device), "time": now,
     }
 
 
-def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distribute
+def _source(request: dict, wl, device, rank: int, world_size: int):
+    """``(batches(n, start), feed, data)``: with ``request["data"]`` this worker's shard
+    through the loader (``feed``, a ``ShardFeed``), else a pool of synthetic batches on the
+    device (``feed`` None); ``data`` describes the source for the record."""
+    if request.get("data"):
+        feed = ShardFeed(wl, request["data"], request.get("loader"), request["batch_size"],
+                         device, rank, world_size, seed=request["seed"],
+                         record_samples=bool(os.environ.get(SAMPLES_ENV)))
+        return feed.take, feed, None
+    spec = batch_spec(wl, wl.build_model())
+    # Each worker its own batches, as a sharded loader gives it.
+    pool = make_pool(spec, request["batch_size"], device, 4, seed=request["seed"] + rank)
+
+    def batches(n: int, start: int):
+        return cycle(pool, n, start)
+    return batches, None, {"source": "synthetic on-device", **spec.describe()}
+
+
+def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str], distribute
                 ) -> tuple[dict, list]:
     """Warm-up, then ``windows`` timed windows of ``steps`` steps of the rung's step (DDP's
-    when ``distribute`` is given): the slowest rank's time per step of each window, and the
-    parameters the step trains."""
+    when ``distribute`` is given) on ``batches(n, start)``: the slowest rank's time per step
+    of each window (and with a ``feed``, its wait for the batches), and the parameters the
+    step trains."""
     import torch
 
     torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
@@ -140,20 +173,24 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     _barrier(device)
     t0 = time.perf_counter()
     for _ in range(max(1, request["warmup"])):
-        runner(cycle(pool, 1, done))
+        runner(batches(1, done))
         done += 1
     _sync(device)
     warmup_s = time.perf_counter() - t0
-    windows = []
+    if feed is not None:
+        feed.wait_ms()  # the warm-up's waits (the loader's start) are not a window's
+    windows, waits = [], []
     watch = MachineWatch(own=job_pids(), device=device).start()
 
     def window() -> None:
         nonlocal done
         _barrier(device)
         t0 = time.perf_counter()
-        runner(cycle(pool, steps, done))
+        runner(batches(steps, done))
         _sync(device)  # note: the window ends when this rank's device is done
         windows.append((time.perf_counter() - t0) * 1e3 / steps)
+        if feed is not None:
+            waits.append(feed.wait_ms() / steps)
         done += steps
 
     for _ in range(request["windows"]):
@@ -170,8 +207,11 @@ def _time_steps(request: dict, wl, rung, device, pool, notes: list[str], distrib
     params = [p for p in getattr(runner, "model", model).parameters() if p.requires_grad]
     stability = Stability(spread(slowest), watch.stop(),
                           len(windows) - request["windows"]).to_dict()
+    waited = _max_over_ranks(waits, device) if feed is not None else None
     return {"step_ms": statistics.median(slowest), "step_ms_windows": slowest,
-            "warmup_s": warmup_s, "stability": stability}, params
+            "warmup_s": warmup_s, "stability": stability,
+            "data_wait_ms": statistics.median(waited) if waited else None,
+            "data_wait_ms_windows": waited}, params
 
 
 def _time_allreduce(params: list, cfg, device) -> dict:
