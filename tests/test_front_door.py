@@ -125,7 +125,7 @@ def test_a_fraction_of_an_epoch_below_one_batch_is_said_once(tmp_path, capsys):
     assert warned[0].startswith("kasoku: warning: --epochs 0.01 asks for ")
     assert f"{epochs * per_epoch:.3g} iterations" in warned[0]
     assert f"trains 1 iteration ({1 / per_epoch:.4g} epochs)" in warned[0]
-    log = [json.loads(line) for line in open(tmp_path / "a" / "log.jsonl")]
+    log = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["iteration"] == 1
     reset_warnings()
     assert main([*argv, "--epochs", "1", "--out", str(tmp_path / "b")]) == 0
