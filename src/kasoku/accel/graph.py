@@ -196,5 +196,16 @@ class CudaGraphStep:
         self.eager_steps += 1
         return obs
 
+    def release(self) -> None:
+        """Free the captured graph and its static buffers (the next call warms up and captures
+        again). Before a data-parallel worker leaves its process group: a graph that captured
+        its collectives must not outlive the communicator (``kasoku.accel.teardown``)."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = None
+        self._static_batch, self._static_obs, self._static_grads = (), {}, []
+        self._last_signature = None
+        self.eager_steps = 0
+
     def __repr__(self) -> str:
         return f"CudaGraphStep({self.step_fn!r}, captured={self.graph is not None})"

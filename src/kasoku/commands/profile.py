@@ -27,12 +27,13 @@ from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.device import resolve_device
+from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.commands.profile_steps import sync, time_steps
-from kasoku.commands.train import build_trainer, close_run, join_as_worker
+from kasoku.commands.train import build_trainer, close_run
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
 from kasoku.data.registry import check_loader_settings, dataset_kind
-from kasoku.distributed import World, ddp, require_single_process
+from kasoku.distributed import World, require_single_process
 from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFAC
 from kasoku.perf import cpuinfo
@@ -111,6 +112,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
         if not world.is_main:
             out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
     speak = world.is_main or not parallel
+    trainer = None
     try:
         trainer = build_trainer(workload, data, train, accel, out=out,
                                 world=world if parallel else None,
@@ -119,7 +121,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
                           speak=speak, workers=world.world_size if parallel else 1)
     finally:
         if parallel:
-            ddp.leave()
+            leave_job(trainer, torch.device(train.device))
     if measure_only or not speak:
         return result
     trainer = None

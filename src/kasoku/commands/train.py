@@ -7,7 +7,6 @@ Everything a lever needs is decided by ``kasoku.accel.accelerate``; every loader
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import warnings
@@ -22,6 +21,7 @@ from kasoku.accel.loader_cores import loader_split, release_cores
 from kasoku.accel.loss_scale import PrecisionState
 from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.commands.device import resolve_device
+from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
@@ -36,7 +36,12 @@ from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import default_out, resolve_run
-from kasoku.train.standard import extend_reports, log_trigger, schedules, snapshot_trigger
+from kasoku.train.standard import (
+    extend_reports,
+    log_trigger,
+    schedules,
+    snapshot_trigger,
+)
 from kasoku.workloads import Workload, create_workload
 
 
@@ -320,22 +325,6 @@ def close_run(trainer: Trainer) -> None:
     release_cores(trainer.setup.get("cpu_threads"))
 
 
-def join_as_worker(world: World, train: TrainConfig, dist_cfg: DistConfig,
-                   device: torch.device) -> TrainConfig:
-    """Join the data-parallel job as worker ``world.rank``: its device (GPU ``LOCAL_RANK``
-    with ``--gpus``, or under another launcher when ``device`` is a GPU; else the CPU), worker
-    0 the only voice (the others print no warnings and no progress), the process group
-    joined. Returns ``train`` on this worker's device."""
-    wants_gpu = dist_cfg.gpus is not None or (dist_cfg.procs is None and device.type == "cuda")
-    device = ddp.worker_device(world, "cuda" if wants_gpu else "cpu")
-    train = dataclasses.replace(train, device=str(device))
-    if not world.is_main:  # one voice: worker 0's
-        warnings.simplefilter("ignore", KasokuWarning)
-        train = dataclasses.replace(train, progress=False)
-    ddp.join(world, device, dist_cfg.dist_timeout)
-    return train
-
-
 def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
                   accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
                   kfac: KFACConfig | None = None) -> Trainer:
@@ -346,6 +335,7 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
         resume = "auto"  # the launcher restarted the group: on from the latest snapshot
     train = join_as_worker(world, train, dist_cfg, device)
     device = torch.device(train.device)
+    trainer = None
     try:
         located = None
         if world.is_main:
@@ -377,7 +367,7 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
         _run_and_close(trainer)
         return trainer
     finally:
-        ddp.leave()
+        leave_job(trainer, device)
 
 
 def _say_again(caught: list) -> None:
