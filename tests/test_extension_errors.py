@@ -46,6 +46,7 @@ def failing_trainer(tmp_path):
 
 # Every extension kasoku ships, as kasoku train registers it (or as a user would).
 FACTORIES = {
+    "BadFileLog": lambda t, d: extensions.BadFileLog(),
     "CosineLR": lambda t, d: extensions.CosineLR(3),
     "StepLR": lambda t, d: extensions.StepLR(1),
     "LinearWarmup": lambda t, d: extensions.LinearWarmup(1),

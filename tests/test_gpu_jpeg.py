@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from kasoku.core.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError, reset_warnings
 from kasoku.data.gpu_jpeg import GpuJpegLoader, crop_resize_normalize, val_box
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.jpeg_synth import make_jpeg_folder
@@ -227,15 +227,16 @@ def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the serial loader's own warnings are not counted
         expected = [next(serial) for _ in range(2 * serial.batches_per_epoch)]
+    reset_warnings()  # the serial loader's warning is said once per process: say it again
     with gpu, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for want in expected:
             assert_same_views(want, next(gpu))
         assert gpu.skipped == 2
-        assert sorted(os.path.basename(p) for p in gpu.skipped_files) == \
-            ["img_000001.jpg", "img_000002.jpg"]
-    mine = [str(w.message) for w in caught if str(w.message).startswith("skipping")
-            and "cannot decode image" in str(w.message)]
+        assert sorted((os.path.basename(r.path), r.reason) for r in gpu.skipped_records) == \
+            [("img_000001.jpg", "not an image"), ("img_000002.jpg", "empty")]
+        assert set(gpu.skipped_records) == set(serial.skipped_records)  # files and reasons
+    mine = [str(w.message) for w in caught if str(w.message).startswith("skipping bad file")]
     assert len(mine) == 1  # the first bad file is warned; the second is only counted
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 from test_gpu_jpeg import SIZE, assert_same_views, bad_folder  # noqa: F401 - a fixture
 from test_parallel_loader import assert_killing_worker_1_is_reported
 
-from kasoku.core.errors import ConfigError, DataError
+from kasoku.core.errors import ConfigError, DataError, reset_warnings
 from kasoku.data.gpu_jpeg import GpuJpegLoader
 from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
 from kasoku.data.imagefolder import ImageFolder
@@ -76,13 +76,14 @@ def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = [next(serial) for _ in range(2 * serial.batches_per_epoch)]
+    reset_warnings()  # the serial loader's warning is said once per process: say it again
     with procs, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for want in expected:
             assert_same_views(want, next(procs))
         assert procs.skipped == 2
-        assert sorted(os.path.basename(p) for p in procs.skipped_files) == \
-            ["img_000001.jpg", "img_000002.jpg"]
+        assert sorted((os.path.basename(r.path), r.reason) for r in procs.skipped_records) == \
+            [("img_000001.jpg", "not an image"), ("img_000002.jpg", "empty")]
     mine = [str(w.message) for w in caught if "skipping bad file" in str(w.message)]
     assert len(mine) == 1  # the first bad file, once over two epochs; the second is counted
 

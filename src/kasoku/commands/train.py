@@ -154,9 +154,10 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                          metric_fn=metric_fn, device=device))
         if world.is_main:
             extend_reports(trainer, workload, train, has_val=val_set is not None)
-        else:  # the other workers take part in snapshots (their RNG states) and write nothing
+        else:  # the other workers take part in snapshots (their RNG states), write no log
             trainer.extend(ext.FailOnNonNumber(), trigger=log_trigger(train))
             trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
+            trainer.extend(ext.BadFileLog())  # their shards' bad files join worker 0's list
     except BaseException:
         for made in built:
             getattr(made, "close", lambda: None)()

@@ -18,9 +18,11 @@ draws keyed on ``(seed, epoch, index)``, computed for the whole batch at once), 
 holds the same samples, labels, crop boxes and flips as the serial loader's. The pixels differ slightly: the resize is bilinear without antialiasing
 from the full decode, where Pillow filters (and may decode at reduced scale first).
 
-Bad files: a file the GPU decoder rejects is tried with Pillow (PNGs, CMYK JPEGs); one nothing
-can decode is skipped as ``ImageFolder`` skips it (warned once, counted in ``bad_files``,
-replaced by the next good index), or is an error with ``strict``.
+Bad files: every file passes the rule all loaders share (``kasoku.data.bad_files``: a truncated
+JPEG is skipped, though nvJPEG would decode it) before a decoder sees it; a file the GPU decoder
+rejects is tried with Pillow (PNGs, CMYK JPEGs); one nothing can decode is skipped as
+``ImageFolder`` skips it (recorded with its reason in ``bad_files``, replaced by the next good
+index), or is an error with ``strict``.
 
 Without CUDA (or with ``decoder="pillow"``) the files are decoded by Pillow in the reading
 threads and the same batched crop runs on the CPU; that path is what the CPU tests exercise.
@@ -37,6 +39,7 @@ import torch
 from kasoku.core.errors import DataError
 from kasoku.core.queues import check_queues
 from kasoku.data import crop_kernel
+from kasoku.data.bad_files import BadFile
 from kasoku.data.imagefolder import VAL_CROP_FRACTION, ImageFolder
 from kasoku.data.jpeg_decoders import HWC, CpuImage, make_decoder, pillow_decode, read_bytes
 from kasoku.data.parallel_loader import _PrefetchLoader
@@ -121,10 +124,11 @@ class JpegBatchMaker:
 
     def read(self, index: int):
         """The file as the decoder takes it (``decoder.load``: a parsed code stream, a byte
-        tensor, or for Pillow the decoded image); None for a file that cannot be read."""
+        tensor, or for Pillow the decoded image); None for a file that cannot be read or breaks
+        the shared rule (``replacement`` finds why, as every loader does)."""
         try:
             return self.decoder.load(self.dataset.samples[index][0])
-        except Exception:  # noqa: BLE001 - unreadable or unparseable: replacement decides
+        except Exception:  # noqa: BLE001 - bad, unreadable or unparseable: replacement decides
             return None
 
     def assemble(self, epoch, idx, prepared, host_labels: bool = False):
@@ -194,12 +198,10 @@ class JpegBatchMaker:
             path = ds.samples[i][0]
             try:
                 return i, CpuImage(pillow_decode(read_bytes(path), path))
-            except (OSError, DataError) as exc:
-                error = DataError(f"{path}: cannot decode image ({exc}); the file is corrupt, "
-                                  f"truncated or not an image. Replace or delete it.")
+            except BadFile as bad:
                 if ds.strict:
-                    raise error from exc
-                ds.note_bad(path, error)
+                    raise
+                ds.note_bad(bad)
         raise DataError(f"{ds.root}: none of its {n} images can be decoded; check the folder.")
 
 

@@ -5,24 +5,27 @@ validation samples resize-shorter-side + center-crop; both are normalized with t
 mean/std. Randomness comes from ``(seed, epoch, index)`` (``set_epoch``), so any worker
 process produces the same sample, and so does a resumed run.
 
-Bad files (corrupt, truncated, zero-byte, not an image): with ``strict=True`` the first one
-raises ``DataError`` naming it. Otherwise (the default) it is warned about once per file,
-added to ``dataset.bad_files``, and the sample is replaced by the next good index searching
-forward, ``(i + 1) % n``, ... -- deterministic, so batches stay full and every loader (and a
-resumed run) sees the same replacement. Loaders whose workers hold their own copy of the
-dataset collect these reports (``loader.skipped``, ``loader.skipped_files``).
+Bad files (empty, truncated, not an image, corrupt, unreadable: the rule every loader shares,
+``kasoku.data.bad_files``): with ``strict=True`` the first one raises ``BadFile`` (a
+``DataError``) naming it and why. Otherwise (the default) it is recorded in
+``dataset.bad_files`` (a ``BadFileList``: path and reason, the first one warned about), and the
+sample is replaced by the next good index searching forward, ``(i + 1) % n``, ... --
+deterministic, so batches stay full and every loader (and a resumed run) sees the same
+replacement. Loaders whose workers hold their own copy of the dataset collect these records
+(``loader.skipped``, ``loader.skipped_files``, ``loader.skipped_records``).
 """
 from __future__ import annotations
 
+import io
 import math
-import threading
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
-from kasoku.core.errors import DataError, warn_once
+from kasoku.core.errors import DataError
+from kasoku.data.bad_files import BadFile, BadFileList, decode_failure, read_checked
 from kasoku.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -43,9 +46,10 @@ class ImageFolder:
     """Map-style dataset over ``root/<class>/*.{jpg,jpeg,png}`` (case-insensitive).
 
     ``classes``: sorted class folder names; ``samples``: ``(path, class_index)`` sorted by class
-    then file name. ``ds[i] -> (float32 [3, image_size, image_size], int64 label)``. A file
-    Pillow cannot fully decode raises ``DataError`` naming it when ``strict``; otherwise it is
-    skipped as the module docstring says (``bad_files``: the paths skipped so far).
+    then file name. ``ds[i] -> (float32 [3, image_size, image_size], int64 label)``. A bad file
+    (``kasoku.data.bad_files``: checked, then decoded by Pillow) raises ``BadFile`` naming it
+    when ``strict``; otherwise it is skipped as the module docstring says (``bad_files``: those
+    skipped so far, with their reasons).
     """
 
     def __init__(self, root: str | Path, train: bool, image_size: int = 224, seed: int = 0,
@@ -55,17 +59,7 @@ class ImageFolder:
         self.strict = bool(strict)
         self.classes, self.samples = _scan(self.root)
         self.name = f"{self.root} ({'train' if self.train else 'val'})"
-        self.bad_files: set[Path] = set()
-        self._bad_lock = threading.Lock()  # ThreadLoader decodes from several threads
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        del state["_bad_lock"]  # locks do not pickle; worker processes get their own
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._bad_lock = threading.Lock()
+        self.bad_files = BadFileList()
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -77,28 +71,22 @@ class ImageFolder:
         n = len(self.samples)
         if index < 0:
             index += n
+        first = None
         for candidate in range(index, index + n):
             try:
                 return self._decode(candidate % n)
-            except DataError as exc:
+            except BadFile as bad:
                 if self.strict:
                     raise
-                self.note_bad(self.samples[candidate % n][0], exc)
-        raise DataError(f"{self.root}: none of its {n} images can be decoded (first: "
-                        f"{self.samples[index][0]}); check the files or the folder.")
+                self.note_bad(bad)
+                first = first or bad
+        raise DataError(f"{self.root}: none of its {n} images can be decoded (first: {first}); "
+                        f"check the files or the folder.")
 
-    def note_bad(self, path: Path, exc: DataError) -> None:
-        """Record ``path`` in ``bad_files`` and warn with ``exc`` (once per file; loaders that
-        decode the files themselves report theirs here too)."""
-        with self._bad_lock:
-            if path in self.bad_files:
-                return
-            first = not self.bad_files
-            self.bad_files.add(path)
-        if first:  # later ones are counted (SkippedReport), not warned one by one
-            warn_once(f"skipping {exc} Its samples are replaced by the next good image, and "
-                      f"later bad files are counted at each epoch's end (--strict-data makes "
-                      f"this an error).")
+    def note_bad(self, bad: BadFile) -> None:
+        """Record a skipped file in ``bad_files`` (loaders that decode the files themselves
+        report theirs here too)."""
+        self.bad_files.add(bad.path, bad.reason)
 
     def _decode(self, index: int):
         path, label = self.samples[index]
@@ -110,12 +98,12 @@ class ImageFolder:
         return torch.from_numpy(x), torch.tensor(label, dtype=torch.int64)
 
     def _load(self, path: Path, index: int) -> Image.Image:
+        data = read_checked(path)  # the shared rule first: Pillow may decode a truncated JPEG
         try:
-            with Image.open(path) as img:
+            with Image.open(io.BytesIO(data)) as img:
                 return self._train_view(img, index) if self.train else self._val_view(img)
         except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as e:
-            raise DataError(f"{path}: cannot decode image ({type(e).__name__}: {e}); the file "
-                            "is corrupt, truncated or not an image. Replace or delete it.") from e
+            raise decode_failure(path, e) from e
 
     def _train_view(self, img: Image.Image, index: int) -> Image.Image:
         size = self.image_size

@@ -5,6 +5,10 @@ A decoder has ``name``, ``layout`` (``hwc`` or ``chw``: how its images lie in me
 ``load(path)`` (in a reading thread: the file as the decoder takes it) and ``decode(loaded,
 device) -> (images, buffers)``: one image tensor per file, None where it failed, and whatever
 must stay alive until the device has read the images. ``make_decoder`` picks one.
+
+Every ``load`` applies the rule all loaders share (``kasoku.data.bad_files``) before the file
+reaches a decoder, raising ``BadFile``: nvJPEG would decode a truncated JPEG that Pillow
+refuses, so without the rule the loaders would skip different files.
 """
 from __future__ import annotations
 
@@ -15,7 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kasoku.core.errors import DataError, warn_once
+from kasoku.core.errors import warn_once
+from kasoku.data.bad_files import (
+    BadFile,
+    check_file,
+    decode_failure,
+    read_checked,
+    truncation,
+)
 
 DECODERS = ("auto", "nvimgcodec", "torchvision", "pillow")
 DECODER_ENV = "KASOKU_GPU_JPEG_DECODER"
@@ -32,13 +43,13 @@ class CpuImage:
 
 
 def read_bytes(path: Path) -> bytes:
-    data = Path(path).read_bytes()
-    if not data:
-        raise DataError(f"{path} is empty (zero bytes)")
-    return data
+    """The file's bytes, checked by the shared rule (``BadFile``: empty, truncated,
+    unreadable)."""
+    return read_checked(path)
 
 
 def pillow_decode(data: bytes, path) -> torch.Tensor:
+    """HWC uint8 RGB pixels of the image ``data`` (``BadFile``: not an image, corrupt)."""
     import io
 
     from PIL import Image
@@ -48,7 +59,7 @@ def pillow_decode(data: bytes, path) -> torch.Tensor:
             rgb = img.convert("RGB") if img.mode != "RGB" else img
             return torch.from_numpy(np.asarray(rgb, dtype=np.uint8).copy())
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-        raise DataError(f"{path}: {type(exc).__name__}: {exc}") from exc
+        raise decode_failure(path, exc) from exc
 
 
 class _PillowDecoder:
@@ -93,6 +104,7 @@ class _NvImgCodecDecoder:
         return decoder
 
     def load(self, path: Path):
+        check_file(path)  # its first and last bytes only: the rule before the library reads it
         # Read and parsed by the library (no Python bytes objects per file).
         return self._nv.CodeStream(str(path))
 
@@ -117,9 +129,11 @@ class _TorchvisionDecoder:
         self._decode, self._mode, self._read = decode_jpeg, ImageReadMode.RGB, read_file
 
     def load(self, path: Path):
-        data = self._read(str(path))  # a torch op: the file is read without the GIL
-        if data.numel() == 0:
-            raise DataError(f"{path} is empty (zero bytes)")
+        try:
+            data = self._read(str(path))  # a torch op: the file is read without the GIL
+        except RuntimeError as exc:
+            raise BadFile(path, f"unreadable: {exc}") from exc
+        truncation(data.numpy(), path)  # nvJPEG would decode a truncated JPEG: the rule first
         return data
 
     def decode(self, prepared, device):

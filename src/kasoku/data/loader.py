@@ -12,6 +12,8 @@ import numbers
 import numpy as np
 import torch
 
+from kasoku.data.bad_files import BadFileList, BadFileRecord
+
 _STRUCTURE_KEYS = ("batch_size", "dataset_len", "world_size", "drop_last")
 """State keys that fix the batch layout: a snapshot taken under others cannot resume here."""
 
@@ -83,18 +85,28 @@ class SerialLoader:
         return self.batches_per_epoch
 
     @property
+    def bad_file_list(self) -> BadFileList | None:
+        """The bad files skipped so far (``kasoku.data.bad_files``): the dataset's
+        ``bad_files`` (``ImageFolder`` without ``strict``); None for datasets that have none."""
+        bad = getattr(self.dataset, "bad_files", None)
+        return bad if isinstance(bad, BadFileList) else None
+
+    @property
+    def skipped_records(self) -> list[BadFileRecord]:
+        """The bad files skipped so far, ``(path, reason)`` each, in the order they were met."""
+        bad = self.bad_file_list
+        return bad.since(0) if bad is not None else []
+
+    @property
     def skipped_files(self) -> list[str]:
-        """Paths of the bad files skipped so far (sorted): the dataset's ``bad_files``
-        (``ImageFolder`` without ``strict``), empty for datasets that have none."""
-        return sorted(str(p) for p in self._bad_files())
+        """Paths of the bad files skipped so far (sorted)."""
+        return sorted(r.path for r in self.skipped_records)
 
     @property
     def skipped(self) -> int:
         """How many bad files were skipped so far."""
-        return len(self._bad_files())
-
-    def _bad_files(self):
-        return getattr(self.dataset, "bad_files", ())
+        bad = self.bad_file_list
+        return len(bad) if bad is not None else 0
 
     def __iter__(self):
         return self

@@ -14,21 +14,26 @@ import warnings
 
 import torch
 
+from kasoku.data.bad_files import BadFileList
 from kasoku.data.loader import _stack
 
 
 def worker_loop(dataset, tasks, results, cpus=None) -> None:
-    """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out,
-    until ``None``. A dataset with ``start_batch(indices) -> handle`` and
-    ``finish_batch(handle) -> batch`` has the next queued batch started (its files read, say)
-    before the current one is finished, so the two overlap. ``cpus``: pinned there first."""
+    """One worker: ``(tag, epoch, indices)`` in, ``(tag, batch, error, new bad files)`` out
+    (the bad files met since the last batch, as ``(path, reason)`` pairs), until ``None``. A
+    dataset with ``start_batch(indices) -> handle`` and ``finish_batch(handle) -> batch`` has
+    the next queued batch started (its files read, say) before the current one is finished, so
+    the two overlap. ``cpus``: pinned there first."""
     pin_here(cpus)  # first: the threads torch starts here inherit the mask
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     torch.set_num_threads(1)
-    warnings.simplefilter("ignore")  # the main process warns once per bad file
+    warnings.simplefilter("ignore")  # the main process warns about the first bad file
     set_epoch = getattr(dataset, "set_epoch", None)
     staged = hasattr(dataset, "start_batch")
-    reported: set = set()
+    bad_files = getattr(dataset, "bad_files", None)
+    if not isinstance(bad_files, BadFileList):
+        bad_files = BadFileList()  # none to report
+    sent = 0  # bad files reported so far
     ahead: collections.deque = collections.deque()  # (tag, epoch, handle or error)
 
     def start(task):
@@ -68,9 +73,9 @@ def worker_loop(dataset, tasks, results, cpus=None) -> None:
                               else _fetch(dataset, handle))
             except Exception as exc:  # sent back and raised in the main process
                 error = _portable(exc)
-        bad = {str(p) for p in getattr(dataset, "bad_files", ())} - reported
-        reported |= bad
-        results.put((tag, batch, error, sorted(bad)))
+        bad = [(r.path, r.reason) for r in bad_files.since(sent)]
+        sent += len(bad)
+        results.put((tag, batch, error, bad))
 
 
 def _fetch(dataset, indices: list[int]):

@@ -13,9 +13,10 @@ Cores: ``worker_cpus`` pins each worker thread or process to those CPUs as it st
 run gives the loader cores of its own: ``kasoku.accel.loader_cores``); None leaves them where
 the main process runs.
 
-Bad samples: a dataset that skips bad files (``ImageFolder`` without ``strict``) keeps them in
-``dataset.bad_files``; ``loader.skipped`` / ``loader.skipped_files`` report them, gathered from
-the worker processes for ``ProcessLoader`` (which warns once per file in this process).
+Bad samples: a dataset that skips bad files (``ImageFolder`` without ``strict``) keeps them, with
+their reasons, in ``dataset.bad_files``; ``loader.bad_file_list`` (``skipped``,
+``skipped_files``, ``skipped_records``) reports them, gathered from the worker processes for
+``ProcessLoader`` into a list of its own in this process (which warns about the first one).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor pickling through shared memory
 
 from kasoku.core.errors import warn_once
+from kasoku.data.bad_files import BadFileList
 from kasoku.data.loader import SerialLoader, _stack
 from kasoku.data.loader_worker import cpu_list, pin_here, worker_loop
 
@@ -227,7 +229,7 @@ class ProcessLoader(_PrefetchLoader):
             start_method = _default_start_method()
         self.start_method = start_method
         self._workers: list = []
-        self._reported: set[str] = set()
+        self._bad = BadFileList()  # the workers' bad files, gathered here
         self._next_tag = 0
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
         self._start_workers()
@@ -288,18 +290,11 @@ class ProcessLoader(_PrefetchLoader):
             f"code is the signal that killed it (-9: killed, often out of memory); fewer "
             f"--loader workers or a smaller batch use less memory.")
 
-    def _note_bad(self, paths) -> None:
-        for path in paths:
-            if path not in self._reported:
-                if not self._reported:  # the first one only: later ones are counted
-                    warn_once(f"skipping bad file {path} (decoded in a loader worker); its "
-                              f"samples are replaced by the next good image, and later bad "
-                              f"files are counted at each epoch's end (--strict-data makes "
-                              f"this an error)")
-                self._reported.add(path)
+    def _note_bad(self, records) -> None:
+        for path, reason in records:
+            self._bad.add(path, reason)
 
-    def _bad_files(self):
-        return self._reported
+    bad_file_list = property(lambda self: self._bad)
 
     def _from_wire(self, x):
         return x.pin_memory() if self.pin_memory and isinstance(x, torch.Tensor) else x

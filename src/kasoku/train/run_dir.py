@@ -23,7 +23,8 @@ fresh (what a restarted worker of a distributed job needs)."""
 OUTPUT_ROOT = Path("runs")
 """Where every kasoku command writes by default (training runs, bench and data bench results)."""
 SNAPSHOT = "snapshot_latest.pt"
-RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "loss.png", "accuracy.png")
+RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "loss.png", "accuracy.png",
+             "bad_files.jsonl")
 """What a training run writes into its folder (glob patterns): what marks a folder as holding
 a run, and what ``overwrite`` removes (nothing else in the folder is touched)."""
 

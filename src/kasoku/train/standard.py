@@ -27,13 +27,14 @@ def snapshot_trigger(train: TrainConfig):
 
 def extend_reports(trainer: Trainer, workload, train: TrainConfig, has_val: bool) -> None:
     """Worker 0's reports: the log (every ``--log-interval`` iterations, else every epoch), the
-    printed table, skipped samples, the stop on a non-finite loss, the loss and accuracy
-    plots, snapshots and the progress bar."""
+    printed table, skipped samples and their list (``bad_files.jsonl``), the stop on a
+    non-finite loss, the loss and accuracy plots, snapshots and the progress bar."""
     every = log_trigger(train)
     trainer.extend(ext.LogReport(trigger=every))
     trainer.extend(ext.PrintReport(print_entries(workload, has_val)))
     trainer.extend(ext.SkippedReport())
     trainer.extend(EpochsRounded())
+    trainer.extend(ext.BadFileLog())
     trainer.extend(ext.FailOnNonNumber(), trigger=every)
     # Against the progress in epochs, fractions included: log lines every N iterations
     # fall between the epochs.

@@ -37,6 +37,9 @@ One JSON line per measurement in ``OUT/data_bench.jsonl`` (appended; schema
               fed_images_per_s {median, min, max, n}: the model fed by this loader
               margin: loader alone / model synthetic (>= 1: the loader keeps up)
               fed_fraction: fed / model synthetic medians
+              skipped_files: the bad files the loader had skipped (those of the loaders before
+                it on the same source too, where they read in this process), each listed with
+                its reason in ``out/bad_files.jsonl``
     env:      as ``kasoku.perf.sysinfo.environment``
 
 Figures a measurement did not reach are absent.
@@ -62,6 +65,7 @@ from kasoku.commands.bench.data_sources import resolve_sources
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError
+from kasoku.data.bad_files import BAD_FILES, BadFileWriter
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import parse_loader_spec
 from kasoku.perf.sysinfo import environment
@@ -189,6 +193,9 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
     print_data_bench(records, file=stream)
     chart = plot_data_bench(records, Path(req.out) / CHART_FILE)
     print(f"results: {Path(req.out) / RESULTS_FILE}  chart: {chart}", file=stream)
+    if any(r["figures"].get("skipped_files") for r in records):
+        bad = BadFileWriter(Path(req.out) / BAD_FILES)
+        print(f"bad files: {bad.count()}, each listed with its reason in {bad.path}", file=stream)
     return DataBenchResult(records, chart)
 
 

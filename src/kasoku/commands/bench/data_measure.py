@@ -9,6 +9,7 @@ import os
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from kasoku.commands.bench.rungs import Rung
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS, measure_windows, timed
 from kasoku.core.errors import ConfigError
+from kasoku.data.bad_files import BAD_FILES, BadFileWriter
 from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
 from kasoku.data.parallel_loader import ProcessLoader
 from kasoku.data.prefetch import wrap_for_device
@@ -107,6 +109,7 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
         # model never meets a second shape.
         loader = create_loader(spec, dataset, batch_size, device, seed=req.seed,
                                drop_last=True, prefetch=prefetch)
+        bad_files = BadFileWriter(Path(req.out) / BAD_FILES).watch(loader)
         figures["prefetch_batches"] = getattr(loader, "prefetch_batches", None)
         _take(loader, 1)
         _sync(device)
@@ -138,6 +141,9 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
             # Fed as `kasoku train` feeds it: host batches copied ahead on a side stream.
             figures["fed_images_per_s"] = model.fed_rates(wrap_for_device(loader, device), req)
     finally:
+        if loader is not None:
+            figures["skipped_files"] = bad_files.write_skipped(loader, source=source.label,
+                                                               loader=spec)
         close = getattr(loader, "close", None)
         if close is not None:
             close()
