@@ -14,7 +14,7 @@ from kasoku.cli import main
 from kasoku.commands import allreduce_bench as arb
 from kasoku.commands.allreduce_worker import FAIL_ENV
 from kasoku.core.errors import ConfigError
-from kasoku.distributed.launch import plan_worlds
+from kasoku.distributed.plan import plan_worlds
 
 
 @pytest.mark.parametrize("text, size", [("4096", 4096), ("4K", 4096), ("1M", 2 ** 20),

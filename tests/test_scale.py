@@ -11,7 +11,7 @@ import pytest
 from kasoku.cli import main
 from kasoku.commands import scale
 from kasoku.commands.scale_worker import FAIL_ENV, SCHEMA
-from kasoku.distributed.launch import cpu_cores
+from kasoku.distributed.plan import cpu_cores
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -11,12 +11,22 @@ from __future__ import annotations
 import sys
 import warnings
 
-from kasoku.cli import allreduce_bench, bench, compare, data, listing, profile, scale, train
+from kasoku.cli import (
+    allreduce_bench,
+    bench,
+    compare,
+    data,
+    listing,
+    profile,
+    scale,
+    train,
+)
 from kasoku.cli import args as a
 from kasoku.core.errors import ConfigError, DataError, KasokuWarning, NonFiniteError
 from kasoku.core.queues import request_queues
 from kasoku.core.version import __version__
 from kasoku.distributed.ddp import describe_failure
+from kasoku.distributed.failures import note, peer_lost
 from kasoku.distributed.launch import exit_worker, under_launcher
 from kasoku.distributed.world import World
 from kasoku.train import SnapshotError
@@ -96,8 +106,11 @@ def _run(args) -> int:
             raise
         # A worker of a data-parallel run: one line naming it, not a traceback from each.
         timeout = getattr(args, "dist_timeout", None) or 300.0
-        print(f"kasoku: error: {describe_failure(exc, World.from_env().rank, timeout)}",
-              file=sys.stderr, flush=True)
+        line, lost = describe_failure(exc, World.from_env().rank, timeout), peer_lost(exc)
+        # For kasoku's launching process, which names the worker that failed on its own; a
+        # worker that only lost its peer says nothing more to the terminal then.
+        if not (note("failed", line=line, peer_lost=lost) and lost):
+            print(f"kasoku: error: {line}", file=sys.stderr, flush=True)
         return EXIT_FAILED
 
 
@@ -125,7 +138,10 @@ def _check_out(args) -> None:
 
 
 def _error(exc: BaseException) -> None:
-    print(f"kasoku: error: {_worker()}{_one_line(str(exc))}", file=sys.stderr, flush=True)
+    line = _one_line(str(exc))
+    print(f"kasoku: error: {_worker()}{line}", file=sys.stderr, flush=True)
+    if under_launcher():  # the launching process names the worker that failed on its own
+        note("failed", line=f"{_worker()}{line}", peer_lost=False)
 
 
 def _worker() -> str:

@@ -27,7 +27,7 @@ from kasoku.commands.allreduce_bench import (
 )
 from kasoku.core.errors import ConfigError
 from kasoku.distributed import World, require_single_process
-from kasoku.distributed.launch import plan_worlds
+from kasoku.distributed.plan import plan_worlds
 from kasoku.train.run_dir import out_or_new
 
 

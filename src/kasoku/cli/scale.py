@@ -28,7 +28,7 @@ from kasoku.commands.scale import (
 from kasoku.commands.scale_feed import DEFAULT_LOADER, check_data
 from kasoku.distributed import World, require_single_process
 from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
-from kasoku.distributed.launch import plan_worlds
+from kasoku.distributed.plan import plan_worlds
 from kasoku.train.run_dir import out_or_new
 from kasoku.workloads import create_workload
 

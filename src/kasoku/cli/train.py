@@ -11,6 +11,8 @@ from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
 from kasoku.commands.train import train_workload
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import list_loaders, loader_kind
+from kasoku.distributed import World
+from kasoku.distributed.failures import note
 from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac import check_levers
 from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFAC_METHODS, KFACConfig
@@ -18,7 +20,8 @@ from kasoku.kfac.factors import FACTOR_PRECISIONS
 from kasoku.optim import OPTIMIZERS
 from kasoku.train import TrainingInterrupted
 from kasoku.train.config import TrainConfig
-from kasoku.train.run_dir import default_out
+from kasoku.train.run_dir import default_out, find_snapshot
+from kasoku.train.snapshot import SnapshotError
 from kasoku.workloads import create_workload
 
 WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
@@ -119,27 +122,43 @@ def run(args) -> int:
     if dist.asked and not under_launcher():
         if train.optimizer == "kfac":  # refused before the workers start
             check_levers(accel)
-        return launch(_worker_argv(args, train), dist)
+        argv, out = _worker_argv(args, train)
+        return launch(argv, dist, resume_command=_resume_command(args, out), out=out)
     try:
         train_workload(args.workload, data, train, resume=args.resume, accel=accel,
                        dist_cfg=dist, kfac=kfac)
     except TrainingInterrupted as exc:
-        command = " ".join(["kasoku", *_without(args.argv, "--resume"), "--resume",
-                            str(exc.snapshot.parent)])
-        print(f"to continue this run: {command}", file=sys.stderr)
+        if under_launcher() and note("interrupted", iteration=exc.iteration, signal=exc.signum,
+                                     snapshot=str(exc.snapshot)):
+            return 0  # the launching process says where the run stopped and how to go on
+        if not under_launcher() or World.from_env().is_main:
+            print(f"to continue this run: {_resume_command(args, exc.snapshot.parent)}",
+                  file=sys.stderr)
         raise
     return 0
 
 
-def _worker_argv(args, train: TrainConfig) -> list[str]:
+def _resume_command(args, folder: Path | None) -> str | None:
+    """The command line that continues this run from the snapshots in ``folder``."""
+    if folder is None:
+        return None
+    return " ".join(["kasoku", *_without(args.argv, "--resume"), "--resume", str(folder)])
+
+
+def _worker_argv(args, train: TrainConfig) -> tuple[list[str], Path | None]:
     """The workers' command line: this one, with the run folder fixed (``--out``), so that
-    every worker, and every restart of them, trains in the same one."""
+    every worker, and every restart of them, trains in the same one; and that folder (None
+    where it is not known here)."""
     argv = list(args.argv)
-    if train.out is None:
-        if args.resume not in (None, "auto"):
-            return argv  # the run goes on in its snapshot's folder
-        argv += ["--out", str(default_out(create_workload(args.workload).name))]
-    return argv
+    if train.out is not None:
+        return argv, Path(train.out)
+    if args.resume not in (None, "auto"):
+        try:  # the run goes on in its snapshot's folder
+            return argv, find_snapshot(args.resume).parent
+        except SnapshotError:
+            return argv, None  # the workers say what is wrong with --resume
+    out = default_out(create_workload(args.workload).name)
+    return argv + ["--out", str(out)], Path(out)
 
 
 def _without(argv: list[str], flag: str) -> list[str]:

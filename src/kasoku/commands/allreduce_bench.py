@@ -47,7 +47,8 @@ from pathlib import Path
 from kasoku.commands.bench.results import carry_results
 from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
-from kasoku.distributed.launch import Plan, WorkersFailed, run_module
+from kasoku.distributed.launch import WorkersFailed, run_module
+from kasoku.distributed.plan import Plan
 from kasoku.perf.noise import marked
 
 SCHEMA = "kasoku.allreduce_bench/1"

@@ -43,7 +43,8 @@ from pathlib import Path
 from kasoku.commands.bench.results import carry_results
 from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
 from kasoku.commands.table import print_table
-from kasoku.distributed.launch import WorkersFailed, cpu_cores, run_module
+from kasoku.distributed.launch import WorkersFailed, run_module
+from kasoku.distributed.plan import cpu_cores
 from kasoku.perf.noise import marked
 
 RESULTS_FILE = "results.jsonl"

@@ -36,6 +36,7 @@ from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import default_out, resolve_run
+from kasoku.train.signals import defer_signals
 from kasoku.train.standard import (
     extend_reports,
     log_trigger,
@@ -132,7 +133,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                           metric_fn=metric_fn, device=device, stop_trigger=(epochs, "epoch"),
                           out=out or train.out or default_out(workload.name),
                           step_fn=accelerated.step_fn, overwrite=train.overwrite,
-                          run_info=run_info, writer=world.is_main, handle_signals=not parallel)
+                          run_info=run_info, writer=world.is_main)
         if cores is not None:
             trainer.setup["cpu_threads"] = cores
         for extension in [*accelerated.extensions, *schedules(recipe, epochs, warmup_epochs)]:
@@ -330,6 +331,7 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
                   accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
                   kfac: KFACConfig | None = None) -> Trainer:
     """One worker of a data-parallel run (see ``train_workload``)."""
+    defer_signals()  # a Ctrl-C while the worker starts: kept for its first step
     world = World.from_env()
     restarts = restart_count()
     if restarts:

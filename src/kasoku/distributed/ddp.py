@@ -69,8 +69,55 @@ def _attempt_store(world: World, timeout: datetime.timedelta):
 
 
 def leave() -> None:
+    global _control
+    _control = None
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+_control = None  # the job's gloo group for flags (control_group)
+
+
+def control_group():
+    """A gloo group of all workers, for small host-side agreements beside the job's own
+    backend (NCCL's collectives would need a device tensor and a synchronize). Made once, by
+    every worker (``new_group`` is itself collective); the default group when it is gloo."""
+    global _control
+    if _control is None:
+        _control = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" \
+            else dist.group.WORLD
+    return _control
+
+
+class AgreedFlag:
+    """A flag every worker polls once per step, answered alike on all at the same step: the
+    largest value any worker gave at the poll before (0 when none). The all-reduce of each
+    poll runs in the background (gloo, ``control_group``) and is read at the next poll, so a
+    poll never waits for the others. Every worker must poll equally often; ``close`` waits for
+    the last all-reduce (before the group goes)."""
+
+    def __init__(self):
+        self._group = control_group()
+        self._box = torch.zeros(1, dtype=torch.int64)
+        self._pending = None
+
+    def poll(self, value: int) -> int:
+        agreed = 0
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+            agreed = int(self._box.item())
+        if agreed:
+            return agreed
+        self._box.fill_(int(value))
+        self._pending = dist.all_reduce(self._box, op=dist.ReduceOp.MAX, group=self._group,
+                                        async_op=True)
+        return 0
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
 
 
 def active() -> bool:

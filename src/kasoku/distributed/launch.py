@@ -22,13 +22,14 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
+import threading
 import traceback
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-from kasoku.core.errors import ConfigError, warn_once
 from kasoku.distributed.config import DistConfig
+from kasoku.distributed.failures import JOB_DIR_ENV, blame, how, read_notes
 
 LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -109,41 +110,151 @@ def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
                   **options)
     if "shutdown_timeout" in LaunchConfig.__dataclass_fields__:  # not in older torch
         fields["shutdown_timeout"] = SHUTDOWN_TIMEOUT_S
+    if "signals_to_handle" not in LaunchConfig.__dataclass_fields__:  # older torch: its four
+        fields.pop("signals_to_handle", None)
     return LaunchConfig(**fields)
 
 
-def launch(argv: list[str], cfg: DistConfig) -> int:
+def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
+           out: Path | None = None) -> int:
     """Run ``python -m kasoku ARGV`` in ``cfg.workers`` processes on this machine (the job
     spanning ``cfg.nnodes`` machines), restarted up to ``cfg.max_restarts`` times. Returns the
-    exit code: 0, or the failed worker's (its one-line error already printed by the worker);
-    prints one line naming the worker that failed first."""
+    exit code: 0; the failed worker's (1 or 2); 128 + N after signal N.
+
+    A failure is one line naming the worker that failed on its own (``failures.blame``), its
+    error, and, where the run folder ``out`` holds a snapshot, ``resume_command``. SIGINT or
+    SIGTERM (Ctrl-C) is passed on to the workers, which stop at the same iteration after a
+    snapshot (``kasoku.train.signals``), and the resume command is printed; a second one stops
+    them at once."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    # SIGINT and SIGTERM are kasoku's to pass on (_stop_passed_on), not the launcher's.
     config = launch_config(cfg.workers, nnodes=cfg.nnodes, node_rank=cfg.node_rank,
-                           rdzv_endpoint=cfg.rdzv_endpoint, max_restarts=cfg.max_restarts)
+                           rdzv_endpoint=cfg.rdzv_endpoint, max_restarts=cfg.max_restarts,
+                           signals_to_handle="SIGHUP,SIGQUIT")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each worker sets its own thread count
-    try:
-        with quiet_launcher():
-            elastic_launch(config, sys.executable)("-m", "kasoku", *argv)
-    except ChildFailedError as exc:
-        rank, failure = first_failure(exc.failures)
-        code = failure.exitcode
-        tries = f" after {cfg.max_restarts} restart{'s' * (cfg.max_restarts != 1)}" \
-            if cfg.max_restarts else ""
-        how = f"exit code {code}" if code is not None and code >= 0 else \
-            f"signal {-code}" if code is not None else "no exit code"
-        print(f"kasoku: error: worker {rank} failed ({how}){tries}, so the job stopped; "
-              f"its error is above", file=sys.stderr, flush=True)
-        return code if code in (1, 2) else 1
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # the rendezvous itself: a bad endpoint, a machine that never came
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"kasoku: error: the workers could not start: {type(exc).__name__}: "
-              f"{text[:300]}", file=sys.stderr, flush=True)
-        return 1
+    with tempfile.TemporaryDirectory(prefix="kasoku-job-") as folder, \
+            _environ(JOB_DIR_ENV, folder), _stop_passed_on() as stop:
+        folder = Path(folder)
+        try:
+            with quiet_launcher():
+                elastic_launch(config, sys.executable)("-m", "kasoku", *argv)
+        except ChildFailedError as exc:
+            if stop.received is not None:
+                return _stopped(stop.received, folder, resume_command, out)
+            rank, failure, why = blame(exc.failures, folder)
+            tries = f" after {cfg.max_restarts} restart{'s' * (cfg.max_restarts != 1)}" \
+                if cfg.max_restarts else ""
+            print(f"kasoku: error: worker {rank} failed ({how(failure.exitcode)}){tries}, so "
+                  f"the job stopped: {why}", file=sys.stderr, flush=True)
+            _say_resume(resume_command, out, restarts=cfg.max_restarts)
+            code = failure.exitcode
+            return code if code in (1, 2) else 1
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # the rendezvous itself: a bad endpoint, a machine never came
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            print(f"kasoku: error: the workers could not start: {type(exc).__name__}: "
+                  f"{text[:300]}", file=sys.stderr, flush=True)
+            return 1
+        interrupted = read_notes(folder, "interrupted")
+        if interrupted or stop.received is not None:
+            return _stopped(stop.received, folder, resume_command, out)
     return 0
+
+
+def _stopped(received: int | None, folder: Path, resume_command: str | None,
+             out: Path | None) -> int:
+    """The end of a launch a signal stopped: where the workers stopped, and how to go on."""
+    interrupted = read_notes(folder, "interrupted")
+    signum = received or next((n.get("signal") for n in interrupted.values()), None) \
+        or signal.SIGINT
+    if interrupted:
+        first = interrupted[min(interrupted)]
+        print(f"kasoku: stopped by {signal.Signals(signum).name}: every worker stopped at "
+              f"iteration {first.get('iteration')}, snapshot {first.get('snapshot')}",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"kasoku: stopped by {signal.Signals(signum).name} before a snapshot of this "
+              f"attempt was written", file=sys.stderr, flush=True)
+    _say_resume(resume_command, out)
+    return 128 + int(signum)
+
+
+def _say_resume(command: str | None, out: Path | None, restarts: int | None = None) -> None:
+    """The command that resumes the run when its folder holds a snapshot; with ``restarts``
+    0, that ``--max-restarts`` would have restarted it."""
+    if command is None or out is None:
+        return
+    has_snapshot = Path(out).is_dir() and any(Path(out).glob("snapshot_*.pt"))
+    hint = " (--max-restarts 1 would have restarted the workers from it by itself)" \
+        if restarts == 0 else ""
+    if has_snapshot:
+        print(f"to continue this run: {command}{hint}", file=sys.stderr, flush=True)
+    else:
+        print(f"no snapshot was written in {out}: the run starts again from the beginning "
+              f"with the same command", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _environ(key: str, value: str):
+    before = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+class _Stop:
+    received: int | None = None
+
+
+@contextlib.contextmanager
+def _stop_passed_on():
+    """Around a launch, in the main thread: the first SIGINT/SIGTERM is passed on to the
+    workers (the launcher starts each in a session of its own, so a terminal's Ctrl-C reaches
+    this process alone), which stop together after a snapshot; the second stops the launch
+    at once (the launcher's ``SignalException``: it stops the workers)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    stop = _Stop()
+
+    def handle(signum, frame):
+        if stop.received is not None:
+            raise SignalException(f"stopped by signal {signum}", sigval=signal.Signals(signum))
+        stop.received = signum
+        for pid in _children():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    saved = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _children() -> list[int]:
+    """The kasoku workers this process started, from /proc (Linux; elsewhere none, and a
+    signal stops the launch as the launcher does)."""
+    pids = []
+    for task in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in task.read_text().split()]
+    workers = []
+    for pid in pids:  # not a short-lived helper the launcher or torch may start
+        with contextlib.suppress(OSError):
+            if b"kasoku" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                workers.append(pid)
+    return workers
 
 
 class WorkersFailed(RuntimeError):
@@ -249,71 +360,6 @@ def quiet_launcher():
         else:
             os.environ[env_key] = env_before
 
-
-
-@dataclass(frozen=True)
-class Plan:
-    backend: str
-    """nccl (one GPU per process) or gloo (CPU processes)."""
-    world_sizes: tuple[int, ...]
-    """Processes of each launch, in order."""
-    note: str = ""
-    """How the world sizes were chosen when they were not given."""
-
-    @property
-    def device_type(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
-
-
-def plan_worlds(gpus: list[int] | None = None, procs: list[int] | None = None,
-                from_one: bool = False) -> Plan:
-    """What to launch: ``gpus`` (NCCL, a process per GPU) or ``procs`` (gloo on the CPU), each
-    a list of world sizes; neither: every visible GPU when CUDA is there, else 2 CPU
-    processes, and 1 before them with ``from_one``. A request this machine cannot run is a
-    ``ConfigError`` saying what to give."""
-    import torch
-    import torch.distributed as dist
-    if gpus and procs:
-        raise ConfigError("give --gpus (NCCL on GPUs) or --procs (gloo on the CPU), not both")
-    if not dist.is_available():
-        raise ConfigError("this torch build has no torch.distributed; install a torch build "
-                          "with distributed support (the Linux wheels have it)")
-    note = ""
-    if not gpus and not procs:
-        if torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            gpus = sorted({1, count}) if from_one else [count]
-            note = (f"all {count} visible GPUs" if count > 1 else "the one visible GPU") \
-                + " (--gpus N[,N...] to choose)"
-        else:
-            procs = [1, 2] if from_one else [2]
-            note = "no GPU here: CPU processes over gloo (--procs N[,N...] to choose)"
-    if gpus:
-        if not torch.cuda.is_available():
-            raise ConfigError("--gpus needs CUDA and torch sees no GPU here; use --procs N for "
-                              "gloo on the CPU")
-        visible = torch.cuda.device_count()
-        if max(gpus) > visible:
-            raise ConfigError(f"--gpus {max(gpus)}: only {visible} GPU{'s' * (visible != 1)} "
-                              f"visible (torch.cuda.device_count()); give at most {visible}")
-        if not dist.is_nccl_available():
-            raise ConfigError("--gpus needs NCCL and this torch build has none; use --procs N "
-                              "for gloo on the CPU")
-        return Plan("nccl", tuple(dict.fromkeys(gpus)), note)
-    cores = cpu_cores()
-    if max(procs) > 4 * cores:
-        raise ConfigError(f"--procs {max(procs)}: at most {4 * cores} (4 x the {cores} cores "
-                          f"here)")
-    if max(procs) > cores:
-        warn_once(f"--procs {max(procs)} on {cores} cores: processes share cores, and the "
-                  f"times include that sharing")
-    return Plan("gloo", tuple(dict.fromkeys(procs)), note)
-
-
-def cpu_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
 
 
 def _free_port() -> int:

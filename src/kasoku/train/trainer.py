@@ -7,9 +7,7 @@ snapshots, progress) is an extension: a callable ``ext(trainer)`` with optional 
 """
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from kasoku.distributed import ddp
 from kasoku.distributed.ddp import unwrap
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
 from kasoku.train.run_dir import prepare_out
+from kasoku.train.signals import StopSignals
 from kasoku.train.snapshot import (
     SnapshotError,
     capture_rng_state,
@@ -83,9 +82,9 @@ class Trainer:
     ``phase_timing``: time every step's phases (``kasoku.core.phases``; LogReport logs
     them as ``time/...``). ``writer``: whether this process owns ``out`` (False in the workers
     of a data-parallel run other than worker 0, which neither check nor clear it).
-    ``handle_signals``: SIGINT/SIGTERM finish the step and write a snapshot (off in a
-    data-parallel worker: the launcher stops the workers, and the periodic snapshots are what
-    a restart resumes from).
+    ``handle_signals``: SIGINT/SIGTERM finish the step and write a snapshot
+    (``kasoku.train.signals``; in a data-parallel run every worker stops at the same iteration,
+    whichever got the signal).
 
     The model may be wrapped (``DistributedDataParallel``): snapshots hold the module inside
     (``module``), so they load in runs with any number of workers.
@@ -181,7 +180,8 @@ class Trainer:
         if self.writer:
             self.out.mkdir(parents=True, exist_ok=True)
         entries = self.extensions
-        with _SignalFlag(active=self.handle_signals) as signals:
+        with StopSignals(active=self.handle_signals, agree=ddp.active(),
+                         quiet=not self.writer) as signals:
             self._run_guarded(entries, signals)
 
     def resumed_from(self, snapshot) -> None:
@@ -192,7 +192,7 @@ class Trainer:
         print(f"resumed from {snapshot} at epoch {u.epoch_detail:.4g}, iteration "
               f"{u.iteration}", file=sys.stderr, flush=True)
 
-    def _run_guarded(self, entries: list[_Entry], signals: "_SignalFlag") -> None:
+    def _run_guarded(self, entries: list[_Entry], signals: StopSignals) -> None:
         initialized, failed = [], True
         try:
             for entry in entries:
@@ -211,7 +211,7 @@ class Trainer:
             self.updater.stop_clock()
             _finalize(initialized, self, quiet=failed)
 
-    def _loop(self, entries: list[_Entry], signals: "_SignalFlag") -> None:
+    def _loop(self, entries: list[_Entry], signals: StopSignals) -> None:
         if getattr(self.stop_trigger, "reached", lambda t: False)(self):
             u, stop = self.updater, self.stop_trigger
             where = f"{stop.period:g} {stop.unit}s" if isinstance(stop, IntervalTrigger) \
@@ -233,8 +233,9 @@ class Trainer:
                     entry.extension(self)
             if last:
                 return
-            if signals.received is not None:
-                self._interrupt(signals.received)
+            due = signals.due()
+            if due is not None:
+                self._interrupt(due)
 
     def _interrupt(self, signum: int) -> None:
         writer = next((e.extension for e in self.extensions
@@ -328,36 +329,6 @@ def _check_shapes(mine: dict, saved: dict, source) -> None:
             raise SnapshotError(f"{source} holds another model shape ({key}: "
                                 f"{tuple(other.shape)} there, {tuple(value.shape)} here); "
                                 f"resume with the settings that wrote it, or start a new run")
-
-
-class _SignalFlag:
-    """Turns SIGINT/SIGTERM into a flag the loop checks between steps; a second signal stops
-    at once (KeyboardInterrupt). Handlers are restored on exit. Only the main thread may
-    install handlers, so elsewhere this is inert."""
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, active: bool = True):
-        self.received: int | None = None
-        self._previous: dict = {}
-        self.active = active
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signum
-        print(f"\nreceived {signal.Signals(signum).name}: finishing this step and writing a "
-              f"snapshot (signal again to stop at once)", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> "_SignalFlag":
-        if self.active and threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            # None: the old handler was installed from C; the default is the closest we have.
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _call_optional(extension, method: str, *args) -> None:
