@@ -12,6 +12,7 @@ from kasoku.cli import build_parser
 from kasoku.cli.bench import run as cmd_bench
 from kasoku.commands.bench import numerics, worker
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
+from kasoku.commands.bench.process import run_process as _run_process
 from kasoku.commands.bench.rungs import (
     PLAIN,
     compute_dtype,
@@ -21,7 +22,7 @@ from kasoku.commands.bench.rungs import (
     resolve,
     rung_from_spec,
 )
-from kasoku.commands.bench.sweep import SweepConfig, SweepResult, _run_process, _run_worker
+from kasoku.commands.bench.sweep import SweepConfig, SweepResult, _run_worker
 from kasoku.commands.bench.timing import measure_windows
 from kasoku.core.errors import ConfigError
 from kasoku.workloads import create_workload

@@ -17,8 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -29,6 +27,7 @@ import torch
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.commands.bench import fed, numerics
 from kasoku.commands.bench.pool import batch_spec
+from kasoku.commands.bench.process import parse_record, run_process
 from kasoku.commands.bench.report import data_label, plot_ladder, print_ladder
 from kasoku.commands.bench.results import SCHEMA, append_result, median_rate
 from kasoku.commands.bench.rungs import (
@@ -91,6 +90,8 @@ class SweepResult:
     records: list[dict]
     notes: list[str] = field(default_factory=list)
     chart: Path | None = None
+    interrupted: bool = False
+    """Ctrl-C stopped the sweep: the records are the runs it finished."""
 
     @property
     def numerics_failures(self) -> list[dict]:
@@ -103,7 +104,9 @@ class SweepResult:
     @property
     def exit_code(self) -> int:
         """0, or 1 when a rung broke training or a run crashed or timed out (an OOM is a
-        result, not a failure)."""
+        result, not a failure); 130 when Ctrl-C stopped it."""
+        if self.interrupted:
+            return 130
         return 1 if self.numerics_failures or self.errors else 0
 
 
@@ -114,13 +117,35 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
     say = lambda *a: print(*a, file=stream, flush=True)  # noqa: E731
     rungs, notes, flops = _prepare(cfg, say)
     make_out_dir(cfg.out, "results.jsonl and ladder.png")  # before the first run, not after
-    peaks = _probe_peaks(cfg, sorted({compute_dtype(r) for r in rungs if not r.skip}), say)
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
     reference = next((r for r in rungs if r.label == REFERENCE_LABEL and not r.is_plain), None)
-    references = {} if reference else _reference_losses(cfg, say)
     # The reference first, so every other run's numerics verdict is known when it is written.
     ordered = ([reference] if reference else []) + [r for r in rungs if r is not reference]
     records: list[dict] = []
+    total = len(ordered) * len(cfg.batch_sizes)
+    interrupted = False
+    try:
+        peaks = _probe_peaks(cfg, sorted({compute_dtype(r) for r in rungs if not r.skip}), say)
+        references = {} if reference else _reference_losses(cfg, say)
+        _run_all(cfg, ordered, references, reference, flops, peaks, sweep_id, records, say,
+                 stream)
+    except KeyboardInterrupt:  # the runs so far are the result: their table and chart
+        say(f"\ninterrupted (Ctrl-C) after {len(records)} of {total} runs"
+            + (": the table and chart show those" if records else ""))
+        interrupted = True
+    order = {r.label: i for i, r in enumerate(rungs)}
+    records.sort(key=lambda r: (order[r["rung"]], r["batch_size"]))
+    run_notes = _run_notes(records)
+    result = SweepResult(records, notes + run_notes, interrupted=interrupted)
+    if records:
+        _finish(cfg, result, run_notes, say, stream)
+    return result
+
+
+def _run_all(cfg, ordered, references, reference, flops, peaks, sweep_id, records, say,
+             stream) -> None:
+    """Every (rung, batch size) in turn, each record appended to ``records`` and to
+    ``results.jsonl`` as it ends."""
     total = len(ordered) * len(cfg.batch_sizes)
     for rung in ordered:
         for bs in cfg.batch_sizes:
@@ -147,12 +172,6 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
             append_result(cfg.out, rec)
             records.append(rec)
             say(_progress(rec))
-    order = {r.label: i for i, r in enumerate(rungs)}
-    records.sort(key=lambda r: (order[r["rung"]], r["batch_size"]))
-    run_notes = _run_notes(records)
-    result = SweepResult(records, notes + run_notes)
-    _finish(cfg, result, run_notes, say, stream)
-    return result
 
 
 def _prepare(cfg: SweepConfig, say):
@@ -203,9 +222,9 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
                         loader_cores=cfg.loader_cores)
     cmd = [sys.executable, "-m", "kasoku.commands.bench.worker", request_to_json(req)]
     t0 = time.perf_counter()
-    status, stdout, stderr = _run_process(cmd, cfg.timeout_s)
+    status, stdout, stderr = run_process(cmd, cfg.timeout_s)
     wall_s = time.perf_counter() - t0
-    record = _parse_record(stdout)
+    record = parse_record(stdout)
     if record is None:
         record = _stub_record(cfg, rung, batch_size)
         if status == "timeout":
@@ -223,31 +242,6 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
     record.update(time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   wall_s=wall_s)
     return record
-
-
-def _run_process(cmd: list[str], timeout_s: float) -> tuple[str | int, str, str]:
-    # A session of its own, so a timeout also ends the compiler workers the run started.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-        return proc.returncode, stdout, stderr
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        return "timeout", stdout, stderr
-
-
-def _parse_record(stdout: str) -> dict | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "status" in record:
-                return record
-    return None
 
 
 def _stub_record(cfg: SweepConfig, rung: Rung, batch_size: int) -> dict:
@@ -271,7 +265,7 @@ def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
              "threads": threads if torch.device(cfg.device).type == "cpu" else None}
     cmd = [sys.executable, "-m", "kasoku.commands.bench.worker", json.dumps(probe)]
     say(f"measuring matmul peaks ({', '.join(dtypes)}) on {cfg.device} ...")
-    status, stdout, stderr = _run_process(cmd, cfg.timeout_s)
+    status, stdout, stderr = run_process(cmd, cfg.timeout_s)
     peaks = {}
     try:
         peaks = json.loads(stdout.strip().splitlines()[-1])
@@ -382,7 +376,9 @@ def _finish(cfg: SweepConfig, result: SweepResult, run_notes: list[str], say, st
     windows = first["figures"]["samples_per_s"]["n"] if first else cfg.windows
     title = (f"{cfg.workload} on {env.get('device_name', cfg.device)} "
              f"(torch {env.get('torch', torch.__version__)}, {data_label(records)}, "
-             f"median of {windows} windows x {cfg.steps} steps)")
+             f"median of {windows} windows x {cfg.steps} steps)"
+             + (f", interrupted after {len(records)} run{'s' * (len(records) != 1)}"
+                if result.interrupted else ""))
     print_ladder(records, title=title, file=stream)
     for note in run_notes:
         say(f"note: {note}")
