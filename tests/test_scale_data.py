@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +126,17 @@ def test_a_loader_that_keeps_the_steps_waiting_is_named_with_what_would_help():
 def test_a_short_wait_is_not_named():
     rows = scale.summarize([_record(1, 10.0, 10.0, 1.0), _record(2, 10.1, 10.0, 1.0)])
     assert all("loader" not in row["explanation"] for row in rows)
+
+
+def test_a_longer_wait_for_batches_is_not_called_all_reduce(tmp_path):
+    # 2 workers: the step takes 4 ms more than alone, 3 of them waiting longer for batches.
+    two = dict(_record(2, 14.0, 10.0, 4.0), alone_data_wait_ms=1.0, more_data_wait_ms=3.0,
+               exposed_allreduce_ms=1.0, exposed_allreduce_pct=100 / 14)
+    rows = scale.summarize([_record(1, 10.0, 10.0, 1.0), two])
+    line = rows[1]["explanation"]
+    assert "waits 3.00 ms longer for its batch than the step alone" in line
+    assert "is all-reduce not hidden" not in line  # 1 ms of 14: not the limit
+    two["env"] = {"device_name": "cpu"}
+    one = dict(_record(1, 10.0, 10.0, 1.0), env={"device_name": "cpu"})
+    chart = scale.plot_scale([one, two], tmp_path / "scale.png")
+    assert Path(chart).stat().st_size > 0

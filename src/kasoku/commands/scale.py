@@ -18,7 +18,8 @@ From those, per N:
     throughput          = N x batch / data-parallel step time
     scaling efficiency  = throughput / (N x the throughput of 1 worker alone)
     exposed all-reduce  = data-parallel step - step alone   (the all-reduce, and DDP's own
-                          bookkeeping, not hidden behind the backward pass)
+                          bookkeeping, not hidden behind the backward pass; with --data less
+                          the longer wait for batches, counted apart)
     hidden              = all-reduce alone - exposed        (what the overlap saved)
 
 and one line saying what limits the scaling: the exposed all-reduce, or workers that slow each
@@ -187,6 +188,11 @@ def explain(r: dict, row: dict) -> str:
     if fed:
         causes.append(fed[:2])
         help_.extend(fed[2])
+    more = r.get("more_data_wait_ms") or 0.0
+    if r["step_ms"] and 100.0 * more / r["step_ms"] >= EXPOSED_PCT:
+        causes.append((100.0 * more / r["step_ms"],
+                       f"each step waits {more:.2f} ms longer for its batch than the step "
+                       f"alone: the {n} workers' loaders share the host"))
     if not causes:
         if row["efficiency"] >= GOOD_EFFICIENCY:
             return head + (f"; the all-reduce ({comm:.2f} ms alone) is hidden behind the "
@@ -283,7 +289,13 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
         bx.bar(labels, waits, bottom=rest, color="C1", label="step alone: waiting for data")
     else:
         bx.bar(labels, alone, color="C0", label="step alone (no DDP)")
-    bx.bar(labels, exposed, bottom=alone, color="C3", label="exposed all-reduce")
+    more = [by_n[n].get("more_data_wait_ms") or 0.0 for n in ns]
+    if any(more):  # --data: the data-parallel step's longer wait for its batches
+        bx.bar(labels, more, bottom=alone, color="C1", hatch="//", edgecolor="white",
+               label="data-parallel: waiting longer for data")
+    bx.bar(labels, exposed, bottom=[a + m for a, m in zip(alone, more)], color="C3",
+           label="exposed all-reduce")
+    bx.set_ylim(0, 1.45 * max(a + m + e for a, m, e in zip(alone, more, exposed)))  # legend
     bx.set_xlabel("workers")
     bx.set_ylabel("ms per step")
     bx.grid(alpha=0.3, axis="y")
