@@ -6,8 +6,11 @@ kasoku's own.
   schedulers set), so that a single-process command started as one of several workers says so
 - ``config``: ``DistConfig``, the data-parallel settings
 - ``ddp``: the process group, DistributedDataParallel's wrap, the collectives the trainer uses
+  (and ``AgreedFlag``: a stop request every worker sees at the same step)
 - ``launch``: ``kasoku train --gpus N|--procs N`` through the elastic launcher, a module run by
-  N workers, the worker that failed first named
+  N workers; Ctrl-C passed on to the workers
+- ``failures``: the workers' notes to the launching process, and which worker failed on its own
+- ``plan``: the world sizes a measurement launches, checked against this machine
 """
 from kasoku.distributed.world import World, require_single_process
 
