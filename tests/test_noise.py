@@ -1,7 +1,11 @@
 """Noise measured and shown: a figure's spread over its windows, what the machine did while
 they ran (real processes keeping a core busy, read from /proc), the threads kept off a busy
 core, and a bench run beside a CPU hog that either agrees with a quiet one or says it is
-unstable."""
+unstable.
+
+The tests hold on a machine busy with unrelated work too (a developer's laptop, another test
+run): the hog's own CPU time is read beside the watch and the watch must report that, not a
+quiet machine's figures; what unrelated processes add is allowed for, never asserted away."""
 from __future__ import annotations
 
 import contextlib
@@ -12,9 +16,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
+from kasoku.accel.cpu_threads import default_threads
+from kasoku.perf.cpuinfo import core_cpus
 from kasoku.perf.noise import MachineWatch, Stability, free_cpus, spread
 
 HAS_PROC = os.path.exists("/proc/stat") and hasattr(os, "sched_getaffinity")
@@ -45,6 +52,28 @@ def hog(cpu: int, own: bool = False):
             proc.wait()
 
 
+TOL_CORES = 0.1
+"""Two readings of one second of a process's CPU time agree to this: /proc counts in 10 ms
+ticks, and the watch's window is its test's plus the reads of /proc at either end."""
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU seconds ``pid`` has run (``/proc/PID/stat``: user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def cores_used(*pids: int):
+    """Yields a dict filled on exit with each of ``pids``' CPU time over the block's wall time,
+    in cores."""
+    used: dict[int, float] = {}
+    t0, before = time.perf_counter(), {p: cpu_s(p) for p in pids}
+    yield used
+    wall = time.perf_counter() - t0
+    used.update({p: (cpu_s(p) - before[p]) / wall for p in pids})
+
+
 def test_spread_leaves_out_the_extremes_from_six_windows():
     s = spread([10.0, 10.2, 9.9, 10.1])
     assert (s.median, s.min, s.max, s.n) == (10.05, 9.9, 10.2, 4)
@@ -62,26 +91,60 @@ def test_an_unstable_spread_says_why():
     assert st.to_dict()["stable"] is False
 
 
+def assert_named_by_rank(state, pid: int, cores: float, among: int = 3) -> None:
+    """``pid``, which used ``cores``, is among the first ``among`` of ``state.top_others``
+    with that figure, unless as many others used more (never on a quiet machine)."""
+    first = state.top_others[:among]
+    mine = [p for p in first if p["pid"] == pid]
+    if mine:
+        assert mine[0]["cores"] == pytest.approx(cores, abs=TOL_CORES), (cores, mine)
+    else:
+        assert len(first) == among and all(p["cores"] >= cores - TOL_CORES for p in first), \
+            (pid, cores, state.top_others)
+
+
 @needs_two
 def test_another_process_on_the_runs_cpus_is_named():
     with hog(CPUS[-1]) as pid:
         watch = MachineWatch(cpus=CPUS).start()
-        time.sleep(1.0)
+        with cores_used(pid) as used:
+            time.sleep(1.0)
         state = watch.stop()
-    assert state.others_cores > 0.6
-    assert any(p["pid"] == pid and p["cores"] > 0.6 for p in state.top_others)
+    # A core on a quiet machine; beside unrelated work on its core, the share it was given.
+    hog_cores = used[pid]
+    assert hog_cores >= 0.05, f"the hog ran {hog_cores:.2f} cores"
+    assert state.others_cores >= hog_cores - TOL_CORES, (hog_cores, state.to_dict())
+    assert_named_by_rank(state, pid, hog_cores)
     reasons = Stability(spread([1.0, 1.0]), state).reasons
-    assert reasons and f"pid {pid}" in reasons[0] and "cores of the run's" in reasons[0]
+    assert reasons and "cores of the run's" in reasons[0]
+    if any(p["pid"] == pid for p in state.top_others[:2]):  # the reason names two
+        assert f"pid {pid}" in reasons[0], reasons
+    else:
+        assert_named_by_rank(state, pid, hog_cores, among=2)
 
 
 @needs_two
 def test_this_process_and_its_children_are_not_others():
-    with hog(CPUS[-1], own=True):
+    with hog(CPUS[-1], own=True) as child:
+        # The same second watched twice: as this process's own (the default), and with no
+        # process its own, which counts everything that ran, this tree too.
+        everything = MachineWatch(cpus=CPUS, own=[]).start()
         watch = MachineWatch(cpus=CPUS).start()
-        time.sleep(1.0)
+        with cores_used(child, os.getpid()) as used:
+            time.sleep(1.0)
+        seen_all = everything.stop()
         state = watch.stop()
-    assert state.others_cores < 0.5, state.to_dict()
-    assert not state.reasons()
+    assert used[child] >= 0.05, f"the child ran {used[child]:.2f} cores"
+    assert_named_by_rank(seen_all, child, used[child])
+    assert all(p["pid"] != child for p in state.top_others), state.to_dict()
+    # What is left is what unrelated processes used: none on a quiet machine, where the
+    # figure is clean; on a busy one, theirs alone, and no reason names the child.
+    unrelated = seen_all.others_cores - used[child] - used[os.getpid()]
+    assert state.others_cores == pytest.approx(max(0.0, unrelated), abs=TOL_CORES), \
+        (used, seen_all.to_dict(), state.to_dict())
+    assert all(f"pid {child}" not in r for r in state.reasons())
+    if unrelated < TOL_CORES:
+        assert not state.reasons(), state.to_dict()
 
 
 @needs_two
@@ -99,10 +162,14 @@ def test_a_busy_core_is_taken_and_the_threads_avoid_it():
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True)
     record = json.loads(done.stdout.strip().splitlines()[-1])
-    assert str(busy_cpu) in record["busy_cpus"]
-    assert record["pinned_cpus"] and busy_cpu not in record["pinned_cpus"]
-    assert record["threads"] == len(record["pinned_cpus"])
-    assert f"CPU {busy_cpu}" in record["note"]
+    busy = {int(c) for c in record["busy_cpus"]}
+    assert busy_cpu in busy and f"CPU {busy_cpu}" in record["note"]
+    if len(busy) < len(core_cpus("/", set(CPUS)) or CPUS):
+        # A core was free (always, on a quiet machine): the threads on the free ones only.
+        assert record["pinned_cpus"] and not busy & set(record["pinned_cpus"]), record
+        assert record["threads"] == len(record["pinned_cpus"])
+    else:  # unrelated work kept every other core busy too: nothing to avoid, all are used
+        assert record["pinned_cpus"] is None and record["threads"] == default_threads(), record
 
 
 def _plain_run(out) -> dict:
