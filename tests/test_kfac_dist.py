@@ -1,13 +1,19 @@
 """K-FAC over data-parallel workers (kasoku.kfac.distributed): the assignment of the
 eigendecompositions to workers, and real gloo workers started by ``kasoku train --procs 2``
 training as one process on the concatenated batch (factors averaged, eigenbases sent from
-their owners), in fp32 and with the factors sent in bf16, and resuming exactly."""
+their owners), in fp32 and with the factors sent in bf16, and resuming exactly.
+
+The runs a test compares are independent processes and start together: a launch of 2 workers
+keeps 2 cores busy only part of its time (the launcher starting, worker 0 alone at the end)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+import pytest
 import torch
 
 from kasoku.kfac.distributed import assign
@@ -21,15 +27,57 @@ both workers and sent in the steps run (240 samples: 4 steps of 2 x 30); a low f
 so the batch factors weigh in the running ones."""
 
 
-def kasoku(*argv, timeout=120) -> subprocess.CompletedProcess:
-    """``kasoku *argv`` in a fresh process, outside any launcher (as tests/test_dist.py)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
-        env.pop(key, None)
-    done = subprocess.run([sys.executable, "-m", "kasoku", *map(str, argv)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-3000:]}"
-    return done
+class Kasoku:
+    """``kasoku *argv`` started now in a fresh process, outside any launcher (as
+    tests/test_dist.py); ``done()`` waits for it and asserts it succeeded."""
+
+    def __init__(self, *argv, timeout=180):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+            env.pop(key, None)
+        self.argv, self.timeout, self.result = [str(a) for a in argv], timeout, None
+        self.out = Path(self.argv[self.argv.index("--out") + 1])
+        # Files, not pipes: a process would stall on a full pipe while another is waited for.
+        self.logs = [Path(tempfile.mkstemp(prefix="kasoku-", suffix=f".{name}")[1])
+                     for name in ("out", "err")]
+        with open(self.logs[0], "w") as out, open(self.logs[1], "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kasoku", *self.argv],
+                                         env=env, stdout=out, stderr=err)
+
+    def done(self) -> subprocess.CompletedProcess:
+        if self.result is None:
+            try:
+                self.proc.wait(timeout=self.timeout)
+            finally:
+                self.stop()
+            out, err = (path.read_text() for path in self.logs)
+            for path in self.logs:
+                path.unlink()
+            self.result = subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
+                                                      out, err)
+        done = self.result
+        assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-3000:]}"
+        return done
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def kasoku(*argv, timeout=180) -> subprocess.CompletedProcess:
+    """``kasoku *argv`` in a fresh process, waited for (``Kasoku``)."""
+    return Kasoku(*argv, timeout=timeout).done()
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """The reference of the fp32 and bf16 tests: one process on the batch of 60, started at
+    the first test that needs it, beside that test's own runs."""
+    run = Kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--out",
+                 tmp_path_factory.mktemp("kfac") / "one")
+    yield run
+    run.stop()
 
 
 def assert_same(a: dict, b: dict, **tol) -> None:
@@ -68,12 +116,14 @@ def _rebuilt(layer: dict, key: str) -> torch.Tensor:
     return q @ torch.diag(layer["L" + key]) @ q.t()
 
 
-def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path):
-    two = kasoku("train", *LENET, "--procs", "2", "--batch-size", "30", "--epochs", "1",
+def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path, one):
+    two = Kasoku("train", *LENET, "--procs", "2", "--batch-size", "30", "--epochs", "1",
                  "--out", tmp_path / "two")
-    kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--out", tmp_path / "one")
-    assert "2 processes (gloo), batch 30 per worker, 60 in all" in two.stderr
-    a, b = (load_snapshot(tmp_path / d / "snapshot_latest.pt") for d in ("two", "one"))
+    still = Kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--lr", "1e-12",
+                   "--out", tmp_path / "still")
+    assert "2 processes (gloo), batch 30 per worker, 60 in all" in two.done().stderr
+    one.done()
+    a, b = (load_snapshot(d / "snapshot_latest.pt") for d in (tmp_path / "two", one.out))
     assert a["optimizer"]["kfac"]["steps"] == b["optimizer"]["kfac"]["steps"] == 4
     assert_same(a["model"], b["model"], rtol=1e-4, atol=1e-6)
     # The running factors, and the eigenbases in use (of the factors two steps back): those of
@@ -85,16 +135,18 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path):
             torch.testing.assert_close(_rebuilt(mine, key), _rebuilt(ref, key), rtol=1e-3,
                                        atol=1e-5)
     # The weights moved away from the start: the comparison is not vacuous.
-    kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--lr", "1e-12",
-           "--out", tmp_path / "still")
+    still.done()
     still = load_snapshot(tmp_path / "still" / "snapshot_latest.pt")["model"]
     assert any(not torch.allclose(still[k], b["model"][k], atol=1e-4) for k in still)
 
 
 def test_two_workers_share_the_inverse_methods_inverses(tmp_path):
     inverse = [*LENET, "--kfac-method", "inverse", "--epochs", "1"]
-    kasoku("train", *inverse, "--procs", "2", "--batch-size", "30", "--out", tmp_path / "two")
-    kasoku("train", *inverse, "--batch-size", "60", "--out", tmp_path / "one")
+    runs = [Kasoku("train", *inverse, "--procs", "2", "--batch-size", "30", "--out",
+                   tmp_path / "two"),
+            Kasoku("train", *inverse, "--batch-size", "60", "--out", tmp_path / "one")]
+    for run in runs:
+        run.done()
     a, b = (load_snapshot(tmp_path / d / "snapshot_latest.pt") for d in ("two", "one"))
     assert_same(a["model"], b["model"], rtol=1e-4, atol=1e-6)
     for name, mine in a["optimizer"]["kfac"]["layers"].items():
@@ -104,11 +156,11 @@ def test_two_workers_share_the_inverse_methods_inverses(tmp_path):
             torch.testing.assert_close(mine["Q" + key], ref["Q" + key], rtol=1e-3, atol=1e-4)
 
 
-def test_factors_sent_in_bf16_stay_close(tmp_path):
+def test_factors_sent_in_bf16_stay_close(tmp_path, one):
     kasoku("train", *LENET, "--procs", "2", "--batch-size", "30", "--epochs", "1",
            "--kfac-factor-comm-dtype", "bf16", "--out", tmp_path / "bf16")
-    kasoku("train", *LENET, "--batch-size", "60", "--epochs", "1", "--out", tmp_path / "one")
-    a, b = _kfac_state(tmp_path / "bf16"), _kfac_state(tmp_path / "one")
+    one.done()
+    a, b = _kfac_state(tmp_path / "bf16"), _kfac_state(one.out)
     for name, layer in a["layers"].items():
         for key in "AG":
             assert layer[key].dtype == torch.float32  # the average is kept in fp32
@@ -119,9 +171,10 @@ def test_factors_sent_in_bf16_stay_close(tmp_path):
 
 def test_resume_with_two_workers_is_exact(tmp_path):
     run = ["train", *LENET, "--procs", "2", "--batch-size", "30", "--snapshot-interval", "3"]
-    kasoku(*run, "--epochs", "2", "--out", tmp_path / "whole")
+    whole = Kasoku(*run, "--epochs", "2", "--out", tmp_path / "whole")
     kasoku(*run, "--epochs", "1", "--out", tmp_path / "split")
     kasoku(*run, "--epochs", "2", "--out", tmp_path / "split", "--resume", "auto")
+    whole.done()
     a, b = (load_snapshot(tmp_path / d / "snapshot_latest.pt") for d in ("whole", "split"))
     assert_same(a["model"], b["model"], rtol=0, atol=0)
     assert a["optimizer"]["kfac"]["steps"] == b["optimizer"]["kfac"]["steps"] == 8
