@@ -29,7 +29,7 @@ from kasoku.data.registry import check_loader_settings, create_loader
 from kasoku.distributed import World, ddp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.ddp import local_world_size
-from kasoku.distributed.launch import restart_count, under_launcher
+from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFACConfig, check_levers
 from kasoku.optim import OPTIMIZERS, make_optimizer
 from kasoku.train import Trainer, load_snapshot
@@ -333,10 +333,12 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
     """One worker of a data-parallel run (see ``train_workload``)."""
     defer_signals()  # a Ctrl-C while the worker starts: kept for its first step
     world = World.from_env()
-    restarts = restart_count()
-    if restarts:
-        resume = "auto"  # the launcher restarted the group: on from the latest snapshot
     train = join_as_worker(world, train, dist_cfg, device)
+    # Agreed by the workers as they joined, not the launcher's count (torchrun's c10d counts a
+    # restart only on the machine whose worker failed).
+    restarts = ddp.attempt()
+    if restarts:
+        resume = "auto"  # the job's workers were restarted: on from the latest snapshot
     device = torch.device(train.device)
     trainer = None
     try:

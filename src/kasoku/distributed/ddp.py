@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ from torch import nn
 
 from kasoku.core.errors import ConfigError
 from kasoku.distributed.config import DistConfig
+from kasoku.distributed.launch import restart_count
 from kasoku.distributed.world import World
 
 
@@ -43,7 +45,9 @@ def worker_device(world: World, device_type: str) -> torch.device:
 
 def join(world: World, device: torch.device, timeout_s: float) -> None:
     """Join the job's process group (``init_process_group`` from the launcher's environment),
-    with ``timeout_s`` as every collective's time limit."""
+    with ``timeout_s`` as every collective's time limit; through the job's store, the workers
+    first agree on which attempt of the job theirs is (``attempt``)."""
+    global _attempt
     if dist.is_initialized():
         return
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -51,21 +55,98 @@ def join(world: World, device: torch.device, timeout_s: float) -> None:
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds the communicator to this worker's GPU at once
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        kwargs["store"] = _attempt_store(world, timeout)
+        kwargs["store"], _attempt = _attempt_store(world, timeout_s)
     dist.init_process_group(backend_for(device), rank=world.rank, world_size=world.world_size,
                             timeout=timeout, **kwargs)
 
 
-def _attempt_store(world: World, timeout: datetime.timedelta):
-    """The job's TCP store (the launcher's, or worker 0's), its keys prefixed with the
-    launcher's restart count: a restarted worker group would otherwise read the addresses the
-    failed attempt's workers left there and fail to connect (seen with gloo, torch 2.13)."""
+_attempt = None  # this worker group's attempt, agreed in join
+
+
+def attempt() -> int:
+    """Which attempt of the job this worker's group is, the same on all its workers: 0 the
+    first, more once the job was restarted on any machine (a restarted group resumes from the
+    run's latest snapshot). Before ``join``, or without a job store, the launcher's restart
+    count."""
+    return restart_count() if _attempt is None else _attempt
+
+
+ATTEMPTS = "kasoku/attempts"
+"""The store's keys of the attempts: ``latest``, and a folder per attempt number."""
+
+POLL_S = 0.05
+
+
+def _attempt_store(world: World, timeout_s: float) -> tuple:
+    """``(store, attempt)``: the job's TCP store (the launcher's, or worker 0's), its keys
+    prefixed with the attempt the workers agreed on, and that attempt (see ``attempt``). A
+    restarted worker group would otherwise read the addresses a failed attempt's workers left
+    there and fail to connect (seen with gloo, torch 2.13).
+
+    Agreed through the store, not from the launcher's restart count: under torchrun's c10d
+    rendezvous, a machine whose workers were still running when another one's failed
+    restarts them without counting a restart, so the count differs between machines."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           world.world_size, is_master=not agent and world.rank == 0,
-                          timeout=timeout, multi_tenant=not agent)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"kasoku/attempt_{attempt}", store)
+                          timeout=datetime.timedelta(seconds=timeout_s),
+                          multi_tenant=not agent)
+    number, restarts = _agree_on_attempt(store, world.rank, world.world_size, timeout_s)
+    # A store that lives as long as the job counts every restart; one a worker hosts starts
+    # at 0 again with each attempt, and then only the launchers' counts tell.
+    return dist.PrefixStore(f"kasoku/attempt_{number}", store), max(number, restarts)
+
+
+def _agree_on_attempt(store, rank: int, world_size: int, timeout_s: float) -> tuple[int, int]:
+    """``(number, restarts)``: the attempt number this worker shares with the other workers of
+    its group, never one an earlier group used in ``store``; the largest launcher restart
+    count among them.
+
+    Each number N has a seat per rank (an atomic counter): a worker takes its rank's seat in
+    the latest number, or, where a worker of its rank sat there before (its group failed),
+    moves the latest number on and sits there. A number is the group's once every rank's seat
+    is taken and then every seated worker confirmed it: a worker that died before its group
+    was complete never confirms, and its rank's next worker moves the others on with it."""
+    latest = f"{ATTEMPTS}/latest"
+    deadline = time.monotonic() + timeout_s
+    number = int(store.add(latest, 0))
+    while True:
+        here = f"{ATTEMPTS}/{number}"
+        if store.add(f"{here}/rank{rank}", 1) == 1:
+            store.set(f"{here}/restarts{rank}", str(restart_count()))
+            # Counters per world size: a rank new to a larger world finds its seat free.
+            if _all_add(store, f"{here}/of{world_size}/seated", world_size, latest, number,
+                        deadline) and \
+                    _all_add(store, f"{here}/of{world_size}/confirmed", world_size, latest,
+                             number, deadline):
+                return number, max(int(store.get(f"{here}/restarts{r}"))
+                                   for r in range(world_size))
+        number = _raise_to(store, latest, number + 1)
+
+
+def _all_add(store, counter: str, world_size: int, latest: str, number: int,
+             deadline: float) -> bool:
+    """Add 1 to ``counter`` and wait until ``world_size`` workers did: True; False as soon as
+    the ``latest`` attempt is past ``number`` (its group will not form)."""
+    if store.add(counter, 1) == world_size:
+        store.set(f"{counter}/all", "1")
+    while not store.check([f"{counter}/all"]):
+        if int(store.get(latest)) > number:
+            return False
+        if time.monotonic() > deadline:
+            raise dist.DistStoreError(
+                f"the workers of attempt {number} timed out: {int(store.add(counter, 0))} of "
+                f"{world_size} came ({counter})")
+        time.sleep(POLL_S)
+    return True
+
+
+def _raise_to(store, key: str, number: int) -> int:
+    """Set the counter ``key`` to ``number`` unless it is past it already; its new value."""
+    current = int(store.get(key))
+    while current < number:
+        current = int(store.compare_set(key, str(current), str(number)))
+    return current
 
 
 def leave() -> None:
