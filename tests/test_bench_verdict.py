@@ -43,7 +43,7 @@ def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phase
 
     def slow_loader(n, start):  # lazy, as a loader rung's: each batch is made when pulled
         for i in range(start, start + n):
-            time.sleep(0.02)
+            time.sleep(0.1)  # far above the step itself even on a busy 2-core machine
             yield pool[i % len(pool)]
 
     figures = worker.profile_window(runner, slow_loader, 0, torch.device("cpu"), 3,
@@ -54,7 +54,7 @@ def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phase
     if rung is FP32:
         assert markable(runner.step_fn).mark is no_mark  # it times nothing afterwards
     # the batch is pulled inside the data phase, so a slow loader reads as one
-    assert figures["phases_host_ms"]["data"] >= 18
+    assert figures["phases_host_ms"]["data"] >= 90
     assert judge({**figures, "loader": "serial"}).rule == "input-bound"
 
 
