@@ -101,9 +101,13 @@ def test_loaders_alone_on_a_jpeg_folder(jpegs, tmp_path):
             <= f["images_per_s"]["max"] \
                 and f["images_per_s"]["n"] == 3 + f["stability"]["extra_windows"]
         assert f["bytes_basis"] == "file"
-        assert f["bytes_per_image"] == pytest.approx(np.mean(files), rel=1e-9)
+        # Windows beyond the 3 (taken when they disagree, on a busy machine) read into the
+        # next epoch: then the images read are not every file once, only files of this folder.
+        exact = f["stability"]["extra_windows"] == 0
+        assert f["bytes_per_image"] == pytest.approx(np.mean(files), rel=1e-9 if exact else 0.2)
+        assert min(files) <= f["bytes_per_image"] <= max(files)
         assert f["mb_per_s"] * 1e6 / f["images_per_s"]["median"] == \
-            pytest.approx(np.mean(files), rel=0.01)
+            pytest.approx(np.mean(files), rel=0.01 if exact else 0.2)
         assert f["cpu_cores"] > 0 and 0 < f["cpu_percent"] <= 100
         assert f["first_batch_s"] > 0 and f["warmup_s"] > 0
         assert r["env"]["cpu_count"] == os.cpu_count()

@@ -227,9 +227,9 @@ def _stop_passed_on():
         if stop.received is not None:
             raise SignalException(f"stopped by signal {signum}", sigval=signal.Signals(signum))
         stop.received = signum
-        for pid in _children():
+        for pid in _children():  # as SIGINT: the workers take SIGTERM as the launcher's stop
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
+                os.kill(pid, signal.SIGINT)
 
     if threading.current_thread() is not threading.main_thread():
         yield stop

@@ -6,17 +6,45 @@ share their flags (``kasoku.distributed.ddp.AgreedFlag``: one small all-reduce p
 step later, so it never waits), so every worker stops at the same iteration and takes part in
 the same snapshot, whichever of them got the signal; only worker 0 says so. A signal that
 arrives while a worker is still starting (``defer_signals``) is kept for its first step.
+
+Under kasoku's own launcher (``kasoku.distributed.launch``) a Ctrl-C reaches the workers as
+SIGINT, passed on by the launching process, while SIGTERM is the elastic launcher stopping the
+workers of a failed group: there a SIGTERM ends the worker at once (after its note), as a
+worker whose peer hangs would otherwise keep the launcher waiting for its 30 s.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 
 from kasoku.distributed import ddp
-from kasoku.distributed.failures import note
+from kasoku.distributed.failures import JOB_DIR_ENV, note
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def graceful() -> tuple:
+    """The signals that stop training after a snapshot: SIGINT and SIGTERM, or SIGINT alone
+    under kasoku's launcher (see the module docstring)."""
+    return (signal.SIGINT,) if os.environ.get(JOB_DIR_ENV) else SIGNALS
+
+
+def _stopped_by_launcher(signum, frame) -> None:
+    """SIGTERM under kasoku's launcher: the note that says so, then the signal's own end."""
+    note("signalled", signal=signum)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install(handler) -> dict:
+    """``handler`` for the graceful signals, and under kasoku's launcher the immediate end for
+    SIGTERM; returns the handlers replaced."""
+    previous = {s: signal.signal(s, handler) for s in graceful()}
+    if signal.SIGTERM not in graceful():
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _stopped_by_launcher)
+    return previous
 
 _early: list[int] = []  # a signal received before training started (defer_signals)
 
@@ -31,8 +59,7 @@ def defer_signals() -> None:
             raise KeyboardInterrupt
         _early.append(signum)
     if threading.current_thread() is threading.main_thread():
-        for s in SIGNALS:
-            signal.signal(s, keep)
+        _install(keep)
 
 
 class StopSignals:
@@ -72,8 +99,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if self.active and threading.current_thread() is threading.main_thread():
-            for s in SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
+            self._previous = _install(self._handle)
             if _early:
                 self.received = _early.pop()
                 self._say(self.received)
