@@ -54,12 +54,6 @@ def _fed_mnist_rung(tmp_path, loader: str) -> tuple[dict, str]:
     return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()][-1], text
 
 
-def test_a_named_loader_is_used(tmp_path):
-    rec, _ = _fed_mnist_rung(tmp_path, "serial")
-    assert rec["rung"] == fed.LABEL and rec["data"]["loader"] == "serial"
-    assert rec["status"] == "ok"
-
-
 def test_kasoku_picks_the_loader_by_dataset_and_device(tmp_path):
     in_memory = ArrayDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.zeros(4))
     assert fed.fastest_loader(in_memory, "cuda") == "device"
@@ -95,12 +89,13 @@ def test_a_multi_step_rung_is_refused(tmp_path, capsys):
     assert code == 2 and "one batch per step; steps_per_call=4" in capsys.readouterr().err
 
 
-def test_a_loader_with_workers_gets_cores_of_its_own_on_a_cpu(tmp_path):
+def test_a_named_loader_is_used_and_its_workers_get_cores_of_their_own(tmp_path):
     from test_loader_cores import usable_cores
-    if len(usable_cores()) < 2:
-        pytest.skip("needs 2 usable physical cores and the affinity API")
     rec, text = _fed_mnist_rung(tmp_path, "multiprocess:1")
     assert rec["rung"] == fed.LABEL and rec["status"] == "ok"
+    assert rec["data"]["loader"] == "multiprocess:1"  # the loader named, not kasoku's pick
+    if len(usable_cores()) < 2:
+        pytest.skip("the cores' split needs 2 usable physical cores and the affinity API")
     threads = rec["settings"]["cpu_threads"]
     # --threads 1: the step keeps one core, the one worker takes the last.
     assert threads["threads"] == rec["env"]["torch_threads"] == 1
