@@ -71,11 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:  # the help rather than "a command is required"; still 2: nothing was done
             parser.print_help()
             return EXIT_USAGE
+        argv, script = profile.split_script(argv)  # the script's words are not kasoku's
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help, --version, or a bad value (its line is printed)
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         args.argv = argv
+        if script is not None:
+            args.script = script
         return _run(args)
 
 

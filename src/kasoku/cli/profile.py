@@ -1,5 +1,7 @@
 """``kasoku profile``: argv -> the ``kasoku train`` configs plus ``ProfileConfig`` ->
-``kasoku.commands.profile.profile_workload``; prints the figures and the verdict."""
+``kasoku.commands.profile.profile_workload``; prints the figures and the verdict. With ``--``,
+what follows is a training script's command (``kasoku profile --skip 5 -- python train.py
+ARGS``) -> ``kasoku.commands.script_profile.profile_script``."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +21,9 @@ from kasoku.cli.train import (
     kfac_config_from_args,
 )
 from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
+from kasoku.commands.script_profile import profile_script
+from kasoku.commands.script_run import parse_command
+from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
 from kasoku.data.config import DataConfig
 from kasoku.distributed import World
@@ -37,12 +42,16 @@ PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "measure_steps": {"type": a.positive_int, "metavar": "N"},
                  "measure_seconds": {"type": a.positive_float, "metavar": "S"},
                  "confirm": None, "estimate": None,
-                 "rounds": {"type": a.positive_int, "metavar": "N"}, "python": None}
+                 "rounds": {"type": a.positive_int, "metavar": "N"}, "python": None,
+                 "stop_after_window": None}
 PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph",
                 "allreduce_dtype", "sync_bn")
 """The data-parallel options a profile takes (one machine; no restarts)."""
 _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
               if k in ("device", "batch_size", "lr", "optimizer", "seed", "threads")}
+SCRIPT_FLAGS = ("--skip", "--warmup", "--steps", "--out", "--stop-after-window", "--estimate")
+"""The options a script's profile takes (its profile is an estimate: --estimate changes
+nothing)."""
 
 
 def add_parser(sub) -> None:
@@ -52,8 +61,12 @@ def add_parser(sub) -> None:
                        "(the options of kasoku train choose the run) and say which bottleneck "
                        "it is and what to do next. Writes trace.json (Perfetto, "
                        "chrome://tracing), profile.json, timeline.png and report.html to a new "
-                       "folder under runs/ (or --out DIR).")
-    p.add_argument("workload", help=WORKLOAD_HELP)
+                       "folder under runs/ (or --out DIR). Your own training script, "
+                       "unchanged: kasoku profile [--skip N --warmup N --steps N --out DIR "
+                       "--stop-after-window] -- python train.py ARGS (or -- python -m MODULE "
+                       "ARGS); its verdict is an estimate (no A/B runs for a script yet).")
+    p.add_argument("workload", nargs="?",
+                   help=WORKLOAD_HELP + "; or none, and a script's command after --")
     a.add_fields(p, TrainConfig, _RUN_FLAGS)
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="folder for the trace and the report (default: a new folder "
@@ -71,10 +84,24 @@ def add_parser(sub) -> None:
         "as kasoku train --gpus/--procs runs them; --batch-size is per worker")
     a.add_fields(group, DistConfig, {k: v for k, v in DIST_FLAGS.items() if k in PROFILE_DIST})
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, script=None)
+
+
+def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``kasoku profile OPTIONS -- COMMAND``: (kasoku's arguments, the script's command);
+    None for the command when there is no ``--`` (or another command than profile)."""
+    if argv[:1] != ["profile"] or "--" not in argv:
+        return argv, None
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
 
 
 def run(args) -> int:
+    if args.script is not None or args.workload is None:
+        return run_script(args)
+    if args.stop_after_window:
+        raise ConfigError("--stop-after-window is for a script: kasoku profile "
+                          "--stop-after-window -- python train.py")
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     train.progress = False
@@ -92,6 +119,27 @@ def run(args) -> int:
         return 0
     print(summary(result))
     return 0
+
+
+def run_script(args) -> int:
+    """A script's profile: exactly one of a workload or a script, and only the options that
+    apply to a script (a one-line ``ConfigError`` otherwise)."""
+    if args.workload is not None:
+        raise ConfigError(f"give a workload or a script after --, not both (got "
+                          f"{args.workload!r} and {' '.join(args.script)!r})")
+    if args.script is None:
+        raise ConfigError("give a workload (kasoku list names them) or a script's command "
+                          "after --: kasoku profile -- python train.py")
+    for word in args.argv[1:]:
+        flag = word.split("=", 1)[0]
+        if flag == "--device":
+            raise ConfigError("--device is not for a script: its profile follows the device "
+                              "the script trains on")
+        if flag.startswith("--") and flag not in SCRIPT_FLAGS:
+            raise ConfigError(f"{flag} is not yet for a script (a script's profile takes "
+                              f"{', '.join(SCRIPT_FLAGS[:-1])})")
+    return profile_script(parse_command(args.script), a.config_from(args, ProfileConfig),
+                          out=args.out)
 
 
 def _launch(args, dist, cfg) -> int:

@@ -81,6 +81,9 @@ class ProfileConfig:
     lever, fresh processes); fewer are faster and noisier. Stopped early past a minute."""
     python: bool = False
     """Add a host-side sampling profile of the step (pyinstrument; pip install pyinstrument)."""
+    stop_after_window: bool = False
+    """A script's profile (kasoku profile -- python SCRIPT.py): stop the script cleanly after
+    the profiled window instead of letting it run to its end."""
 
 
 def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Path | None = None,
