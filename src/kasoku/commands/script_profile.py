@@ -235,7 +235,11 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
             f"(--skip {cfg.skip}, --warmup {cfg.warmup}, --steps {cfg.steps}: "
             f"{watch.window_steps} steps): ask for fewer")
         return end.code or EXIT_USAGE
-    result = _result(command, cfg, watch, end)
+    try:
+        result = _result(command, cfg, watch, end)
+    except ValueError as exc:  # a trace without two steps' spans (trace.steps_of)
+        say(f"the window's trace could not be analysed: {exc}")
+        return end.code or 1
     write_outputs(out, result)
     for line in summary_lines(result):
         say(line)
