@@ -132,7 +132,7 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     candidates = result.pop("candidates")
     if argv is not None and not under_launcher():
         _ab(result, argv, cfg, candidates)
-    _write(out, result)
+    write_outputs(out, result)
     return result
 
 
@@ -211,7 +211,7 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     report is written again; returns the result."""
     result = json.loads((Path(out) / "profile.json").read_text())
     _ab(result, argv, cfg)
-    _write(Path(out), result)
+    write_outputs(Path(out), result)
     return result
 
 
@@ -317,7 +317,10 @@ def _python_profile(u, out: Path, steps: int) -> Path:
     return path
 
 
-def _write(out: Path, result: dict) -> None:
+def write_outputs(out: Path, result: dict) -> None:
+    """``timeline.png`` (where matplotlib is there) and ``report.html`` from the window's
+    ``trace.json`` when ``result`` has figures, and ``profile.json``, into ``out``; a
+    workload's profile or a script's (``kasoku.commands.script_profile``)."""
     figures = result.get("figures")
     png = None
     if figures is not None:
@@ -329,7 +332,7 @@ def _write(out: Path, result: dict) -> None:
             result["timeline"] = f"not drawn: {exc}"
         result["report"] = str(write_report(
             out / "report.html", title=f"kasoku profile: {result['workload']}",
-            verdict=result["verdict"], figures=figures, phases=result["phases"],
+            verdict=result["verdict"], figures=figures, phases=result.get("phases"),
             timeline_png=png, ladder=result.get("ladder"), settings=result["settings"],
             python_profile=result.get("python_profile"), stability=result.get("stability")))
     (out / "profile.json").write_text(json.dumps(result, indent=1, default=str))

@@ -21,7 +21,6 @@ estimate, and says so), a script's own DDP under torchrun, the wait for a step's
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,13 +28,10 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import dataloader as torch_dataloader
 
-from kasoku.commands.profile import ProfileConfig
+from kasoku.commands.profile import ProfileConfig, write_outputs
 from kasoku.commands.script_run import ScriptCommand, ScriptStopped, run_script
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import PhaseClock
-from kasoku.perf.profile import trace as trace_mod
-from kasoku.perf.profile.html import write_report
-from kasoku.perf.profile.timeline import draw_timeline
 from kasoku.perf.profile.window import Window, machine_facts
 from kasoku.train.run_dir import out_or_new
 
@@ -327,20 +323,3 @@ def summary_lines(result: dict) -> list[str]:
     lines += [f"  also: {also}" for also in v.get("secondary") or []]
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")
     return lines
-
-
-def write_outputs(out: Path, result: dict) -> None:
-    """``timeline.png`` (where matplotlib is there), ``report.html`` and ``profile.json``
-    beside the window's ``trace.json``."""
-    png = None
-    try:
-        png = draw_timeline(trace_mod.load(out / "trace.json"), out / "timeline.png",
-                            title=f"{result['workload']}: {result['verdict']['rule']}")
-        result["timeline"] = str(png)
-    except ImportError as exc:  # matplotlib is optional
-        result["timeline"] = f"not drawn: {exc}"
-    result["report"] = str(write_report(
-        out / "report.html", title=f"kasoku profile: {result['workload']}",
-        verdict=result["verdict"], figures=result["figures"], phases=None, timeline_png=png,
-        ladder=None, settings=result["settings"]))
-    (out / "profile.json").write_text(json.dumps(result, indent=1, default=str))
