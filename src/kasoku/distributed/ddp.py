@@ -19,8 +19,7 @@ from torch import nn
 
 from kasoku.core.errors import ConfigError
 from kasoku.distributed.config import DistConfig
-from kasoku.distributed.launch import restart_count
-from kasoku.distributed.world import World
+from kasoku.distributed.world import World, restart_count
 
 
 def backend_for(device: torch.device) -> str:

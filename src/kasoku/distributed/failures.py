@@ -19,6 +19,8 @@ import signal
 import time
 from pathlib import Path
 
+from kasoku.distributed.world import restart_count
+
 JOB_DIR_ENV = "KASOKU_JOB_DIR"
 
 PEER_LOSS = ("timed out", "timeout", "connection reset", "connection closed",
@@ -40,8 +42,7 @@ def note(kind: str, **fields) -> bool:
     if not folder:
         return False
     rank = os.environ.get("RANK", "0")
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
-    path = Path(folder) / f"attempt{attempt}-rank{rank}-{kind}.json"
+    path = Path(folder) / f"attempt{restart_count()}-rank{rank}-{kind}.json"
     if path.exists() and kind == "signalled":  # the first signal is the one that counts
         return True
     try:

@@ -87,13 +87,6 @@ def worker_main(work, argv: list[str], usage: str) -> None:
     exit_worker(0)
 
 
-def restart_count(environ=None) -> int:
-    """How many times the launcher restarted this worker group (0 on the first attempt)."""
-    env = os.environ if environ is None else environ
-    text = env.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
-    return int(text) if text.isdigit() else 0
-
-
 def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
                   rdzv_endpoint: str | None = None, max_restarts: int = 0, **options):
     """The elastic launcher's ``LaunchConfig`` for ``nproc_per_node`` workers per machine: a

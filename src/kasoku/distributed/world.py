@@ -54,3 +54,10 @@ def require_single_process(world: World, command: str) -> None:
         raise ConfigError(f"{command} was started as process {world.rank} of "
                           f"{world.world_size} (RANK/WORLD_SIZE set, as torchrun does), but it "
                           f"runs in one process; start it without torchrun")
+
+
+def restart_count(environ=None) -> int:
+    """How many times the launcher restarted this worker group (0 on the first attempt)."""
+    env = os.environ if environ is None else environ
+    text = env.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+    return int(text) if text.isdigit() else 0
