@@ -177,7 +177,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
     deadline = time.time() + 120
     while not snapshot.exists() and job.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    workers = _children(job.pid)
+    workers = workers_of(job.pid)
     assert job.poll() is None and len(workers) == 2, (workers, job.poll())
     os.kill(workers[-1], signal.SIGKILL)
     _, err = job.communicate(timeout=180)
@@ -187,33 +187,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
 
 
 def test_a_hung_collective_times_out_with_one_line_naming_the_worker(tmp_path):
-    (tmp_path / "hang.py").write_text(textwrap.dedent('''
-        import os, time
-        import torch
-        from torch import nn
-        from kasoku import ArrayDataset, Recipe, Workload
-
-        class Sleepy(nn.Linear):
-            calls = 0
-            def forward(self, x):
-                self.calls += 1
-                if self.training and os.environ.get("RANK") == "1" and self.calls == 3:
-                    time.sleep(120)  # worker 1 hangs in its third step
-                return super().forward(x)
-
-        class Hang(Workload):
-            recipe = Recipe(optimizer="sgd", lr=0.1, batch_size=4, epochs=1)
-            generated_data = True
-            def build_model(self):
-                return Sleepy(8, 2)
-            def build_datasets(self, data, seed=0):
-                x = torch.randn(64, 8, generator=torch.Generator().manual_seed(seed))
-                return ArrayDataset(x, (x[:, 0] > 0).long()), None
-            def loss_fn(self, out, y):
-                return nn.functional.cross_entropy(out, y)
-        '''))
+    hang = faulty_workload(tmp_path / "hang.py", "time.sleep(120)  # worker 1 hangs")
     t0 = time.time()
-    done = kasoku("train", f"{tmp_path / 'hang.py'}:Hang", "--procs", "2", "--dist-timeout",
+    done = kasoku("train", hang, "--procs", "2", "--dist-timeout",
                   "3", "--no-progress", "--out", tmp_path / "run", check=False, timeout=100)
     assert done.returncode == 1 and time.time() - t0 < 60
     errors = [line for line in done.stderr.splitlines() if line.startswith("kasoku: error:")]
@@ -259,12 +235,43 @@ def test_gpus_without_cuda_says_to_use_procs(tmp_path):
     assert "use --procs N" in done.stderr and "Traceback" not in done.stderr
 
 
+def faulty_workload(path: Path, fault: str) -> str:
+    """Write a workload file at ``path`` whose linear model runs ``fault`` (a Python statement)
+    in worker 1's third training step; returns its ``FILE.py:NAME``."""
+    path.write_text(textwrap.dedent('''
+        import os, time
+        import torch
+        from torch import nn
+        from kasoku import ArrayDataset, Recipe, Workload
+
+        class Faulty(nn.Linear):
+            calls = 0
+            def forward(self, x):
+                self.calls += 1
+                if self.training and os.environ.get("RANK") == "1" and self.calls == 3:
+                    FAULT
+                return super().forward(x)
+
+        class Fails(Workload):
+            recipe = Recipe(optimizer="sgd", lr=0.1, batch_size=4, epochs=1)
+            generated_data = True
+            def build_model(self):
+                return Faulty(8, 2)
+            def build_datasets(self, data, seed=0):
+                x = torch.randn(64, 8, generator=torch.Generator().manual_seed(seed))
+                return ArrayDataset(x, (x[:, 0] > 0).long()), None
+            def loss_fn(self, out, y):
+                return nn.functional.cross_entropy(out, y)
+    ''').replace("FAULT", fault))
+    return f"{path}:Fails"
+
+
 def _log(run: Path) -> list[dict]:
     import json
     return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
 
 
-def _children(pid: int) -> list[int]:
+def workers_of(pid: int) -> list[int]:
     """The worker processes the launcher ``pid`` started."""
     out = []
     for entry in Path("/proc").iterdir():

@@ -10,11 +10,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import torch
+from test_dist import faulty_workload, workers_of
 
 from kasoku.train import load_snapshot
 
@@ -47,20 +47,6 @@ def wait_for(path: Path, job: subprocess.Popen, seconds: float = 120) -> None:
     while not path.exists() and job.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert job.poll() is None and path.exists(), f"{path} never came"
-
-
-def workers_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"kasoku" in argv:
-                out.append(int(entry.name))
-    return sorted(out)
 
 
 def weights(run: Path) -> dict:
@@ -125,32 +111,9 @@ def test_a_killed_worker_is_named_not_the_one_the_launcher_stopped(tmp_path):
 
 
 def test_a_worker_with_an_error_of_its_own_is_named_with_it(tmp_path):
-    (tmp_path / "boom.py").write_text(textwrap.dedent('''
-        import os
-        import torch
-        from torch import nn
-        from kasoku import ArrayDataset, Recipe, Workload
-
-        class Boom(nn.Linear):
-            calls = 0
-            def forward(self, x):
-                self.calls += 1
-                if self.training and os.environ.get("RANK") == "1" and self.calls == 3:
-                    raise RuntimeError("worker 1's own error in its third step")
-                return super().forward(x)
-
-        class Fails(Workload):
-            recipe = Recipe(optimizer="sgd", lr=0.1, batch_size=4, epochs=1)
-            generated_data = True
-            def build_model(self):
-                return Boom(8, 2)
-            def build_datasets(self, data, seed=0):
-                x = torch.randn(64, 8, generator=torch.Generator().manual_seed(seed))
-                return ArrayDataset(x, (x[:, 0] > 0).long()), None
-            def loss_fn(self, out, y):
-                return nn.functional.cross_entropy(out, y)
-    '''))
-    done = kasoku("train", f"{tmp_path / 'boom.py'}:Fails", "--procs", "2", "--no-progress",
+    boom = faulty_workload(tmp_path / "boom.py",
+                           "raise RuntimeError(\"worker 1's own error in its third step\")")
+    done = kasoku("train", boom, "--procs", "2", "--no-progress",
                   "--device", "cpu", "--out", tmp_path / "run")
     assert done.returncode == 1
     line = next(ln for ln in done.stderr.splitlines()
