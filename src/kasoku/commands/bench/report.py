@@ -312,7 +312,10 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
                  f"bar its speed-up over plain (~: within the noise); hatched //: unstable",
                  fontsize=8)
     ax.legend(fontsize=7, ncols=min(4, max(1, len(rungs))), loc="upper left")
-    ax.set_ylim(0, top * 1.3)
+    # Room above the highest whisker for its speed-up label (upright or turned) and the legend.
+    highest = max([top] + [r["figures"]["samples_per_s"]["max"] for r in records
+                           if median_rate(r)])
+    ax.set_ylim(0, highest * (1.45 if len(rungs) > 4 else 1.3))
     ax.grid(axis="y", alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
