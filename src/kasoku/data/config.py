@@ -20,6 +20,9 @@ class DataConfig:
     download: bool = False
     """Fetch the real dataset into the data folder from its official URL (md5-checked) when it
     is missing."""
+    cache: Path | None = None
+    """Folder for data derived from the dataset, such as a text corpus tokenized once
+    (default: $KASOKU_CACHE, else $XDG_CACHE_HOME/kasoku, else ~/.cache/kasoku)."""
     strict: bool = False
     """Make the first bad sample (a corrupt image) an error instead of a skipped, counted
     warning."""

@@ -1,0 +1,191 @@
+"""A folder of UTF-8 text tokenized once into a cached file of token ids.
+
+Tokenization is byte-level: a token is one byte of the UTF-8 text (256 ids), and the files are
+joined with ``DOC_END`` (the NUL byte, which text files do not hold) between them. A BPE
+tokenizer (tiktoken's) would be one more ``TOKENIZER`` name in the cache key; none is needed
+here.
+
+The token file is written once and reused: its name is a hash of the tokenizer and of every
+file's path, size and modification time, so a changed, added or removed file makes a new one.
+It is written under a temporary name in the cache folder and renamed into place, its
+description (``.json``: counts and the files left out) after it, so a run stopped while
+writing, or two processes writing at once, never leave a file that looks complete.
+
+The cache folder: ``DataConfig.cache`` (``--data-cache DIR``), else ``$KASOKU_CACHE``, else
+``$XDG_CACHE_HOME/kasoku``, else ``~/.cache/kasoku``.
+
+A file that is not UTF-8 is a bad file by the rule every loader keeps
+(``kasoku.data.bad_files``): left out of the corpus and counted in one warning (its path and
+why in the description), or with ``strict`` an error naming it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kasoku.core.errors import DataError, warn_once
+from kasoku.data.bad_files import BadFile
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
+"""The files of a ``--data`` folder read as text (any depth; hidden files and folders left
+out)."""
+TOKENIZER = "bytes"
+VOCAB_SIZE = 256
+"""Token ids the byte-level tokenizer makes."""
+DOC_END = 0
+"""The token written after every file."""
+FORMAT = 1
+"""The token file's layout (part of its key: a new layout never reads an old file)."""
+CACHE_ENV = "KASOKU_CACHE"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A tokenized text folder: ``tokens`` (a cache file of ``n_tokens`` uint8 ids),
+    ``n_files`` read, ``skipped``: ``[path, reason]`` of the files left out."""
+    root: str
+    tokens: Path
+    n_tokens: int
+    n_files: int
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def cache_dir(cache: Path | None = None) -> Path:
+    """The folder for derived data (the module docstring says which)."""
+    if cache is not None:
+        return Path(cache).expanduser()
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kasoku"
+
+
+def text_files(root: Path) -> list[Path]:
+    """The ``TEXT_SUFFIXES`` files under ``root``, sorted by path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"--data {root}: no such folder; give a folder of UTF-8 text files "
+                        f"({', '.join(TEXT_SUFFIXES)})")
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [Path(folder) / f for f in files
+                  if not f.startswith(".") and f.lower().endswith(TEXT_SUFFIXES)]
+    return sorted(found)
+
+
+def stdlib_files() -> tuple[Path, list[Path]]:
+    """The Python standard library's own ``.py`` files (installed packages left out): a real
+    corpus every machine with Python has, offline. Returns its folder and the files."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages", "__pycache__")]
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return root, sorted(found)
+
+
+def tokenize(root: Path, files: list[Path], cache: Path | None = None,
+             strict: bool = False) -> Corpus:
+    """``files`` (under ``root``) as a ``Corpus``: the cached token file when there is one for
+    exactly these files, else one written now. ``DataError`` when none of them holds text."""
+    if not files:
+        raise DataError(f"{root} holds no text files ({', '.join(TEXT_SUFFIXES)}, at any "
+                        f"depth); give a folder of UTF-8 text")
+    listing = [(str(f), f.stat()) for f in files]
+    key = hashlib.sha256(json.dumps(
+        [FORMAT, TOKENIZER, [(p, s.st_size, s.st_mtime_ns) for p, s in listing]]
+    ).encode()).hexdigest()[:24]
+    folder = cache_dir(cache)
+    data, meta = folder / f"tokens-{key}.{TOKENIZER}", folder / f"tokens-{key}.json"
+    corpus = _cached(data, meta)
+    if corpus is None:
+        corpus = _write(root, files, folder, data, meta, strict)
+    if corpus.skipped:
+        if strict:  # a cache written without --strict-data kept the files it left out
+            raise BadFile(*corpus.skipped[0])
+        path, reason = corpus.skipped[0]
+        n = len(corpus.skipped)
+        warn_once(f"{n} of {n + corpus.n_files} text files under {root} are left out "
+                  f"(first: {path}: {reason}); all are listed in {meta} (--strict-data "
+                  f"makes one an error)")
+    if corpus.n_tokens <= corpus.n_files:
+        raise DataError(f"{root}: its {corpus.n_files} UTF-8 text files are empty; give a "
+                        f"folder of UTF-8 text")
+    return corpus
+
+
+def _cached(data: Path, meta: Path) -> Corpus | None:
+    try:
+        info = json.loads(meta.read_text())
+        if data.stat().st_size != info["n_tokens"]:
+            return None
+    except (OSError, ValueError, KeyError):
+        return None
+    return Corpus(info["root"], data, info["n_tokens"], info["n_files"],
+                  tuple(tuple(s) for s in info["skipped"]))
+
+
+def _write(root: Path, files: list[Path], folder: Path, data: Path, meta: Path,
+           strict: bool) -> Corpus:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot make the cache folder {folder} ({exc.strerror}); give a "
+                        f"writable one with --data-cache DIR or ${CACHE_ENV}") from exc
+    n_tokens, n_files, skipped = 0, 0, []
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=data.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for f in files:
+                text = _read_text(f, strict)
+                if isinstance(text, str):
+                    skipped.append((str(f), text))
+                    continue
+                out.write(text + bytes([DOC_END]))
+                n_tokens, n_files = n_tokens + len(text) + 1, n_files + 1
+        if n_files == 0:
+            raise DataError(f"{root}: none of its {len(files)} text files is UTF-8 (first: "
+                            f"{skipped[0][0]}: {skipped[0][1]}); give a folder of UTF-8 text")
+        os.replace(tmp, data)
+        info = {"root": str(root), "tokenizer": TOKENIZER, "n_tokens": n_tokens,
+                "n_files": n_files, "skipped": skipped}
+        _write_atomic(meta, json.dumps(info, indent=1))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return Corpus(str(root), data, n_tokens, n_files, tuple(skipped))
+
+
+def _read_text(path: Path, strict: bool) -> bytes | str:
+    """The file's bytes when they are UTF-8 text, else the reason it is left out (a
+    ``BadFile`` with ``strict``)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        reason = f"unreadable: {exc.strerror or type(exc).__name__}"
+    else:
+        try:
+            raw.decode("utf-8")
+            return raw
+        except UnicodeDecodeError as exc:
+            reason = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+    if strict:
+        raise BadFile(path, reason)
+    return reason
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
