@@ -44,7 +44,7 @@ def _train(name, impl, steps=6, lr=0.05, weight_decay=1e-3, seed=0):
     return model, opt, losses
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
 def test_loop_foreach_fused_give_the_same_weights(name):
     ref, _, _ = _train(name, "loop")
     for impl in ("foreach", "fused"):
@@ -53,6 +53,24 @@ def test_loop_foreach_fused_give_the_same_weights(name):
         assert bool(opt.defaults["foreach"]) == (impl == "foreach")
         for a, b in zip(ref.parameters(), model.parameters()):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_adamw_decays_matrices_only():
+    """GPT-2's and nanoGPT's groups: weight decay on the matrices, none on the biases; the
+    decay decoupled (a weight with no gradient shrinks by lr x decay)."""
+    model = _model()
+    opt = make_optimizer("adamw", model.parameters(), 0.1, weight_decay=0.5)
+    assert isinstance(opt, torch.optim.AdamW)
+    decayed, kept = opt.param_groups
+    assert [p.dim() for p in decayed["params"]] == [2, 2] and decayed["weight_decay"] == 0.5
+    assert [p.dim() for p in kept["params"]] == [1, 1] and kept["weight_decay"] == 0.0
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    after = list(model.parameters())
+    torch.testing.assert_close(after[0], before[0] * (1 - 0.1 * 0.5))
+    torch.testing.assert_close(after[1], before[1])
 
 
 def test_default_impl_is_fused_where_available():

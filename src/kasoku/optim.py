@@ -13,27 +13,30 @@ from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
 from kasoku.core.errors import ConfigError
 from kasoku.kfac import KFAC, KFACConfig
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb", "kfac")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lars", "lamb", "kfac")
 IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 """loop: one kernel per tensor per op; foreach: multi-tensor kernels; fused: one kernel for all
-weights (torch's ``fused=True``; SGD, momentum and Adam only); compiled: the foreach update
-compiled by ``torch.compile`` (SGD, momentum and Adam; see ``compile_step``); triton: Adam as
-one Triton kernel over all weights with a full grid (``kasoku.accel.triton_adam``; where it
-cannot run -- a CPU, no Triton -- the update is fused or foreach, warned once)."""
+weights (torch's ``fused=True``; SGD, momentum, Adam and AdamW only); compiled: the foreach
+update compiled by ``torch.compile`` (SGD, momentum, Adam and AdamW; see ``compile_step``);
+triton: Adam as one Triton kernel over all weights with a full grid
+(``kasoku.accel.triton_adam``; where it cannot run -- a CPU, no Triton -- the update is fused
+or foreach, warned once)."""
 
 
 def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, impl: str | None = None,
                    model: torch.nn.Module | None = None, kfac=None) -> torch.optim.Optimizer:
     """``sgd`` (plain), ``momentum`` (SGD with momentum, as Chainer's MomentumSGD), ``adam``,
-    ``lars`` (You et al. 2017; ``momentum`` is its momentum), ``lamb`` (You et al. 2019) or
-    ``kfac``: K-FAC (``kasoku.kfac.KFAC``) preconditioning the gradients of ``model``'s Linear
-    and Conv2d layers in front of the optimizer ``kfac.base`` (``kfac``: a ``KFACConfig``,
-    default ``KFACConfig()``: momentum), built here with the other arguments.
+    ``adamw`` (Loshchilov & Hutter 2019), ``lars`` (You et al. 2017; ``momentum`` is its
+    momentum), ``lamb`` (You et al. 2019) or ``kfac``: K-FAC (``kasoku.kfac.KFAC``)
+    preconditioning the gradients of ``model``'s Linear and Conv2d layers in front of the
+    optimizer ``kfac.base`` (``kfac``: a ``KFACConfig``, default ``KFACConfig()``: momentum),
+    built here with the other arguments.
     ``params``: parameters or parameter groups (dicts), as torch optimizers take them.
     Weight decay is L2 added to the gradient for sgd/momentum/adam/lars (as in the seeds) and
-    decoupled for lamb (its paper); LARS and LAMB exclude biases and normalization weights
-    (tensors of one dimension) from weight decay and from the trust ratio.
+    decoupled for lamb and adamw (their papers); LARS and LAMB exclude biases and normalization
+    weights (tensors of one dimension) from weight decay and from the trust ratio, adamw from
+    weight decay (``decay_groups``, as GPT-2 and nanoGPT).
 
     ``impl``: ``loop``, ``foreach``, ``fused`` (seed 004's batched weight update), or None for
     fused where this PyTorch has it for the parameters' device and dtype, foreach otherwise.
@@ -52,7 +55,9 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         return _make_kfac(params, lr, momentum, weight_decay, impl, model, kfac)
     if name in ("lars", "lamb"):
         return _make_layerwise(name, params, lr, momentum, weight_decay, impl)
-    cls = torch.optim.Adam if name == "adam" else torch.optim.SGD
+    if name == "adamw":
+        params = decay_groups(params, weight_decay)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(name, torch.optim.SGD)
     kwargs = {"lr": lr, "weight_decay": weight_decay}
     if name == "momentum":
         kwargs["momentum"] = momentum
@@ -80,6 +85,17 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
                               f"{', '.join(_fused_devices())}); use --optimizer-impl foreach")
         return cls(params, fused=True, **kwargs)
     return cls(params, foreach=impl == "foreach", fused=False, **kwargs)
+
+
+def decay_groups(params: list, weight_decay: float) -> list:
+    """Parameter groups: ``weight_decay`` for tensors of two or more dimensions (matrices,
+    embeddings), none for biases and normalization weights; ``params`` already in groups
+    (dicts) are returned as they are."""
+    if not params or isinstance(params[0], dict):
+        return params
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def _make_layerwise(name: str, params: list, lr: float, momentum: float, weight_decay: float,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kasoku.optim import decay_groups
 from kasoku.workloads.registry import Recipe
 
 
@@ -20,6 +21,8 @@ def setup_backends() -> None:
 
 def make_optimizer(recipe: Recipe, params, lr: float | None = None) -> torch.optim.Optimizer:
     lr = recipe.lr if lr is None else lr
+    if recipe.optimizer == "adamw":  # nanoGPT's groups: no decay on biases and norms
+        return torch.optim.AdamW(decay_groups(list(params), recipe.weight_decay), lr=lr)
     if recipe.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=recipe.weight_decay)
     momentum = recipe.momentum if recipe.optimizer == "momentum" else 0.0
