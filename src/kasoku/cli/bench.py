@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from kasoku.cli import args as a
-from kasoku.cli.train import WORKLOAD_HELP
+from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
 from kasoku.commands.bench.fed import check_data
 from kasoku.commands.bench.report import report_results
 from kasoku.commands.bench.rungs import cpu_ladder, gpu_ladder, ladder_or_specs, parse_config
@@ -19,6 +19,7 @@ from kasoku.core.errors import ConfigError, warn_once
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import OUTPUT_ROOT
 from kasoku.workloads import create_workload
+from kasoku.workloads.registry import split_settings
 
 
 def add_parser(sub) -> None:
@@ -89,6 +90,7 @@ def add_parser(sub) -> None:
                    help="measure nothing: print the table and redraw ladder.png from "
                    "OUT/results.jsonl (the latest run of each rung and batch size), e.g. after "
                    "a ladder split over several commands")
+    add_workload_settings(p)
     for flag in ("--gpus", "--procs"):  # said plainly rather than "unrecognized arguments"
         p.add_argument(flag, type=_to_scale, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
@@ -124,11 +126,14 @@ def run(args) -> int:
     require_single_process(World.from_env(), "kasoku bench")
     # --report measures nothing, so it may redraw a GPU sweep's results on any machine.
     device = resolve_device(args.device, need_it=not args.report)
-    wl = create_workload(args.workload)  # an unknown name is a ConfigError naming `kasoku list`
-    out = args.out or default_out(wl.name, device.type)
+    spec = workload_spec(args)
+    wl = create_workload(spec)  # an unknown name is a ConfigError naming `kasoku list`
+    # A workload's settings name its folder too: bench-gpt-small-plain-cpu.
+    out = args.out or default_out("-".join([wl.name, *split_settings(spec)[1].values()]),
+                                  device.type)
     if args.report:
         try:
-            chart = report_results(out, args.workload, device.type)
+            chart = report_results(out, spec, device.type)
         except FileNotFoundError:
             raise ConfigError(f"--report: no results.jsonl in {out}; run the sweep first "
                               f"(without --report), or give its --out") from None
@@ -149,7 +154,7 @@ def sweep_config(args, wl, device, out: Path):
     if args.windows < 3:
         warn_once(f"--windows {args.windows}: the median of fewer than 3 timed windows is not "
                   f"robust")
-    return SweepConfig(workload=args.workload, rungs=tuple(rungs),
+    return SweepConfig(workload=workload_spec(args), rungs=tuple(rungs),
                        batch_sizes=tuple(batch_sizes), out=out, device=str(device),
                        steps=args.steps or defaults["steps"], windows=args.windows,
                        warmup=args.warmup if args.warmup is not None else defaults["warmup"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from kasoku.cli import args as a
@@ -23,9 +24,11 @@ from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import default_out, find_snapshot
 from kasoku.train.snapshot import SnapshotError
 from kasoku.workloads import create_workload
+from kasoku.workloads.registry import with_settings, workload_configs
 
-WORKLOAD_HELP = ("a name from `kasoku list`, or FILE.py:NAME for your own (a Workload subclass "
-                 "or a function returning one; see examples/)")
+WORKLOAD_HELP = ("a name from `kasoku list` (with a workload's settings: NAME:KEY=VALUE,..., "
+                 "or their flags), or FILE.py:NAME for your own (a Workload subclass or a "
+                 "function returning one; see examples/)")
 
 TRAIN_FLAGS = {
     "device": {"type": a.device, "metavar": "{auto,cpu,cuda,cuda:N}", "default": "auto"},
@@ -51,6 +54,7 @@ DATA_FLAGS = {
     "root": {"flag": "--data", "type": Path, "metavar": "DIR"},
     "download": None, "synthetic": None,
     "synthetic_train_size": {"flag": "--synthetic-size", "metavar": "N"},
+    "cache": {"flag": "--data-cache", "type": Path, "metavar": "DIR"},
     "strict": {"flag": "--strict-data"},
 }
 
@@ -84,6 +88,24 @@ def add_data_arguments(group) -> None:
     a.add_fields(group, DataConfig, DATA_FLAGS)
 
 
+def add_workload_settings(parser) -> None:
+    """A flag per field of each registered workload's settings (gpt's ``--model-size``), in
+    a group of its own; fields with ``choices`` take only those."""
+    for name, cls in workload_configs().items():
+        choices = getattr(cls, "choices", {})
+        a.add_fields(parser.add_argument_group(f"{name}'s settings (also {name}:KEY=VALUE,...)"),
+                     cls, {f.name: {"type": a.choice(choices[f.name]),
+                                    "metavar": "{" + ",".join(choices[f.name]) + "}"}
+                           if f.name in choices else None for f in fields(cls)})
+
+
+def workload_spec(args) -> str:
+    """``args.workload`` with the settings its flags gave (``NAME:KEY=VALUE,...``)."""
+    given = {f.name: getattr(args, f.name, None)
+             for cls in workload_configs().values() for f in fields(cls)}
+    return with_settings(args.workload, given)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a workload, with a Chainer-style log, snapshots "
                        "and plots", description="Train a workload. The run's log.jsonl, "
@@ -99,6 +121,7 @@ def add_parser(sub) -> None:
                    "otherwise")
     data = p.add_argument_group("data")
     add_data_arguments(data)
+    add_workload_settings(p)
     kinds = [loader_kind(name) for name in list_loaders()]
     described = "; ".join(f"{k.name}[:N]: {k.help} (N: {k.count})" if k.count else
                           f"{k.name}: {k.help}" for k in kinds)
@@ -125,7 +148,7 @@ def run(args) -> int:
         argv, out = _worker_argv(args, train)
         return launch(argv, dist, resume_command=_resume_command(args, out), out=out)
     try:
-        train_workload(args.workload, data, train, resume=args.resume, accel=accel,
+        train_workload(workload_spec(args), data, train, resume=args.resume, accel=accel,
                        dist_cfg=dist, kfac=kfac)
     except TrainingInterrupted as exc:
         if under_launcher() and note("interrupted", iteration=exc.iteration, signal=exc.signum,

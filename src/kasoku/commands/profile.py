@@ -37,7 +37,6 @@ from kasoku.distributed import World, require_single_process
 from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFAC
 from kasoku.perf import cpuinfo
-from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
@@ -162,8 +161,10 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
             print(f"# {workload.name}  device: {u.device}  out: {out}"
                   + (f"  workers: {workers} (rates per worker)" if workers > 1 else ""),
                   file=sys.stderr)
-            rates = result["window_rates"]
-            print(f"unprofiled: {result['samples_per_s']:.1f} {workload.sample_unit}/s over "
+            # Rates in the workload's unit: a language model's sequences counted in tokens.
+            rates = [workload.units_per_sample * r for r in result["window_rates"]]
+            rate = workload.units_per_sample * result["samples_per_s"]
+            print(f"unprofiled: {rate:.1f} {workload.sample_unit}/s over "
                   f"{result['measured_steps']} steps ({min(rates):.1f}-{max(rates):.1f} over "
                   f"{len(rates)} windows), {format_phases(result['phases'])}", file=sys.stderr)
             for reason in result["stability"]["reasons"]:
@@ -276,8 +277,8 @@ def _mfu(workload, trainer, accel, result: dict) -> dict:
     batch = result["samples_per_step"]
     try:
         model = workload.build_model()
-        flops = count_step_flops(model, batch_spec(workload, model).make_batch,
-                                 workload.loss_fn, batch).total
+        flops = workload.step_flops(model, batch_spec(workload, model).make_batch,
+                                    batch).total
         dtype = compute_dtype(Rung("run", accel))
         peak = measure_matmul_peak(device, dtype, size=None if device.type == "cuda" else 1024)
     except (RuntimeError, ValueError, NotImplementedError) as exc:

@@ -112,13 +112,14 @@ def measure(request: dict, device, world_size: int) -> dict:
     more_wait = 0.0 if None in waits else \
         min(max(0.0, waits[0] - waits[1]), max(0.0, step_ms - alone_ms))
     exposed_ms = max(0.0, step_ms - alone_ms - more_wait)
-    b = request["batch_size"]
+    b = request["batch_size"] * wl.units_per_sample  # rates in the unit: tokens for gpt
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return {
         "schema": SCHEMA, "workload": wl.name, "unit": wl.sample_unit,
         "world_size": world_size, "backend": torch.distributed.get_backend(),
         "device_type": device.type, "rung": rung.label, "config": rung.config_dict(),
-        "batch_size_per_worker": b, "global_batch_size": b * world_size,
+        "batch_size_per_worker": request["batch_size"],
+        "global_batch_size": request["batch_size"] * world_size,
         "threads_per_worker": request["threads"] if device.type == "cpu" else None,
         "bucket_mb": cfg.bucket_mb, "static_graph": cfg.static_graph,
         "allreduce_dtype": cfg.allreduce_dtype,

@@ -306,7 +306,7 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
 def _data_source(workload: Workload, data: DataConfig):
     """What the run's first line says the data is."""
     return "synthetic" if data.synthetic else \
-        "generated" if workload.generated_data else data.root
+        "generated" if workload.generated_data else data.root or workload.default_data
 
 
 def _run_and_close(trainer: Trainer) -> None:

@@ -13,6 +13,10 @@ arithmetic, exact shapes, and the model itself is left untouched. A model that c
 meta is counted on a CPU copy at batch 2 and scaled linearly (exact for layers whose products
 are linear in the batch, which covers conv, linear and recurrent nets); ``StepFlops.method``
 says which was used.
+
+A transformer's MFU is quoted by a formula instead (PaLM's, nanoGPT's:
+``transformer_flops_per_token``), which its workload gives (``Workload.step_flops``), so its
+figures read against the papers'.
 """
 from __future__ import annotations
 
@@ -95,3 +99,29 @@ def _count(model, make_batch, loss_fn, batch_size, device):
         for op, n in counter.get_flop_counts().get("Global", {}).items():
             by_op[str(op)] = by_op.get(str(op), 0) + int(n)
     return int(fwd.get_total_flops()), int(bwd.get_total_flops()), by_op
+
+
+def transformer_flops_per_token(n_params: int, n_layer: int, n_embd: int, seq_len: int) -> int:
+    """A decoder-only transformer's training FLOPs per token, forward and backward, as the
+    PaLM paper (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu`` count them:
+    ``6 N`` for the weights' matrix products (2 per parameter forward, 4 backward) plus
+    ``12 n_layer n_embd seq_len`` for attention's two products with the keys and values
+    (``Q K^T`` and ``A V``, each ``2 T d`` per token and layer forward, twice that backward;
+    the causal mask's skipped half is counted, as those papers do). ``N``: the parameters
+    whose products these are (a tied embedding counts once, as the head's weight; position
+    embeddings are looked up, not multiplied, and are left out)."""
+    return 6 * n_params + 12 * n_layer * n_embd * seq_len
+
+
+def transformer_step_flops(n_params: int, n_layer: int, n_embd: int, seq_len: int,
+                           batch_size: int) -> StepFlops:
+    """``transformer_flops_per_token`` for a step of ``batch_size`` sequences of ``seq_len``
+    tokens, a third of it forward."""
+    tokens = batch_size * seq_len
+    weights = 6 * n_params * tokens
+    attention = 12 * n_layer * n_embd * seq_len * tokens
+    total = transformer_flops_per_token(n_params, n_layer, n_embd, seq_len) * tokens
+    return StepFlops(total // 3, total - total // 3, batch_size,
+                     {"weights (6N per token)": weights,
+                      "attention (12 n_layer n_embd T per token)": attention},
+                     "formula: 6N + 12 n_layer n_embd T per token (PaLM, nanoGPT)")

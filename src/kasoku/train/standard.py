@@ -50,7 +50,8 @@ def extend_reports(trainer: Trainer, workload, train: TrainConfig, has_val: bool
                        trigger=every)
     trainer.extend(ext.Snapshot(), trigger=snapshot_trigger(train))
     if train.progress:
-        trainer.extend(ext.ProgressBar(unit=workload.sample_unit))
+        trainer.extend(ext.ProgressBar(unit=workload.sample_unit,
+                                       units_per_sample=workload.units_per_sample))
 
 
 class EpochsRounded:

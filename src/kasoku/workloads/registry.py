@@ -2,10 +2,15 @@
 
 A workload bundles what a seed study trains: a model, its data (real and synthetic), a loss,
 a metric and a default recipe. Tests sweep the whole registry, so a new entry is covered.
+
+A workload with settings of its own (gpt's model size) takes them in its name,
+``NAME:KEY=VALUE,...`` (``gpt:model_size=small,attention=plain``), so they travel with the
+name wherever a run goes (a bench worker's request, a data-parallel worker's command line);
+the command line's flags made from the settings' fields (``--model-size``) add them there.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -14,13 +19,14 @@ from torch import nn
 
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
+from kasoku.perf.flops import StepFlops, count_step_flops
 
 
 @dataclass(frozen=True)
 class Recipe:
     """Default training recipe of a workload (seed 001 where it gives one)."""
     optimizer: str = "adam"
-    """sgd | momentum | adam"""
+    """sgd | momentum | adam | adamw"""
     lr: float = 1e-3
     momentum: float = 0.9
     weight_decay: float = 0.0
@@ -48,9 +54,24 @@ class Workload:
     """True when the workload generates its data (no files, ``--data`` is ignored)."""
     sample_unit: str = "samples"
     """What a sample is called in rates: ``images`` for image models (images/s)."""
+    units_per_sample: int = 1
+    """How many ``sample_unit``s one sample holds, where rates count less than a sample: a
+    language model's sample is a sequence of ``block_size`` tokens, its rates are tokens/s."""
     epoch_samples: int | None = None
-    """Training samples in one epoch of the workload's real dataset (what ``kasoku compare``
-    extrapolates an epoch's time to from a measured rate); None: not known."""
+    """Training samples in one epoch of the workload's real dataset, in ``sample_unit``s (what
+    ``kasoku compare`` extrapolates an epoch's time to from a measured rate); None: not
+    known."""
+    default_data: str | None = None
+    """What the workload trains on without ``--data``, in words, where every machine has it
+    (gpt: the Python standard library's sources); None: real data needs ``--data``."""
+    config_class: type | None = None
+    """The dataclass of the workload's own settings (``NAME:KEY=VALUE,...``), or None. Its
+    fields' docstrings are the flags' help; a class attribute ``choices`` (field -> allowed
+    values) makes those flags take only these."""
+
+    def __init__(self, config=None):
+        self.config = config if config is not None or self.config_class is None \
+            else self.config_class()
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -67,6 +88,11 @@ class Workload:
     def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
         """Accuracy for classification (a 0-dim tensor, no host sync); None when not defined."""
         return (output.argmax(dim=1) == target).float().mean()
+
+    def step_flops(self, model: nn.Module, make_batch, batch_size: int) -> StepFlops:
+        """The model FLOPs of one training step at ``batch_size`` (what MFU divides): counted
+        (``kasoku.perf.flops.count_step_flops``) unless the workload knows a formula."""
+        return count_step_flops(model, make_batch, self.loss_fn, batch_size)
 
     def __repr__(self) -> str:
         return f"<workload {self.name}: {self.description}>"
@@ -94,21 +120,69 @@ def list_workloads() -> list[str]:
 def create_workload(name: str, **recipe_overrides) -> Workload:
     """Instantiate a workload: a registered name (``kasoku list``), or ``FILE.py:NAME``, a
     user's own: ``NAME`` in the Python file ``FILE.py``, a ``Workload`` subclass or a function
-    returning a ``Workload`` (see ``examples/``). Keyword arguments override fields of its
-    recipe."""
+    returning a ``Workload`` (see ``examples/``); a registered name may carry the workload's
+    settings, ``NAME:KEY=VALUE,...`` (``split_settings``). Keyword arguments override fields
+    of its recipe."""
     _load_builtin()
+    spec = name
+    name, settings = split_settings(spec)
     if is_file_spec(name):
         wl = _workload_from_file(name)
+        if settings:
+            raise ConfigError(f"workload {spec!r}: a workload of your own takes no settings "
+                              f"in its name")
     elif name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise ConfigError(f"unknown workload {name!r}; known workloads: {known} (see `kasoku "
                           f"list`), or FILE.py:NAME for a workload of your own")
     else:
-        wl = _REGISTRY[name]()
+        cls = _REGISTRY[name]
+        wl = cls(_config(cls, spec, settings)) if settings else cls()
     overrides = {k: v for k, v in recipe_overrides.items() if v is not None}
     if overrides:
         wl.recipe = replace(wl.recipe, **overrides)
     return wl
+
+
+def split_settings(spec: str) -> tuple[str, dict[str, str]]:
+    """``"gpt:model_size=small,attention=plain"`` -> ``("gpt", {"model_size": "small",
+    "attention": "plain"})``; a name without settings -> ``(name, {})``. ``-`` in a key stands
+    for ``_``."""
+    head, sep, tail = str(spec).rpartition(":")
+    if not sep or "=" not in tail:
+        return str(spec), {}
+    settings = {}
+    for item in (part.strip() for part in tail.split(",") if part.strip()):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ConfigError(f"workload {spec!r}: settings are KEY=VALUE,..., got {item!r}")
+        settings[key.strip().replace("-", "_")] = value.strip()
+    return head, settings
+
+
+def with_settings(spec: str, settings: dict) -> str:
+    """``spec`` with ``settings`` (those not None) added to, or replacing, those it names."""
+    name, given = split_settings(spec)
+    given.update({k: str(v) for k, v in settings.items() if v is not None})
+    return f"{name}:{','.join(f'{k}={v}' for k, v in given.items())}" if given else name
+
+
+def workload_configs() -> dict[str, type]:
+    """``{workload name: settings dataclass}`` of the registered workloads that have one."""
+    _load_builtin()
+    return {name: cls.config_class for name, cls in sorted(_REGISTRY.items())
+            if cls.config_class is not None}
+
+
+def _config(cls, spec: str, settings: dict[str, str]):
+    if cls.config_class is None:
+        raise ConfigError(f"workload {spec!r}: {cls.name} takes no settings")
+    known = [f.name for f in fields(cls.config_class)]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ConfigError(f"workload {spec!r}: {cls.name} has no setting "
+                          f"{', '.join(unknown)}; its settings: {', '.join(known)}")
+    return cls.config_class(**settings)
 
 
 def is_file_spec(name: str) -> bool:

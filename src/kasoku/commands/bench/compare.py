@@ -36,7 +36,6 @@ from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.results import append_result, median_rate, read_results
 from kasoku.commands.bench.rungs import ladder_or_specs
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
-from kasoku.perf.flops import count_step_flops
 from kasoku.workloads import create_workload
 
 SCHEMA = "kasoku.compare/1"
@@ -162,7 +161,7 @@ def _measure_side(cfg: CompareConfig, name: str, wl, device: str, say, stream,
     sizes = cfg.batch_sizes or (default_batch(wl.recipe.batch_size, device_type),)
     model = wl.build_model()
     spec = batch_spec(wl, model)
-    flops = count_step_flops(model, spec.make_batch, wl.loss_fn, max(sizes)).total
+    flops = wl.step_flops(model, spec.make_batch, max(sizes)).total
     window = plan_window(flops, device_type, cfg.windows, cfg.steps, cfg.warmup)
     rungs = tuple(ladder_or_specs(device_type, (cfg.configs or {}).get(device_type)))
     out = cfg.out / f"bench-{wl.name}-{device_type}"

@@ -25,7 +25,8 @@ class BatchSpec:
     """Per sample, e.g. (3, 224, 224)."""
     input_dtype: torch.dtype
     input_range: str
-    """"unit" (values in [0, 1]), "normal" (standardized) or "bytes" (uint8 pixels)."""
+    """"unit" (values in [0, 1]), "normal" (standardized), "bytes" (uint8 pixels) or "tokens"
+    (integer ids below ``num_classes``: a language model's vocabulary)."""
     num_classes: int | None
     """Class count for classification; None for regression."""
     target_shape: tuple[int, ...]
@@ -42,8 +43,9 @@ class BatchSpec:
                    generator: torch.Generator | None = None) -> Batch:
         """One batch; on the meta device (FLOP counting) no values are drawn."""
         shape = (batch_size, *self.input_shape)
-        if self.input_range == "bytes":
-            x = torch.randint(0, 256, shape, generator=generator, device=device,
+        if self.input_range in ("bytes", "tokens"):
+            high = 256 if self.input_range == "bytes" else self.num_classes
+            x = torch.randint(0, high, shape, generator=generator, device=device,
                               dtype=self.input_dtype)
         elif self.input_range == "unit":
             x = torch.rand(shape, generator=generator, device=device).to(self.input_dtype)
@@ -60,8 +62,8 @@ class BatchSpec:
 
 def batch_spec(workload: Workload, model: nn.Module) -> BatchSpec:
     """Read the batch shapes of ``workload`` from two samples of its synthetic data, and the
-    class count from ``model``'s output on them (no gradients, eval mode, so the model's
-    state is left as it was)."""
+    class count from ``model``'s output on them, its last dimension (no gradients, eval
+    mode, so the model's state is left as it was)."""
     train, _ = workload.build_datasets(
         DataConfig(synthetic=True, synthetic_train_size=2, synthetic_val_size=1), seed=0)
     samples = [train[i] for i in range(2)]
@@ -69,6 +71,8 @@ def batch_spec(workload: Workload, model: nn.Module) -> BatchSpec:
     t = torch.stack([torch.as_tensor(s[1]) for s in samples])
     if x.dtype == torch.uint8:
         value_range = "bytes"
+    elif not x.dtype.is_floating_point:
+        value_range = "tokens"
     else:
         value_range = "unit" if float(x.min()) >= 0.0 else "normal"
     num_classes = None
@@ -79,7 +83,7 @@ def batch_spec(workload: Workload, model: nn.Module) -> BatchSpec:
         with torch.no_grad():
             logits = model(x.to(device))
         model.train(training)
-        num_classes = int(logits.shape[1])
+        num_classes = int(logits.shape[-1])
     return BatchSpec(tuple(x.shape[1:]), x.dtype, value_range, num_classes, tuple(t.shape[1:]))
 
 

@@ -40,7 +40,6 @@ from kasoku.commands.bench.rungs import (
 from kasoku.commands.bench.worker import WorkerRequest, request_to_json
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import describe_peak
-from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.verdict import judge
 from kasoku.perf.sysinfo import environment
@@ -193,8 +192,7 @@ def _prepare(cfg: SweepConfig, say):
     for note in notes:
         say(f"note: {note}")
     spec = batch_spec(wl, model)
-    flops = {bs: count_step_flops(model, spec.make_batch, wl.loss_fn, bs)
-             for bs in cfg.batch_sizes}
+    flops = {bs: wl.step_flops(model, spec.make_batch, bs) for bs in cfg.batch_sizes}
     return rungs, notes, flops
 
 

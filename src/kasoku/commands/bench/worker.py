@@ -195,7 +195,9 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
         done += req.warmup
     figures["warmup_s"] = first_s + rest_s + warm_s
     watch = MachineWatch(cpus=record["settings"].get("watch_cpus"), device=device).start()
-    m, loss = measure_windows(runner, None, device, req.batch_size, req.steps, req.windows,
+    # Rates in the workload's unit: tokens/s for a language model's sequences.
+    per_step = req.batch_size * wl.units_per_sample
+    m, loss = measure_windows(runner, None, device, per_step, req.steps, req.windows,
                               start=done, batches=batches)
     extra = settle(runner, device, m, done, batches)
     figures.update(m.figures())
@@ -210,22 +212,23 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
     if req.profile_steps:
         start = done + req.kernels
         figures["profile"] = _profile(req, runner, batches, start, device, has_conv2d(model),
-                                      figures["step_time_ms"]["median"])
+                                      figures["step_time_ms"]["median"], per_step)
 
 
 def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.device,
-             has_conv: bool, step_ms: float) -> dict:
+             has_conv: bool, step_ms: float, per_step: int) -> dict:
     """The analysed profiled window (``profile_window``) with what the verdict needs of the
     run (batch size, convolutions, the CPU's bf16 units) and the shares of the step restated
     for the unprofiled step of ``step_ms`` (the windows' median), as ``kasoku profile`` does:
     the profiler slows the host, not the kernels. ``{"error": last line}`` when it fails: the
-    rung's rate stands without its explanation."""
+    rung's rate stands without its explanation. ``per_step``: the samples of a step in the
+    workload's unit."""
     try:
         context = {"batch_size": req.batch_size, "has_conv": has_conv, **cpu_bf16()}
         figures = profile_window(runner, batches, start, device, req.profile_steps, context,
-                                 req.batch_size)
-        unprofiled_shares(figures, {"samples_per_step": req.batch_size,
-                                     "samples_per_s": req.batch_size / (step_ms / 1e3),
+                                 per_step)
+        unprofiled_shares(figures, {"samples_per_step": per_step,
+                                     "samples_per_s": per_step / (step_ms / 1e3),
                                      "phases": {"time/data%": figures.get("data_pct", 0.0)}})
     except Exception as exc:  # noqa: BLE001 - recorded, the rung is measured already
         traceback.print_exc(file=sys.stderr)

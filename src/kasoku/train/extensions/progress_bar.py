@@ -17,16 +17,18 @@ class ProgressBar:
     most every ``update_interval`` seconds and reads only host-side counters (no device sync),
     so on a GPU the rate is the rate at which steps are queued, which equals the device rate
     once the queue is full. ETA is known when the stop trigger is an ``IntervalTrigger``.
-    ``unit``: what a sample is called in the rate (``images`` for an image model).
+    ``unit``: what a sample is called in the rate (``images`` for an image model);
+    ``units_per_sample``: how many of them a sample holds (a language model's sequence of
+    ``block_size`` tokens, counted in tokens/s).
     """
     trigger = (1, "iteration")
     priority = PRIORITY_READER - 10
     name = "ProgressBar"
 
     def __init__(self, update_interval: float = 0.25, plain_interval: float = 5.0, out=None,
-                 unit: str = "samples"):
+                 unit: str = "samples", units_per_sample: int = 1):
         self.update_interval, self.plain_interval, self.out = update_interval, plain_interval, out
-        self.unit = unit
+        self.unit, self.units_per_sample = unit, units_per_sample
         self._progress = None
 
     def initialize(self, trainer) -> None:
@@ -63,7 +65,8 @@ class ProgressBar:
         u = trainer.updater
         if now > self._last_t and u.iteration > self._last_it:
             self._rate = (u.iteration - self._last_it) / (now - self._last_t)
-            self._sample_rate = (u.samples - self._last_samples) / (now - self._last_t)
+            self._sample_rate = (self.units_per_sample * (u.samples - self._last_samples)
+                                 / (now - self._last_t))
         self._last_t, self._last_it, self._last_samples = now, u.iteration, u.samples
         text = self.status(u.iteration, u.epoch_detail, self._rate, self._sample_rate)
         if self._progress is not None:
