@@ -8,6 +8,19 @@ SHARED_DATA = Path(os.environ.get("KASOKU_SHARED_DATA",
                                   Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _data_cache(tmp_path_factory):
+    """Derived data (gpt's tokenized text) in a folder of the session's, never the user's
+    cache; worker processes the tests start inherit it."""
+    before = os.environ.get("KASOKU_CACHE")
+    os.environ["KASOKU_CACHE"] = str(tmp_path_factory.mktemp("kasoku-cache"))
+    yield
+    if before is None:
+        os.environ.pop("KASOKU_CACHE", None)
+    else:
+        os.environ["KASOKU_CACHE"] = before
+
+
 @pytest.fixture
 def mnist_dir():
     d = SHARED_DATA / "mnist"

@@ -1,0 +1,118 @@
+"""``gpt``: a decoder-only transformer in GPT-2's shapes learning the next token of text.
+
+The text: a folder of UTF-8 files (``--data DIR``), or without it the Python standard
+library's own sources, which every machine with Python has offline; tokenized once, byte-level,
+into a cached file (``kasoku.data.text``) read as windows of one block (``kasoku.data.tokens``).
+``--synthetic``: generated token sequences with a learnable rule.
+
+Settings (``gpt:model_size=small`` or ``--model-size small``): the model size, and the
+attention (PyTorch's fused ``scaled_dot_product_attention`` or the plain one), so one ladder
+can be measured with each. Rates count tokens; MFU divides the transformer FLOP formula
+(``kasoku.perf.flops.transformer_flops_per_token``), not a count of the operators.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from kasoku.core.errors import ConfigError, warn_once
+from kasoku.data.config import DataConfig
+from kasoku.data.text import stdlib_files, text_files, tokenize
+from kasoku.data.tokens import MAX_VAL_WINDOWS, synthetic_token_datasets, token_datasets
+from kasoku.models.gpt import ATTENTIONS, GPT, GPT_SHAPES
+from kasoku.perf.flops import StepFlops, transformer_step_flops
+from kasoku.workloads.common import synthetic_sizes
+from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+SYNTHETIC_SIZES = (2048, 64)
+"""Default generated (train, val) sequences."""
+
+# AdamW with GPT-2's weight decay (0.1, on matrices and embeddings), a linear warm-up and a
+# cosine decay over the run. tiny: nanoGPT's small-model rate (1e-3, its Shakespeare
+# character model) and 64 sequences of 64 tokens, an epoch of the standard library
+# (~28M training tokens) in ~6,900 steps; small and medium: GPT-2's rates (6e-4, 3e-4) at
+# batches that fit one GPU without gradient accumulation.
+RECIPES = {
+    "tiny": Recipe(optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_size=64, epochs=1,
+                   schedule="cosine", warmup_epochs=0.01),
+    "small": Recipe(optimizer="adamw", lr=6e-4, weight_decay=0.1, batch_size=16, epochs=1,
+                    schedule="cosine", warmup_epochs=0.01),
+    "medium": Recipe(optimizer="adamw", lr=3e-4, weight_decay=0.1, batch_size=8, epochs=1,
+                     schedule="cosine", warmup_epochs=0.01),
+}
+
+
+@dataclass
+class GPTConfig:
+    model_size: str = "tiny"
+    """tiny (2 layers, 2 heads, 64 wide, a block of 64 tokens: a CPU, the tests), small
+    (GPT-2's 124M) or medium (GPT-2's 350M)"""
+    attention: str = "sdpa"
+    """sdpa (torch.nn.functional.scaled_dot_product_attention, fused where the device has a
+    kernel) or plain (matrix product, causal mask, softmax, matrix product)"""
+    choices: ClassVar[dict] = {"model_size": tuple(GPT_SHAPES), "attention": ATTENTIONS}
+
+    def __post_init__(self):
+        for name, allowed in self.choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"gpt's {name} must be one of {', '.join(allowed)}, got "
+                                  f"{getattr(self, name)!r}")
+
+
+@register_workload("gpt")
+class GPTWorkload(Workload):
+    sample_unit = "tokens"
+    default_data = "the Python standard library's .py files"
+    config_class = GPTConfig
+
+    def __init__(self, config: GPTConfig | None = None):
+        super().__init__(config)
+        self.shape = GPT_SHAPES[self.config.model_size]
+        self.recipe = RECIPES[self.config.model_size]
+        self.units_per_sample = self.shape.block_size
+        s, plain = self.shape, self.config.attention == "plain"
+        self.description = (f"GPT-2-shaped decoder, {self.config.model_size} ({s.n_layer} "
+                            f"layers, {s.n_embd} wide, {s.block_size}-token block"
+                            f"{', plain attention' if plain else ''}), next byte of text")
+
+    @property
+    def epoch_samples(self) -> int:
+        """Tokens of the standard library corpus's training windows, from its files' sizes
+        (a byte is a token; the files not UTF-8, a few, are counted too)."""
+        _, files = stdlib_files()
+        n = sum(f.stat().st_size + 1 for f in files)
+        return n - min(n // 10, MAX_VAL_WINDOWS * self.shape.block_size + 1)
+
+    def build_model(self) -> nn.Module:
+        return GPT(self.shape, self.config.attention)
+
+    def build_datasets(self, data: DataConfig, seed: int = 0):
+        s = self.shape
+        if data.synthetic:
+            n_train, n_val = synthetic_sizes(data, SYNTHETIC_SIZES)
+            return synthetic_token_datasets(n_train, n_val, s.block_size, s.vocab_size, seed)
+        if data.download:
+            warn_once(f"--download: {self.name} reads text already on this machine; nothing "
+                      f"is downloaded")
+        if data.root is not None:
+            root, files = data.root, text_files(data.root)
+        else:
+            root, files = stdlib_files()
+        corpus = tokenize(root, files, cache=data.cache, strict=data.strict)
+        return token_datasets(corpus, s.block_size, seed)
+
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
+
+    def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Next-token accuracy."""
+        return (output.argmax(dim=-1) == target).float().mean()
+
+    def step_flops(self, model: nn.Module, make_batch, batch_size: int) -> StepFlops:
+        """The transformer formula at the model's block (every sample is a full block)."""
+        s = self.shape
+        return transformer_step_flops(model.num_params(), s.n_layer, s.n_embd, s.block_size,
+                                      batch_size)
