@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from kasoku.cli import main
-from kasoku.commands.script_profile import LOADER_ITER
+from kasoku.commands.script_watch import LOADER_ITER
 
-WINDOW = ["--skip", "2", "--warmup", "1", "--steps", "3"]
-"""7 steps: 2 skipped, 1 profiler warm-up, the anchor, 3 analysed (steps 5-7)."""
+WINDOW = ["--skip", "2", "--measure-steps", "2", "--warmup", "1", "--steps", "3", "--estimate"]
+"""9 steps: 2 skipped, 2 timed, 1 profiler warm-up, the anchor, 3 analysed (steps 7-9); no
+A/B runs (tests/test_profile_script_ab.py runs them)."""
 
 MNIST = """
 import sys
@@ -42,6 +44,7 @@ class Digits(Dataset):
 
 
 def main():
+    torch.set_num_threads(1)  # a busy CI core slows 2 threads' products 10x, not the loading
     steps = int(sys.argv[1])
     model = nn.Sequential(nn.Linear(1024, 64), nn.ReLU(), nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -132,16 +135,18 @@ def test_a_textbook_loop_reads_input_bound(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout == "script: trained 12 steps\n"  # the script's own output, alone
     ours = [line for line in run.stderr.splitlines() if line.startswith("kasoku: ")]
-    assert ours and ours[0].startswith("kasoku: train.py: steps 5-7 profiled on cpu")
-    assert "verdict (estimate: no A/B runs for a script yet): input-bound" in run.stderr
-    assert "num_workers" in run.stderr  # the advice is a change to the script
+    assert ours and ours[0].startswith("kasoku: train.py: 2 steps timed on cpu")
+    assert ours[0].endswith("steps 7-9 profiled")
+    assert "verdict (estimate: no lever measured): input-bound" in run.stderr
+    # the advice is a change to the script, at the line that makes the DataLoader
+    assert "DataLoader(..., num_workers=" in run.stderr and ") at train.py:27" in run.stderr
     assert "UserWarning: the script's own warning" in run.stderr  # as Python prints it
     assert "kasoku: warning" not in run.stderr
     result = json.loads((tmp_path / "prof" / "profile.json").read_text())
     assert result["verdict"]["rule"] == "input-bound"
     assert result["figures"]["data_pct"] > 50
     assert result["script"] == ["python", "train.py", "12"]
-    assert result["steps_seen"] == 7 and not result["stopped_after_window"]
+    assert result["steps_seen"] == 9 and not result["stopped_after_window"]
     assert result["settings"]["loader"] == "serial" and result["settings"]["batch_size"] == 16
     for name in ("trace.json", "report.html"):
         assert (tmp_path / "prof" / name).is_file()
@@ -161,14 +166,16 @@ def test_a_script_that_raises_shows_its_own_traceback(tmp_path):
 
 def test_a_hand_written_update_steps_at_each_backward(in_tmp, capsys):
     write(in_tmp, "sgd.py", HAND_SGD)
-    before = (torch.Tensor.backward, torch.autograd.backward, LOADER_ITER.__next__)
+    before = (torch.Tensor.backward, torch.autograd.backward, LOADER_ITER.__next__,
+              DataLoader.__init__, torch.autocast.__enter__)
     assert main(["profile", *WINDOW, "--out", "prof", "--", "python", "sgd.py"]) == 0
     out, err = capsys.readouterr()
     assert out == "hand sgd done\n"
-    assert "kasoku: sgd.py: steps 5-7 profiled on cpu" in err
+    assert "kasoku: sgd.py: 2 steps timed on cpu" in err and "steps 7-9 profiled" in err
     result = json.loads((in_tmp / "prof" / "profile.json").read_text())
-    assert result["figures"]["steps"] == 3 and result["steps_seen"] == 7
-    assert (torch.Tensor.backward, torch.autograd.backward, LOADER_ITER.__next__) == before
+    assert result["figures"]["steps"] == 3 and result["steps_seen"] == 9
+    assert (torch.Tensor.backward, torch.autograd.backward, LOADER_ITER.__next__,
+            DataLoader.__init__, torch.autocast.__enter__) == before
 
 
 def test_a_script_that_ends_before_the_window(in_tmp, capsys):
@@ -178,7 +185,8 @@ def test_a_script_that_ends_before_the_window(in_tmp, capsys):
     out, err = capsys.readouterr()
     assert out.splitlines()[-2:] == ["finally ran", "after the loop"]
     assert err.strip() == ("kasoku: the script ended after 3 steps, before the window's end "
-                           "(--skip 2, --warmup 1, --steps 3: 7 steps): ask for fewer")
+                           "(--skip 2, --measure-steps 2, --warmup 1, --steps 3: 9 steps): "
+                           "ask for fewer")
     assert sys.argv == argv
     # ... and one that ends well is a command to change: exit 2
     assert main(["profile", *WINDOW, "--out", "prof2", "--", "short.py", "3", "0"]) == 2
@@ -190,17 +198,17 @@ def test_stop_after_window_ends_the_script_cleanly(in_tmp, capsys):
                  "python", "long.py", "1000", "0"])
     out, err = capsys.readouterr()
     assert code == 0
-    # The 7th step's opt.step() ends the script: its print, and what follows the loop,
+    # The 9th step's opt.step() ends the script: its print, and what follows the loop,
     # never happen; its finally does.
-    assert out.splitlines() == [*(f"step {i}" for i in range(1, 7)), "finally ran"]
+    assert out.splitlines() == [*(f"step {i}" for i in range(1, 9)), "finally ran"]
     assert "the script stopped after the window" in err
     result = json.loads((in_tmp / "prof" / "profile.json").read_text())
-    assert result["stopped_after_window"] and result["steps_seen"] == 7
+    assert result["stopped_after_window"] and result["steps_seen"] == 9
 
 
 def test_an_error_after_the_window_keeps_the_profile(in_tmp, capsys):
     write(in_tmp, "fails.py", STEPS_THEN)
-    assert main(["profile", *WINDOW, "--out", "prof", "--", "fails.py", "9", "4"]) == 4
+    assert main(["profile", *WINDOW, "--out", "prof", "--", "fails.py", "11", "4"]) == 4
     err = capsys.readouterr().err
     assert "kasoku: the script exited with code 4 after the window; the profile is kept" in err
     assert json.loads((in_tmp / "prof" / "profile.json").read_text())["script_exit_code"] == 4
@@ -210,7 +218,10 @@ def test_an_error_after_the_window_keeps_the_profile(in_tmp, capsys):
     (["--", "python", "missing.py"], "the script missing.py does not exist"),
     (["mnist-mlp", "--", "python", "x.py"], "give a workload or a script after --, not both"),
     (["--"], "give the script's command after --"),
-    (["--confirm", "--", "x.py"], "--confirm is not yet for a script"),
+    (["--python", "--", "x.py"], "--python is not yet for a script"),
+    (["--with", "fast", "--", "x.py"], "--with fast: not a lever kasoku sets from outside"),
+    (["--with", "workers=two", "--", "x.py"], "--with workers=two: workers=N takes a whole"),
+    (["mnist-mlp", "--with", "tf32"], "--with is for a script"),
     (["--loader", "serial", "--", "x.py"], "--loader is not yet for a script"),
     (["--device", "cpu", "--", "x.py"], "--device is not for a script"),
     (["mnist-mlp", "--stop-after-window"], "--stop-after-window is for a script"),

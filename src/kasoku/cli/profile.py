@@ -20,6 +20,7 @@ from kasoku.cli.train import (
     add_data_arguments,
     kfac_config_from_args,
 )
+from kasoku.commands.ab import ladder_lines
 from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
 from kasoku.commands.script_profile import profile_script
 from kasoku.commands.script_run import parse_command
@@ -49,9 +50,10 @@ PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph",
 """The data-parallel options a profile takes (one machine; no restarts)."""
 _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
               if k in ("device", "batch_size", "lr", "optimizer", "seed", "threads")}
-SCRIPT_FLAGS = ("--skip", "--warmup", "--steps", "--out", "--stop-after-window", "--estimate")
-"""The options a script's profile takes (its profile is an estimate: --estimate changes
-nothing)."""
+SCRIPT_FLAGS = ("--skip", "--warmup", "--steps", "--measure-steps", "--out",
+                "--stop-after-window", "--with", "--estimate", "--confirm", "--rounds",
+                "--measure-only")
+"""The options a script's profile takes."""
 
 
 def add_parser(sub) -> None:
@@ -63,8 +65,10 @@ def add_parser(sub) -> None:
                        "chrome://tracing), profile.json, timeline.png and report.html to a new "
                        "folder under runs/ (or --out DIR). Your own training script, "
                        "unchanged: kasoku profile [--skip N --warmup N --steps N --out DIR "
-                       "--stop-after-window] -- python train.py ARGS (or -- python -m MODULE "
-                       "ARGS); its verdict is an estimate (no A/B runs for a script yet).")
+                       "--stop-after-window --with LEVER] -- python train.py ARGS (or -- "
+                       "python -m MODULE ARGS); the levers kasoku can set from outside the "
+                       "script are measured in fresh runs of it, the others said as the edit "
+                       "to make.")
     p.add_argument("workload", nargs="?",
                    help=WORKLOAD_HELP + "; or none, and a script's command after --")
     a.add_fields(p, TrainConfig, _RUN_FLAGS)
@@ -83,6 +87,12 @@ def add_parser(sub) -> None:
         "data-parallel", "profile worker 0 of N workers (PyTorch's DistributedDataParallel) "
         "as kasoku train --gpus/--procs runs them; --batch-size is per worker")
     a.add_fields(group, DistConfig, {k: v for k, v in DIST_FLAGS.items() if k in PROFILE_DIST})
+    p.add_argument("--with", dest="with_levers", action="append", metavar="LEVER",
+                   help="a script's profile only: run the script with a lever kasoku sets "
+                   "from outside it (repeat for several): replay (the DataLoader's first "
+                   "batches again and again: no wait for data), workers=N (every DataLoader "
+                   "with num_workers=N), threads=N, tf32, cudnn-benchmark, bf16 (the script "
+                   "under torch.autocast bf16)")
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=run, script=None)
 
@@ -99,9 +109,11 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def run(args) -> int:
     if args.script is not None or args.workload is None:
         return run_script(args)
-    if args.stop_after_window:
-        raise ConfigError("--stop-after-window is for a script: kasoku profile "
-                          "--stop-after-window -- python train.py")
+    for flag, given in (("--stop-after-window", args.stop_after_window),
+                        ("--with", args.with_levers)):
+        if given:
+            raise ConfigError(f"{flag} is for a script: kasoku profile {flag} ... -- python "
+                              f"train.py")
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     train.progress = False
@@ -139,7 +151,7 @@ def run_script(args) -> int:
             raise ConfigError(f"{flag} is not yet for a script (a script's profile takes "
                               f"{', '.join(SCRIPT_FLAGS[:-1])})")
     return profile_script(parse_command(args.script), a.config_from(args, ProfileConfig),
-                          out=args.out)
+                          out=args.out, given=args.with_levers, measure_only=args.measure_only)
 
 
 def _launch(args, dist, cfg) -> int:
@@ -168,21 +180,6 @@ def tried_lines(result: dict) -> list[str]:
     if not tried or "(tried: " in result["verdict"]["line"]:
         return []
     return ["  tried: " + "; ".join(short(t) for t in tried)]
-
-
-def ladder_lines(result: dict) -> list[str]:
-    """The ``--confirm`` rows: label, samples/s, ratio, what was predicted, the outcome, and
-    what the row proves (the bound, or the advice)."""
-    rows = result.get("ladder") or []
-    lines = ["confirm (fresh processes; the bound's proof, then the advice):"] if rows else []
-    for row in rows:
-        rate = row.get("samples_per_s")
-        shown = f"{rate:10.1f}/s" if rate else "     n/a   "
-        ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
-        proves = f" ({row['proves']})" if row.get("proves") else ""
-        lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
-                     f"  {row.get('outcome') or row.get('error', '')}{proves}")
-    return lines
 
 
 def summary(result: dict) -> str:

@@ -65,18 +65,22 @@ def measure_side(argv: list[str], timeout_s: float = SIDE_TIMEOUT_S) -> dict:
 
 
 def try_levers(argv: list[str], candidates: list[Lever], say=None,
-               rounds: int = ROUNDS, budget_s: float = BUDGET_S) -> list[Outcome]:
+               rounds: int = ROUNDS, budget_s: float = BUDGET_S, measure=None
+               ) -> list[Outcome]:
     """Each candidate's ``Outcome``: ``rounds`` rounds of the run as given followed by each
     candidate, stopped early after a round when another would pass ``budget_s``; a candidate
-    that fails is not run again."""
+    that fails is not run again. ``measure(extra_args)`` runs one side (default: ``kasoku
+    ARGV EXTRA --measure-only``, ``measure_side``; a script's sides are
+    ``kasoku.commands.script_ab``'s)."""
     base_argv = without_own(argv)
+    measure = measure or (lambda extra: measure_side(base_argv + list(extra)))
     outcomes = [Outcome(c) for c in candidates if c.args]
     if not outcomes:
         return []
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     for done in range(rounds):
-        base = measure_side(base_argv)
+        base = measure(())
         if "error" in base:
             for o in outcomes:
                 o.error = o.error or f"the run as given failed: {base['error']}"
@@ -85,7 +89,7 @@ def try_levers(argv: list[str], candidates: list[Lever], say=None,
             if o.error:
                 continue
             say(f"  {' '.join(o.lever.args)} (round {done + 1} of {rounds}) ...")
-            side = measure_side(base_argv + list(o.lever.args))
+            side = measure(o.lever.args)
             if "error" in side:
                 o.error = side["error"]
                 continue
@@ -99,12 +103,15 @@ def try_levers(argv: list[str], candidates: list[Lever], say=None,
     return outcomes
 
 
-def confirm(argv: list[str], result: dict, rounds: int = ROUNDS) -> list[dict]:
+def confirm(argv: list[str], result: dict, rounds: int = ROUNDS, measure=None,
+            command=None, say=None) -> list[dict]:
     """The verdict's experiments, which prove the bound, then the advised lever when it was
     measured faster, each beside the run as given in ``rounds`` interleaved rounds (as
     ``try_levers``): a row per side with the median ratio, what was predicted (``MIN_GAIN``:
     at least 10% faster, or less than that) and the outcome: confirmed, refuted, or
-    inconclusive where the rounds' noise is as large as the effect to be shown."""
+    inconclusive where the ratio is within the rounds' noise of ``MIN_GAIN``.
+    ``measure`` and ``say`` as ``try_levers``; ``command(args)``: the command line a row shows (default:
+    ``kasoku ARGV ARGS``)."""
     verdict = result["verdict"]
     sides = [(e["label"], tuple(e["args"]), e["faster"], "the bound")
              for e in verdict["experiments"]]
@@ -113,7 +120,8 @@ def confirm(argv: list[str], result: dict, rounds: int = ROUNDS) -> list[dict]:
         sides.append((f"the advice: {' '.join(lever['args'])}", tuple(lever["args"]), True,
                       "the advice"))
     outcomes = try_levers(argv, [Lever(label, "", args) for label, args, _, _ in sides],
-                          rounds=rounds, budget_s=float("inf"))
+                          rounds=rounds, budget_s=float("inf"), measure=measure, say=say)
+    command = command or (lambda args: " ".join(["kasoku", *without_own(argv), *args]))
     base = [b for o in outcomes for b in o.base]
     rows = [{"label": "as given", "samples_per_s": statistics.median(base) if base else None,
              "ratio": 1.0, "expected": "", "outcome": "", "proves": ""}]
@@ -121,14 +129,30 @@ def confirm(argv: list[str], result: dict, rounds: int = ROUNDS) -> list[dict]:
         ratio = o.ratio
         if ratio is None:
             outcome = f"not measured: {o.error or 'failed'}"
-        elif o.noise >= MIN_GAIN - 1:
+        elif MIN_GAIN / (1 + o.noise) < ratio < MIN_GAIN * (1 + o.noise):
+            # within the noise of the threshold: the rounds cannot tell which side it is on
             outcome = f"inconclusive: the rounds' noise is {100 * o.noise:.0f}%"
         else:
             outcome = "confirmed" if (ratio >= MIN_GAIN) == faster else "refuted"
         rows.append({"label": label, "args": " ".join(args),
-                     "command": " ".join(["kasoku", *without_own(argv), *args]),
+                     "command": command(args),
                      "samples_per_s": statistics.median(o.rates) if o.rates else None,
                      "ratio": ratio, "noise": o.noise, "rounds": len(o.rates),
                      "expected": f">= {MIN_GAIN:.2f}x" if faster else f"< {MIN_GAIN:.2f}x",
                      "outcome": outcome, "proves": proves})
     return rows
+
+
+def ladder_lines(result: dict) -> list[str]:
+    """The ``--confirm`` rows: label, samples/s, ratio, what was predicted, the outcome, and
+    what the row proves (the bound, or the advice)."""
+    rows = result.get("ladder") or []
+    lines = ["confirm (fresh processes; the bound's proof, then the advice):"] if rows else []
+    for row in rows:
+        rate = row.get("samples_per_s")
+        shown = f"{rate:10.1f}/s" if rate else "     n/a   "
+        ratio = f"{row['ratio']:.2f}x" if row.get("ratio") else ""
+        proves = f" ({row['proves']})" if row.get("proves") else ""
+        lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
+                     f"  {row.get('outcome') or row.get('error', '')}{proves}")
+    return lines

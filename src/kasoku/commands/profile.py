@@ -61,11 +61,13 @@ class ProfileConfig:
     """Profiler warm-up steps before the recorded ones."""
     skip: int = 10
     """Steps run first and not timed (compilation, graph capture, autotuning), at least:
-    blocks of as many follow until two agree on the step time and nothing recompiles."""
+    blocks of as many follow until two agree on the step time and nothing recompiles (a
+    script's: exactly this many)."""
     measure_steps: int = 20
     """Steps timed without the profiler (the throughput beside the profiled figures), at
     least; more where they would take under --measure-seconds; with --optimizer kfac,
-    rounded up to whole cycles of its factor and inverse steps."""
+    rounded up to whole cycles of its factor and inverse steps (a script's: exactly this
+    many)."""
     measure_seconds: float = 1.0
     """The unprofiled steps last at least this long (20 steps of a 2 ms step are 40 ms, at
     the mercy of one interruption; K-FAC's whole cycles are kept as --measure-steps asks)."""

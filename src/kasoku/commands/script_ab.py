@@ -1,0 +1,110 @@
+"""The A/B runs of a script's profile: each side a fresh ``kasoku profile --measure-only
+[--with LEVER] -- COMMAND`` process that runs the script to the same step (``--skip`` steps,
+then ``--measure-steps`` timed) and stops it there; its figures come back in a file
+(``measure.json`` in a folder of its own), since the script's stdout is the script's.
+
+The rounds, the noise rule and the advice are the workloads' (``kasoku.commands.ab``,
+``kasoku.perf.profile.advice``); only the side differs.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kasoku.commands import ab
+from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
+from kasoku.commands.script_run import ScriptCommand
+from kasoku.perf.profile.advice import advise, short
+from kasoku.perf.profile.levers import Lever
+from kasoku.perf.profile.verdict import Verdict
+
+MEASURE_FILE = "measure.json"
+
+
+class ScriptSides:
+    """How one side of a script's A/B runs: the same command, window and levers as the
+    profile, plus the side's ``--with`` args."""
+
+    def __init__(self, command: ScriptCommand, cfg, given: list[str]):
+        self.command, self.cfg = command, cfg
+        self.own = ["--skip", str(cfg.skip), "--measure-steps", str(cfg.measure_steps)]
+        for value in given:
+            self.own += ["--with", value]
+
+    def argv(self, extra=(), own=()) -> list[str]:
+        return ["profile", *self.own, *extra, *own, "--", *self.command.argv]
+
+    def text(self, extra=()) -> str:
+        """The side as a command the user can run."""
+        return shlex.join(["kasoku", *self.argv(extra)])
+
+    def measure(self, extra=(), timeout_s: float = ab.SIDE_TIMEOUT_S) -> dict:
+        """One fresh process: ``{"samples_per_s", "window_rates", "phases"}``, or
+        ``{"error": its last line}``."""
+        with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder:
+            own = ("--measure-only", "--out", folder)  # before the script's command
+            cmd = [sys.executable, "-m", "kasoku", *self.argv(extra, own)]
+            try:
+                proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return {"error": f"timed out after {timeout_s:.0f} s"}
+            path = Path(folder) / MEASURE_FILE
+            if not path.is_file():
+                lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+                return {"error": lines[-1].removeprefix("kasoku: ")}
+            return json.loads(path.read_text())
+
+
+def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say) -> None:
+    """The verdict's levers for the script (``script_candidates``), those pulled from outside
+    measured in rounds of fresh runs unless ``cfg.estimate``, the best one measured faster
+    advised; with ``cfg.confirm`` the bound's proof (replayed batches) and the advice once
+    more. Updates ``result["verdict"]`` (and ``result["ladder"]``)."""
+    verdict = result["verdict"]
+    device = result["device"].split(":")[0]
+    candidates = script_candidates(verdict, facts, device)
+    edits = [c for c in candidates if not c.args]
+    verdict["edits"] = [{"text": c.text, "expect": c.expect} for c in edits]
+    lever = candidates[0] if candidates else _lever(verdict["lever"])
+    advised = Verdict(verdict["rule"], verdict["reason"], lever)
+    if not cfg.estimate and any(c.args for c in candidates):
+        say(f"trying the levers for {verdict['rule']} in fresh runs of the script, each "
+            f"beside the run as given (--estimate skips this):")
+        outcomes = ab.try_levers([], candidates, say=lambda line: say(line.strip()),
+                                 rounds=cfg.rounds, measure=sides.measure)
+        advised = advise(advised, outcomes)
+        if (advised.lever.measured or {}).get("result") == "none faster" and edits:
+            advised = Verdict(advised.rule, advised.reason, edits[0], tried=advised.tried)
+    verdict.update(lever=_lever_dict(advised.lever), tried=advised.tried, line=advised.line,
+                   measured=bool(advised.tried))
+    if cfg.confirm:
+        say("confirming the bound and the advice in fresh runs of the script:")
+        kept, left = script_experiments(verdict)
+        confirmed = dict(result, verdict=dict(verdict, experiments=kept))
+        result["ladder"] = ab.confirm([], confirmed, rounds=cfg.rounds, measure=sides.measure,
+                                      command=sides.text, say=lambda line: say(line.strip()))
+        result["ladder"] += [{"label": label, "outcome": "not measured: needs an edit to the "
+                              "script", "proves": "the bound"} for label in left]
+
+
+def tried_line(verdict: dict) -> str | None:
+    """The levers as measured, fastest first, where the verdict's line does not list them."""
+    tried = verdict.get("tried") or []
+    if not tried or "(tried: " in verdict["line"]:
+        return None
+    return "tried: " + "; ".join(short(t) for t in tried)
+
+
+def _lever(d: dict) -> Lever:
+    return Lever(d["text"], d["expect"], tuple(d.get("args") or ()), d.get("speedup"),
+                 d.get("caveat") or "", d.get("measured"))
+
+
+def _lever_dict(lever: Lever) -> dict:
+    return {"text": lever.text, "expect": lever.expect, "args": list(lever.args),
+            "speedup": lever.speedup, "caveat": lever.caveat, "measured": lever.measured}

@@ -1,0 +1,236 @@
+"""The levers a script's profile can pull from outside the script, with no edit to it
+(``kasoku profile --with LEVER -- python train.py``), and the verdict's levers said in the
+script's terms: the change to make, at which line.
+
+Set before the script starts (``ScriptLevers.applied``):
+
+- ``tf32``: fp32 matrix products and convolutions on TF32 tensor cores (CUDA);
+- ``cudnn-benchmark``: cuDNN tries its algorithms for each new shape and keeps the fastest;
+- ``threads=N``: PyTorch's CPU threads;
+- ``bf16``: the script's main thread under ``torch.autocast(dtype=torch.bfloat16)`` (on the
+  GPU where there is one, else on the CPU): the forward and the loss in bf16 where autocast
+  casts, as an autocast block around them would; the backward follows the forward's dtypes.
+
+Set on the script's objects as it makes them (``kasoku.commands.script_watch``):
+
+- ``workers=N``: every DataLoader made with ``num_workers=N`` (what the script gave, or the
+  default 0, overridden);
+- ``replay``: the DataLoader's first batches kept during the skipped steps, then handed out
+  again in turn instead of new ones: the steps without the wait for data (the input-bound
+  bound's proof, as a workload's synthetic batches on the device are).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kasoku.core.errors import ConfigError
+from kasoku.perf.cpu import usable_cores
+from kasoku.perf.profile.levers import Lever
+
+NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16")
+
+
+def default_workers() -> int:
+    """The worker count tried for a script's DataLoader: 4, or fewer on fewer cores (as
+    kasoku's own multiprocess loader)."""
+    return min(4, usable_cores())
+
+
+@dataclass
+class ScriptLevers:
+    """The ``--with`` levers of one run of a script."""
+    replay: bool = False
+    workers: int | None = None
+    threads: int | None = None
+    tf32: bool = False
+    cudnn_benchmark: bool = False
+    bf16: bool = False
+    given: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, values: list[str] | None) -> "ScriptLevers":
+        """``--with`` values as levers; a ``ConfigError`` naming the levers for any other."""
+        levers = cls(given=list(values or ()))
+        for value in levers.given:
+            name, _, count = value.partition("=")
+            if name in ("workers", "threads") and count:
+                if not count.isdigit() or (name == "threads" and int(count) < 1):
+                    raise ConfigError(f"--with {value}: {name}=N takes a whole number"
+                                      + (" from 1" if name == "threads" else ""))
+                setattr(levers, name, int(count))
+            elif not count and name in ("replay", "tf32", "cudnn-benchmark", "bf16"):
+                setattr(levers, name.replace("-", "_"), True)
+            else:
+                raise ConfigError(f"--with {value}: not a lever kasoku sets from outside a "
+                                  f"script (it sets {', '.join(NAMES)})")
+        return levers
+
+    @contextlib.contextmanager
+    def applied(self):
+        """The process-wide levers set while the script runs, put back after."""
+        saved = (torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32,
+                 torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+        with contextlib.ExitStack() as stack:
+            if self.threads:
+                torch.set_num_threads(self.threads)
+            if self.tf32:
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+            if self.cudnn_benchmark:
+                torch.backends.cudnn.benchmark = True
+            if self.bf16:
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+                stack.enter_context(torch.autocast(device, dtype=torch.bfloat16))
+            try:
+                yield self
+            finally:
+                torch.set_num_threads(saved[0])
+                (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                 torch.backends.cudnn.benchmark) = saved[1:]
+
+
+# --- where in the script --------------------------------------------------------------------
+
+_NOT_USER = tuple(str(Path(p).resolve()) + os.sep for p in
+                  {Path(torch.__file__).parent, Path(__file__).parents[1],
+                   Path(contextlib.__file__).parent})
+
+
+def user_site(roots: tuple[Path, ...], depth: int = 2) -> str | None:
+    """``file.py:LINE`` of the innermost caller in the script's own files (under ``roots``,
+    not PyTorch's, kasoku's, Python's or an installed package's), or None."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if _is_user(name, roots):
+            return f"{_shown(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _is_user(name: str, roots: tuple[Path, ...]) -> bool:
+    if name.startswith("<") or "site-packages" in name or "dist-packages" in name:
+        return False
+    path = str(Path(name).resolve())
+    return not path.startswith(_NOT_USER) and any(
+        path.startswith(str(root) + os.sep) for root in roots)
+
+
+def _shown(name: str) -> str:
+    """A path as the user would write it: relative to the working directory where it can be."""
+    try:
+        return os.path.relpath(name)
+    except ValueError:
+        return name
+
+
+# --- the verdict's levers in the script's terms --------------------------------------------
+
+@dataclass
+class ScriptFacts:
+    """What the profile saw of the script: where its DataLoader and its forward are, how
+    many workers it gave, and the settings in force at its profiled window."""
+    loader_site: str | None = None
+    num_workers: int | None = None
+    forward_site: str | None = None
+    autocast: str | None = None
+    """The dtype of an autocast the script entered itself (``bfloat16``), or None."""
+    tf32: bool = False
+    cudnn_benchmark: bool = False
+    has_conv: bool = False
+
+
+def _at(site: str | None) -> str:
+    return f" at {site}" if site else ""
+
+
+def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
+    """``lever`` (one of the verdict's candidates, kasoku's flags) as the script's lever:
+    ``--with`` args where kasoku can pull it from outside (measured), else none (the edit
+    to make, an estimate); None where it makes no sense for a script."""
+    args = tuple(lever.args)
+    if args[:2] == ("--loader", "multiprocess"):
+        n = default_workers()
+        return _as(lever, f"load in {n} worker processes: DataLoader(..., num_workers={n})"
+                   f"{_at(facts.loader_site)}", ("--with", f"workers={n}"))
+    if args[:2] == ("--precision", "bf16"):
+        where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
+        return _as(lever, f"bf16: torch.autocast('{device}', dtype=torch.bfloat16) around the "
+                   f"forward and the loss{where}", ("--with", "bf16"))
+    if args[:1] == ("--threads",):
+        return _as(lever, f"torch.set_num_threads({args[1]}) (or OMP_NUM_THREADS={args[1]})",
+                   ("--with", f"threads={args[1]}"))
+    words = EDITS.get(args[:2]) or EDITS.get(args[:1])
+    if args[:1] == ("--batch-size",):
+        words = f"a batch twice as large ({args[1]} samples; scale the learning rate)"
+    if words is None:
+        return None
+    if args[:2] == ("--loader", "device"):
+        words += _at(facts.loader_site)
+    return _as(lever, words + " (needs an edit: not measured)", ())
+
+
+EDITS = {
+    ("--loader", "device"): "keep the dataset on the GPU and index its batches there instead "
+                            "of a DataLoader",
+    ("--compile",): "torch.compile the model",
+    ("--channels-last",): "the model and its inputs in torch.channels_last",
+    ("--cuda-graph",): "capture the step as a CUDA graph (torch.cuda.graph, or torch.compile "
+                       "with mode='reduce-overhead')",
+    ("--keep-memory",): "keep freed memory: a memory allocator such as jemalloc or tcmalloc "
+                        "(LD_PRELOAD)",
+}
+"""kasoku's flags of a lever that needs the script edited, as the edit."""
+
+
+def _as(lever: Lever, text: str, args: tuple[str, ...]) -> Lever:
+    return Lever(text, lever.expect, args, lever.speedup, lever.caveat)
+
+
+def extra_levers(rule: str, facts: ScriptFacts, device: str) -> list[Lever]:
+    """Levers a script may lack that kasoku's workloads never do (kasoku sets them itself):
+    TF32 for fp32 products and cuDNN's autotuning on a GPU-bound step."""
+    if device != "cuda" or "device-bound" not in rule:
+        return []
+    out = []
+    if not facts.tf32 and facts.autocast is None:
+        out.append(Lever("fp32 products on TF32 tensor cores: torch.backends.cuda.matmul."
+                         "allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
+                         "estimate: up to the TF32/fp32 peak ratio", ("--with", "tf32")))
+    if facts.has_conv and not facts.cudnn_benchmark:
+        out.append(Lever("let cuDNN pick the fastest convolutions: torch.backends.cudnn."
+                         "benchmark = True", "estimate: unknown", ("--with", "cudnn-benchmark")))
+    return out
+
+
+def script_candidates(verdict: dict, facts: ScriptFacts, device: str) -> list[Lever]:
+    """The verdict's candidate levers for this script, best first: those kasoku pulls from
+    outside (to be measured), then those that need an edit (estimates)."""
+    out, seen = [], set()
+    for d in verdict.get("candidates") or []:
+        lever = script_lever(Lever(d["text"], d["expect"], tuple(d.get("args") or ()),
+                                   d.get("speedup"), d.get("caveat") or ""), facts, device)
+        if lever is not None and lever.text not in seen:
+            seen.add(lever.text)
+            out.append(lever)
+    out += extra_levers(verdict["rule"], facts, device)
+    return sorted(out, key=lambda lever: not lever.args)
+
+
+def script_experiments(verdict: dict) -> tuple[list[dict], list[str]]:
+    """The verdict's ``--confirm`` experiments a script's runs can make (synthetic batches on
+    the device: the DataLoader's batches replayed), and the labels of those that need an
+    edit."""
+    kept, left = [], []
+    for e in verdict.get("experiments") or []:
+        if "--synthetic" in e["args"]:
+            kept.append({"label": "replayed batches (no wait for data)",
+                         "args": ["--with", "replay"], "faster": e["faster"]})
+        else:
+            left.append(e["label"])
+    return kept, left

@@ -1,0 +1,331 @@
+"""What a script's profile watches from outside the script: its steps, its batches, where its
+DataLoader and its forward are, and the levers set on its objects (``--with workers=N``,
+``--with replay``).
+
+Steps are found without help: a step is one ``step()`` of the first optimizer that steps (a
+global post-hook on every ``torch.optim.Optimizer``), or, for a script that never calls an
+optimizer (a hand-written update), one backward pass (``torch.Tensor.backward`` and
+``torch.autograd.backward`` wrapped; a backward is a step once a second one comes with no
+optimizer step between). The wait for a batch is the time in the DataLoader iterator's
+``__next__``.
+
+The steps, in order: ``skip`` steps not timed (the script's own warm-up: compilation,
+autotuning, the loader's first workers); ``measure_steps`` steps timed without the profiler, in
+windows each ended by a synchronize (the throughput, its spread and the wait for data); then
+the profiled window (``kasoku.perf.profile.window.Window``: ``warmup + 1 + steps`` steps) with
+kasoku's phase spans in the trace: a step starts at its first batch's wait (the
+``kasoku/data`` span the analysis cuts steps at), or, for a script whose steps take no batch
+from a DataLoader, at the previous step's end (a zero-length data span). A measuring run (a
+side of the A/B runs) ends after the timed steps. When the window ends the patches are taken
+off and the script goes on at full speed (the optimizer hook stays, doing nothing, until the
+script ends: removing it while it runs would break the optimizer's loop over its hooks), or
+it is stopped (``stop_after_window``).
+"""
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+from torch.utils.data import dataloader as torch_dataloader
+
+from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, user_site
+from kasoku.commands.script_run import ScriptStopped
+from kasoku.core.phases import PhaseClock
+from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
+from kasoku.perf.profile.window import Window
+
+LOADER_ITER = torch_dataloader._BaseDataLoaderIter
+"""The base class of every DataLoader iterator (one process or worker processes). PyTorch
+has no public hook on a DataLoader's batches; its ``__next__`` is where PyTorch opens its own
+profiler span for the wait (``enumerate(DataLoader)#...``, which HTA reads), so wrapping it
+times the same wait for every DataLoader the script makes."""
+MEASURE_WINDOWS = 5
+REPLAY_BATCHES = 8
+"""``--with replay`` hands out the DataLoader's first batches, at most this many, in turn."""
+
+
+class StepWatch:
+    """The hooks on the script's steps and batches, the timed steps and the profiled window
+    they drive. ``measure_only``: stop the script after the timed steps."""
+
+    def __init__(self, cfg, out: Path, levers: ScriptLevers | None = None,
+                 roots: tuple[Path, ...] = (), measure_only: bool = False):
+        self.cfg, self.out = cfg, Path(out)
+        self.levers = levers or ScriptLevers()
+        self.roots, self.measure_only = roots, measure_only
+        self.steps = 0
+        """Training steps seen (to the window's end)."""
+        self.window: Window | None = None
+        self.clock = None
+        self.done = False
+        self.batch_size: int | None = None
+        self.num_workers: int | None = None
+        self.measured: dict | None = None
+        self.facts = ScriptFacts()
+        self._stepper = None  # the optimizer whose steps are the steps
+        self._backwards = 0
+        self._in_backward = 0
+        self._loader_calls = 0  # this step's
+        self._loader_steps = False
+        self._pending = False  # the next batch's wait starts a step
+        self._in_data = False
+        self._saved: list[tuple[object, str, object]] = []
+        self._hook = self._forward_hook = None
+        self._sites: dict[int, tuple[str | None, int]] = {}  # id(dataset): site, num_workers
+        self._replay: list = []
+        self._replayed = 0
+        self._timing: dict | None = None
+
+    # --- the patches --------------------------------------------------------------------
+    def install(self) -> None:
+        self._hook = register_optimizer_step_post_hook(self._optimizer_step)
+        self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        self._patch(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._patch(LOADER_ITER, "__next__", self._wrap_next(LOADER_ITER.__next__))
+        self._patch(DataLoader, "__init__", self._wrap_loader_init(DataLoader.__init__))
+        autocast = torch.amp.autocast_mode.autocast
+        self._patch(autocast, "__enter__", self._wrap_autocast(autocast.__enter__))
+
+    def _patch(self, owner, name: str, new) -> None:
+        self._saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def unpatch(self) -> None:
+        """Put back what ``install`` patched (the optimizer hook stays: ``uninstall``)."""
+        while self._saved:
+            owner, name, old = self._saved.pop()
+            setattr(owner, name, old)
+        self._unhook_forward()
+
+    def uninstall(self) -> None:
+        self.unpatch()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._stepper = None
+        self._replay = []
+
+    def _wrap_backward(self, original):
+        watch = self
+
+        def backward(*args, **kwargs):
+            watch._in_backward += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                watch._in_backward -= 1
+                if not watch._in_backward:  # Tensor.backward calls autograd.backward
+                    watch._backward_done()
+        return backward
+
+    def _wrap_next(self, original):
+        watch = self
+
+        def __next__(it):
+            opened = watch._batch_wait(it)
+            t0 = time.perf_counter()
+            if watch._replay and watch.steps >= watch.cfg.skip:
+                batch = watch._replay[watch._replayed % len(watch._replay)]
+                watch._replayed += 1
+            else:
+                batch = original(it)  # StopIteration: the wait goes on in the next iterator
+                if watch.levers.replay and len(watch._replay) < REPLAY_BATCHES:
+                    watch._replay.append(batch)
+            if watch._timing is not None:
+                watch._timing["wait_s"] += time.perf_counter() - t0
+            watch._batch_came(batch, opened)
+            return batch
+        return __next__
+
+    def _wrap_loader_init(self, original):
+        watch = self
+
+        def __init__(loader, dataset, *args, **kwargs):
+            workers = args[4] if len(args) > 4 else kwargs.get("num_workers", 0)
+            if watch.levers.workers is not None:
+                if len(args) > 4:
+                    args = (*args[:4], watch.levers.workers, *args[5:])
+                else:
+                    kwargs["num_workers"] = watch.levers.workers
+            watch._sites[id(dataset)] = (user_site(watch.roots), workers)
+            original(loader, dataset, *args, **kwargs)
+        return __init__
+
+    def _wrap_autocast(self, original):
+        watch = self
+
+        def __enter__(ctx):
+            if getattr(ctx, "_enabled", False) and watch.steps >= 1:
+                watch.facts.autocast = str(ctx.fast_dtype).removeprefix("torch.")
+            return original(ctx)
+        return __enter__
+
+    def _hook_forward(self) -> None:
+        def first_forward(module, args):
+            site = user_site(self.roots)
+            if site is not None:
+                self.facts.forward_site = site
+                self._unhook_forward()
+        self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            first_forward)
+
+    def _unhook_forward(self) -> None:
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+    # --- the events ---------------------------------------------------------------------
+    def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.done:
+            return
+        if self._stepper is None:
+            self._stepper = optimizer
+        if optimizer is self._stepper:
+            self._step_end()
+
+    def _backward_done(self) -> None:
+        self._backwards += 1
+        if self._stepper is None and self._backwards >= 2 and not self.done:
+            # Two backward passes with no optimizer step between: each is a step.
+            self.steps = max(self.steps, self._backwards - 1)
+            self._step_end()
+
+    def _batch_wait(self, it) -> bool:
+        self._loader_calls += 1
+        if self.num_workers is None:
+            self.num_workers = getattr(it, "_num_workers", None)
+            site = self._sites.get(id(getattr(it, "_dataset", None)))
+            if site is not None:
+                self.facts.loader_site, self.facts.num_workers = site
+        if self.clock is None or not self._loader_steps:
+            return False
+        if self._pending:
+            self._pending = False
+            self._in_data = True
+            self.clock.mark("data")
+        return self._in_data
+
+    def _batch_came(self, batch, opened: bool) -> None:
+        if self.batch_size is None:
+            self.batch_size = _batch_size(batch)
+        if opened:
+            self._in_data = False
+            self.clock.mark("compute")
+
+    def _step_end(self) -> None:
+        self.steps += 1
+        took_batch, self._loader_calls = self._loader_calls > 0, 0
+        skip, measured = self.cfg.skip, self.cfg.skip + self.cfg.measure_steps
+        if self.steps == 1:
+            self._hook_forward()
+        if self.steps == skip:
+            self._start_timing()
+        elif skip < self.steps <= measured:
+            self._timed_step(self.steps - skip)
+        if self.steps < measured:
+            return
+        if self.window is None:
+            self._start(took_batch)
+        elif self.window.step():
+            self._end()
+            return
+        else:
+            self._loader_steps = self._loader_steps and took_batch
+        if self._loader_steps:
+            self._pending = True
+        else:  # a step that takes no batch starts here, with a wait of none
+            self.clock.mark("data")
+            self.clock.mark("compute")
+
+    # --- the timed steps ----------------------------------------------------------------
+    def _start_timing(self) -> None:
+        device = script_device()
+        steps = self.cfg.measure_steps
+        windows = min(MEASURE_WINDOWS, steps)
+        ends, total = [], 0
+        for i in range(windows):
+            total += steps // windows + (i < steps % windows)
+            ends.append(total)
+        sync(device)
+        self._timing = {"device": device, "ends": ends, "rates": [], "wait_s": 0.0,
+                        "watch": MachineWatch(own=job_pids(), device=device).start(),
+                        "t0": time.perf_counter(), "t": time.perf_counter(), "done": 0}
+
+    def _timed_step(self, n: int) -> None:
+        t = self._timing
+        if n not in t["ends"]:
+            return
+        sync(t["device"])  # note: sync, the window's device work inside its span
+        now = time.perf_counter()
+        t["rates"].append((n - t["done"]) / (now - t["t"]))
+        t["t"], t["done"] = now, n
+        if n < t["ends"][-1]:
+            return
+        elapsed = now - t["t0"]
+        batch = self.batch_size or 1
+        self.measured = {
+            "measured_steps": n, "measure_s": elapsed, "steps_per_s": n / elapsed,
+            "samples_per_s": batch * n / elapsed, "samples_per_step": batch,
+            "window_rates": [batch * r for r in t["rates"]],
+            "stability": Stability(spread(t["rates"]), t["watch"].stop()).to_dict(),
+            "phases": {"time/data%": min(100.0, 100.0 * t["wait_s"] / elapsed)},
+            "levers": list(self.levers.given)}
+        self._timing = None
+        if self.measure_only:
+            self.done = True
+            self.unpatch()
+            raise ScriptStopped
+
+    # --- the profiled window ------------------------------------------------------------
+    def _start(self, took_batch: bool) -> None:
+        device = script_device()
+        self.facts.tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+        self.facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+        # type(), not isinstance(): a deprecated module attribute warns when its class is asked
+        self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
+                                  for o in gc.get_objects())
+        self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup)
+        self.clock = self.window.start(PhaseClock(device))
+        self._loader_steps = took_batch
+
+    def _end(self) -> None:
+        self.clock, self.done = None, True
+        self.unpatch()
+        if self.cfg.stop_after_window:
+            raise ScriptStopped
+
+    @property
+    def window_steps(self) -> int:
+        c = self.cfg
+        return c.skip + c.measure_steps + (0 if self.measure_only else c.warmup + 1 + c.steps)
+
+
+def script_device() -> torch.device:
+    """The device the script trains on: the current GPU if it has started CUDA, else the
+    CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batch_size(batch) -> int | None:
+    """The length of the first tensor in a batch (a tensor, or lists, tuples and dicts of
+    them)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    items = batch.values() if isinstance(batch, dict) else \
+        batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = _batch_size(item)
+        if size is not None:
+            return size
+    return None

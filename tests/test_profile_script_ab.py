@@ -1,0 +1,149 @@
+"""A script's verdict measured and proved with no edit to the script: the levers kasoku sets
+from outside (``--with``: ``kasoku.commands.script_levers``), each side a fresh run of the
+script stopped after its timed steps (``kasoku.commands.script_ab``), and the input bound
+proved by replaying the DataLoader's first batches."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import torch
+from test_profile_script import MNIST, kasoku, write
+from torch.utils.data import DataLoader
+
+from kasoku.cli import main
+from kasoku.commands import ab
+from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
+
+LEVERS = """
+import sys
+import torch
+from torch.utils.data import DataLoader
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i))
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.0)
+loader = DataLoader(Numbers(), batch_size=2)
+print("workers", loader.num_workers, "threads", torch.get_num_threads())
+for x in loader:
+    out = model(x)
+    print("first", int(x[0, 0]), "dtype", str(out.dtype))
+    out.float().sum().backward()
+    opt.step()
+"""
+
+
+def test_the_replay_proves_a_textbook_loop_input_bound_and_its_lever_is_measured(tmp_path):
+    write(tmp_path, "train.py", MNIST)
+    run = kasoku("profile", "--skip", "3", "--measure-steps", "10", "--warmup", "1",
+                 "--steps", "3", "--rounds", "1", "--confirm", "--stop-after-window",
+                 "--out", "prof", "--", "python", "train.py", "1000", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""  # stopped after the window, before its last print
+    result = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    verdict = result["verdict"]
+    assert verdict["rule"] == "input-bound" and verdict["measured"]
+    # the lever kasoku could pull from outside was run beside the script as given
+    (tried,) = verdict["tried"]
+    assert tried["args"] == ["--with", f"workers={min(4, len(__import__('os').sched_getaffinity(0)))}"]
+    assert tried["ratio"] is not None and len(tried["rates"]) == 1
+    assert f"{tried['ratio']:.2f}x" in run.stderr
+    rows = {row["label"]: row for row in result["ladder"]}
+    replay = rows["replayed batches (no wait for data)"]
+    assert replay["outcome"] == "confirmed" and replay["ratio"] > 2, replay
+    assert replay["command"].startswith("kasoku profile --skip 3 --measure-steps 10 --with "
+                                        "replay -- python train.py 1000")
+    assert "confirmed (the bound)" in run.stderr
+    assert result["facts"]["loader_site"] == "train.py:27"
+    assert result["facts"]["forward_site"] == "train.py:32"  # model(x)
+
+
+def test_with_levers_reach_the_script_and_a_side_stops_after_its_timed_steps(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "levers.py", LEVERS)
+    threads = torch.get_num_threads()
+    code = main(["profile", "--skip", "2", "--measure-steps", "3", "--measure-only", "--out",
+                 "side", "--with", "threads=1", "--with", "workers=1", "--with", "bf16",
+                 "--with", "replay", "--", "python", "levers.py"])
+    assert code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "workers 1 threads 1"
+    # 2 skipped steps, then the first two batches in turn; the 5th step's opt.step() ends it
+    assert [line.split()[1] for line in out[1:]] == ["0", "2", "0", "2", "0"]
+    assert {line.split()[3] for line in out[1:]} == {"torch.bfloat16"}
+    measured = json.loads((tmp_path / "side" / "measure.json").read_text())
+    assert measured["measured_steps"] == 3 and measured["samples_per_step"] == 2
+    assert measured["levers"] == ["threads=1", "workers=1", "bf16", "replay"]
+    assert len(measured["window_rates"]) == 3 and measured["samples_per_s"] > 0
+    assert torch.get_num_threads() == threads and not torch.is_autocast_enabled("cpu")
+    assert DataLoader(list(range(4))).num_workers == 0
+
+
+def test_the_verdicts_levers_in_the_scripts_terms():
+    facts = ScriptFacts(loader_site="train.py:12", forward_site="train.py:30", has_conv=True)
+    verdict = {"rule": "device-bound (compute-bound)", "candidates": [
+        {"text": "tensor cores in bf16: --precision bf16", "expect": "estimate ~2.0x",
+         "args": ["--precision", "bf16"], "speedup": 2.0},
+        {"text": "NHWC convolutions: --channels-last", "expect": "estimate ~1.3x",
+         "args": ["--channels-last"]},
+        {"text": "something kasoku's workloads alone have: --fused-bn", "expect": "",
+         "args": ["--fused-bn"]}],
+        "experiments": [{"label": "synthetic data on the device", "faster": False,
+                         "args": ["--synthetic", "--loader", "device"]},
+                        {"label": "batch x2 (256)", "args": ["--batch-size", "256"],
+                         "faster": False}]}
+    levers = script_candidates(verdict, facts, "cuda")
+    assert [lever.args for lever in levers] == [("--with", "bf16"), ("--with", "tf32"),
+                                                ("--with", "cudnn-benchmark"), ()]
+    assert levers[0].text == ("bf16: torch.autocast('cuda', dtype=torch.bfloat16) around the "
+                              "forward and the loss (the forward: train.py:30)")
+    assert levers[-1].text.endswith("(needs an edit: not measured)")
+    # a script already in bf16, or on TF32, is not offered them again
+    done = ScriptFacts(autocast="bfloat16", tf32=True)
+    assert script_candidates(dict(verdict, candidates=[]), done, "cuda") == []
+    kept, left = script_experiments(verdict)
+    assert kept == [{"label": "replayed batches (no wait for data)",
+                     "args": ["--with", "replay"], "faster": False}]
+    assert left == ["batch x2 (256)"]
+
+
+def test_confirm_calls_a_large_effect_despite_noisy_rounds():
+    """Rounds 25% apart cannot hide a 30x effect, but can one of 1.15x against the 1.10x
+    threshold."""
+    rates = {(): iter([100.0, 125.0]), ("--with", "replay"): iter([3000.0, 3900.0]),
+             ("--with", "tf32"): iter([115.0, 144.0])}
+    verdict = {"experiments": [{"label": "replay", "args": ["--with", "replay"],
+                                "faster": True},
+                               {"label": "tf32", "args": ["--with", "tf32"], "faster": True}],
+               "lever": {"args": [], "measured": None}}
+
+    def measure(extra):
+        rate = next(rates[tuple(extra)])
+        return {"samples_per_s": rate, "phases": {}, "window_rates": [rate]}
+    rows = ab.confirm([], {"verdict": verdict}, rounds=2, measure=measure,
+                      command=lambda args: " ".join(args), say=lambda line: None)
+    by = {row["label"]: row for row in rows}
+    assert by["replay"]["outcome"] == "confirmed"
+    assert by["tf32"]["outcome"].startswith("inconclusive")
+    assert by["replay"]["command"] == "--with replay"
+
+
+def test_a_side_whose_script_fails_is_not_measured(tmp_path):
+    write(tmp_path, "flaky.py", textwrap.dedent("""
+        import sys
+        sys.exit("no data here")
+    """))
+    from kasoku.commands.profile import ProfileConfig
+    from kasoku.commands.script_ab import ScriptSides
+    from kasoku.commands.script_run import parse_command
+    sides = ScriptSides(parse_command(["python", str(tmp_path / "flaky.py")]),
+                        ProfileConfig(skip=1, measure_steps=2), [])
+    assert sides.measure(()) == {"error": "the script exited with code 1 before its first "
+                                          "step"}
