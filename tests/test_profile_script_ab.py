@@ -7,16 +7,21 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 import torch
 from test_profile_script import MNIST, kasoku, write
 from torch.utils.data import DataLoader
 
 from kasoku.cli import main
 from kasoku.commands import ab
+from kasoku.commands.script_launch import parse_launched
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
+from kasoku.core.errors import ConfigError
 
 LEVERS = """
 import sys
+import pytest
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -147,3 +152,73 @@ def test_a_side_whose_script_fails_is_not_measured(tmp_path):
                         ProfileConfig(skip=1, measure_steps=2), [])
     assert sides.measure(()) == {"error": "the script exited with code 1 before its first "
                                           "step"}
+
+
+DDP_SCRIPT = """
+import os
+import sys
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+class Slow(Dataset):
+    # about 2 ms of work per sample, made on demand
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        x = torch.full((64, 64), i / 512)
+        for _ in range(40):
+            x = torch.tanh(x @ x)
+        return x[0], i % 10
+
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+model = DDP(nn.Linear(64, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = Slow()
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+try:
+    for step, (x, y) in enumerate(loader):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+finally:
+    dist.destroy_process_group()
+print(f"rank {os.environ['RANK']} done")
+"""
+
+
+def test_a_scripts_own_ddp_under_torchrun_is_profiled_on_every_rank(tmp_path):
+    write(tmp_path, "ddp.py", DDP_SCRIPT)
+    run = kasoku("profile", "--skip", "2", "--measure-steps", "4", "--warmup", "1",
+                 "--steps", "2", "--rounds", "1", "--estimate", "--confirm",
+                 "--stop-after-window", "--out", "prof", "--", "torchrun",
+                 "--nproc-per-node", "2", "--standalone", "ddp.py", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "done" not in run.stdout  # both ranks stopped after the window
+    result = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    assert result["steps_seen"] == 10 and result["settings"]["batch_size"] == 8
+    assert (tmp_path / "prof" / "worker1" / "trace.json").is_file()  # rank 1's own window
+    # the collectives of DDP's gradient all-reduce are in rank 0's figures
+    assert result["figures"]["comm_pct"] > 0
+    (replay,) = [row for row in result["ladder"] if row["label"].startswith("replayed")]
+    assert replay["ratio"] is not None and replay["rounds"] == 1  # each side a torchrun
+    assert replay["command"].endswith("-- torchrun --nproc-per-node 2 --standalone ddp.py")
+    assert run.stderr.count("kasoku: ddp.py: 4 steps timed on cpu") == 1  # rank 0 speaks
+
+
+def test_torchrun_options_are_read_by_torchrun():
+    launched = parse_launched(["torchrun", "--nproc-per-node=2", "--standalone", "-m",
+                               "json.tool", "--sort-keys"])
+    assert launched.options == ("--nproc-per-node=2", "--standalone")
+    assert launched.script.module == "json.tool" and launched.script.args == ("--sort-keys",)
+    assert parse_launched(["python", "train.py"]) is None
+    with pytest.raises(ConfigError, match="--no-python runs no Python script"):
+        parse_launched(["torchrun", "--no-python", "echo"])

@@ -20,9 +20,10 @@ from kasoku.cli.train import (
     add_data_arguments,
     kfac_config_from_args,
 )
-from kasoku.commands.ab import ladder_lines
+from kasoku.commands.ab import ladder_lines, without_own
 from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
-from kasoku.commands.script_profile import profile_script
+from kasoku.commands.script_launch import parse_launched, profile_launched
+from kasoku.commands.script_profile import profile_script, say, verdict_lines
 from kasoku.commands.script_run import parse_command
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
@@ -150,8 +151,18 @@ def run_script(args) -> int:
         if flag.startswith("--") and flag not in SCRIPT_FLAGS:
             raise ConfigError(f"{flag} is not yet for a script (a script's profile takes "
                               f"{', '.join(SCRIPT_FLAGS[:-1])})")
-    return profile_script(parse_command(args.script), a.config_from(args, ProfileConfig),
-                          out=args.out, given=args.with_levers, measure_only=args.measure_only)
+    cfg = a.config_from(args, ProfileConfig)
+    launched = parse_launched(args.script)
+    if launched is not None:
+        if args.measure_only or under_launcher():
+            raise ConfigError("torchrun inside torchrun: give the script's command after --")
+        code, result = profile_launched(launched, cfg, args.out, args.with_levers,
+                                        without_own(args.argv[1:]), say)
+        for line in verdict_lines(result) if result else ():
+            say(line)
+        return code
+    return profile_script(parse_command(args.script), cfg, out=args.out,
+                          given=args.with_levers, measure_only=args.measure_only)
 
 
 def _launch(args, dist, cfg) -> int:

@@ -27,10 +27,15 @@ MEASURE_FILE = "measure.json"
 
 class ScriptSides:
     """How one side of a script's A/B runs: the same command, window and levers as the
-    profile, plus the side's ``--with`` args."""
+    profile, plus the side's ``--with`` args. ``launcher``: what starts kasoku in each
+    worker of a script under torchrun (``kasoku.commands.script_launch``), ``shown`` the
+    command as the user gave it."""
 
-    def __init__(self, command: ScriptCommand, cfg, given: list[str]):
+    def __init__(self, command: ScriptCommand, cfg, given: list[str],
+                 launcher: list[str] | None = None, shown: list[str] | None = None):
         self.command, self.cfg = command, cfg
+        self.launcher = launcher or [sys.executable, "-m"]
+        self.shown = shown or list(command.argv)
         self.own = ["--skip", str(cfg.skip), "--measure-steps", str(cfg.measure_steps)]
         for value in given:
             self.own += ["--with", value]
@@ -40,14 +45,14 @@ class ScriptSides:
 
     def text(self, extra=()) -> str:
         """The side as a command the user can run."""
-        return shlex.join(["kasoku", *self.argv(extra)])
+        return shlex.join(["kasoku", "profile", *self.own, *extra, "--", *self.shown])
 
     def measure(self, extra=(), timeout_s: float = ab.SIDE_TIMEOUT_S) -> dict:
         """One fresh process: ``{"samples_per_s", "window_rates", "phases"}``, or
         ``{"error": its last line}``."""
         with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder:
             own = ("--measure-only", "--out", folder)  # before the script's command
-            cmd = [sys.executable, "-m", "kasoku", *self.argv(extra, own)]
+            cmd = [*self.launcher, "kasoku", *self.argv(extra, own)]
             try:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True, timeout=timeout_s)

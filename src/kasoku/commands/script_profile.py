@@ -6,26 +6,34 @@ in the script's terms (``kasoku.commands.script_levers``), those kasoku can pull
 measured in fresh runs of the script (``kasoku.commands.script_ab``), and, with ``--confirm``,
 the bound proved by replaying the DataLoader's batches.
 
-Not yet: a script's own DDP under torchrun, the wait for a step's second batch (gradient
+A script that starts its own DDP under torchrun: ``kasoku.commands.script_launch`` runs
+torchrun with kasoku in each worker (this module, ``rank`` from the launcher's environment).
+
+Not yet: the wait for a step's second batch (gradient
 accumulation, a second loader: left in ``compute``).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from kasoku.commands import script_watch
 from kasoku.commands.ab import ladder_lines
 from kasoku.commands.profile import ProfileConfig, unprofiled_shares, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script, tried_line
+from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
+from kasoku.distributed import World
+from kasoku.distributed.launch import under_launcher
 from kasoku.perf.profile.verdict import judge
 from kasoku.perf.profile.window import machine_facts
-from kasoku.train.run_dir import out_or_new
+from kasoku.train.run_dir import make_out_dir, out_or_new
 
 EXIT_USAGE = 2
 """Nothing to profile from a script that ended well: the command asked for what it lacks."""
@@ -46,8 +54,13 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     levers = ScriptLevers.parse(given)
     if measure_only and out is None:
         raise ConfigError("--measure-only for a script writes its figures to --out DIR")
-    out = Path(out) if measure_only else out_or_new(out, Path(command.name).stem, "profile",
-                                                    "the profile")
+    rank = World.from_env().rank if under_launcher() else 0
+    if measure_only:
+        out = Path(out)
+    elif rank == 0:
+        out = out_or_new(out, Path(command.name).stem, "profile", "the profile")
+    else:  # a worker of the script's own DDP under torchrun (kasoku.commands.script_launch)
+        out = make_out_dir(Path(out) / f"worker{rank}", "a worker's trace")
     watch = StepWatch(cfg, out, levers, roots=(script_root(command),),
                       measure_only=measure_only)
     watch.install()
@@ -59,15 +72,19 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         if watch.window is not None and not watch.done:
             watch.window.stop()
     if watch.steps == 0:
-        return _say_nothing(end)
+        return _say_nothing(end) if rank == 0 else end.code or EXIT_USAGE
+    speak = say if rank == 0 else (lambda line: None)
     if not watch.done:
-        say(f"the script ended after {watch.steps} steps, before the window's end "
+        speak(f"the script ended after {watch.steps} steps, before the window's end "
             f"({window_text(cfg, measure_only)}: {watch.window_steps} steps): ask for fewer")
         return end.code or EXIT_USAGE
     if measure_only:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MEASURE_FILE).write_text(json.dumps(watch.measured))
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / MEASURE_FILE).write_text(json.dumps(watch.measured))
         return 0
+    if rank != 0:
+        return end.code  # its trace is in out/workerR; worker 0 judges
     try:
         result = _result(command, cfg, watch, end)
     except ValueError as exc:  # a trace without two steps' spans (trace.steps_of)
@@ -77,6 +94,12 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if end.code:
         say(f"the script exited with code {end.code} after the window; the profile is kept")
     write_outputs(out, result)  # kept should the A/B runs be interrupted
+    if os.environ.get(LAUNCHED):
+        return end.code  # the process that launched torchrun measures the levers
+    if under_launcher():
+        say("under torchrun the levers are not measured from a worker: kasoku profile -- "
+            "torchrun ... measures them, each side a torchrun of its own")
+        cfg = replace(cfg, estimate=True, confirm=False)
     advise_script(result, watch.facts, ScriptSides(command, cfg, levers.given), cfg, say)
     write_outputs(out, result)
     for line in verdict_lines(result):
