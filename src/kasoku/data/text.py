@@ -97,7 +97,7 @@ def tokenize(root: Path, files: list[Path], cache: Path | None = None,
     if not files:
         raise DataError(f"{root} holds no text files ({', '.join(TEXT_SUFFIXES)}, at any "
                         f"depth); give a folder of UTF-8 text")
-    listing = [(str(f), f.stat()) for f in files]
+    listing = [(os.path.abspath(f), f.stat()) for f in files]  # one key from any folder
     key = hashlib.sha256(json.dumps(
         [FORMAT, TOKENIZER, [(p, s.st_size, s.st_mtime_ns) for p, s in listing]]
     ).encode()).hexdigest()[:24]
