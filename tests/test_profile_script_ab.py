@@ -92,7 +92,8 @@ def test_with_levers_reach_the_script_and_a_side_stops_after_its_timed_steps(
 
 
 def test_the_verdicts_levers_in_the_scripts_terms():
-    facts = ScriptFacts(loader_site="train.py:12", forward_site="train.py:30", has_conv=True)
+    facts = ScriptFacts(loader_site="train.py:12", forward_site="train.py:30", has_conv=True,
+                        loader_steps=True, batch_size=128)
     verdict = {"rule": "device-bound (compute-bound)", "candidates": [
         {"text": "tensor cores in bf16: --precision bf16", "expect": "estimate ~2.0x",
          "args": ["--precision", "bf16"], "speedup": 2.0},
@@ -113,10 +114,13 @@ def test_the_verdicts_levers_in_the_scripts_terms():
     # a script already in bf16, or on TF32, is not offered them again
     done = ScriptFacts(autocast="bfloat16", tf32=True)
     assert script_candidates(dict(verdict, candidates=[]), done, "cuda") == []
-    kept, left = script_experiments(verdict)
+    kept, left = script_experiments(verdict, facts)
     assert kept == [{"label": "replayed batches (no wait for data)",
                      "args": ["--with", "replay"], "faster": False}]
     assert left == ["batch x2 (256)"]
+    # nothing to replay where the steps take no batch from a DataLoader
+    kept, left = script_experiments(verdict, ScriptFacts(loader_steps=False))
+    assert kept == [] and left == ["synthetic data on the device", "batch x2"]
 
 
 def test_confirm_calls_a_large_effect_despite_noisy_rounds():

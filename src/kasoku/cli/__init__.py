@@ -64,14 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # answered before the parser, whose flags need torch (~1.5 s)
         print(f"kasoku {__version__}")
         return 0
-    request_queues()  # before anything starts CUDA: side streams need queues of their own
+    argv, script = profile.split_script(argv)  # the script's words are not kasoku's
+    if script is None:  # a user's script runs in the environment it would have without kasoku
+        request_queues()  # before anything starts CUDA: side streams need queues of their own
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         parser = build_parser()
         if not argv:  # the help rather than "a command is required"; still 2: nothing was done
             parser.print_help()
             return EXIT_USAGE
-        argv, script = profile.split_script(argv)  # the script's words are not kasoku's
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help, --version, or a bad value (its line is printed)

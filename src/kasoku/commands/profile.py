@@ -328,8 +328,11 @@ def write_outputs(out: Path, result: dict) -> None:
     png = None
     if figures is not None:
         try:
+            # a script's steps keep its own numbers (the trace's first is the window's anchor)
+            first = result["profiled_steps"][0] - 1 if "profiled_steps" in result else 1
             png = draw_timeline(trace_mod.load(out / "trace.json"), out / "timeline.png",
-                                title=f"{result['workload']}: {result['verdict']['rule']}")
+                                title=f"{result['workload']}: {result['verdict']['rule']}",
+                                first_step=first)
             result["timeline"] = str(png)
         except ImportError as exc:  # matplotlib is optional
             result["timeline"] = f"not drawn: {exc}"

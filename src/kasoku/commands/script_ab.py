@@ -72,7 +72,8 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     more. Updates ``result["verdict"]`` (and ``result["ladder"]``)."""
     verdict = result["verdict"]
     device = result["device"].split(":")[0]
-    candidates = script_candidates(verdict, facts, device)
+    data_pct = result["figures"].get("data_pct", 0.0)
+    candidates = script_candidates(verdict, facts, device, data_pct)
     edits = [c for c in candidates if not c.args]
     verdict["edits"] = [{"text": c.text, "expect": c.expect} for c in edits]
     lever = candidates[0] if candidates else _lever(verdict["lever"])
@@ -89,12 +90,13 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
                    measured=bool(advised.tried))
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")
-        kept, left = script_experiments(verdict)
+        kept, left = script_experiments(verdict, facts)
         confirmed = dict(result, verdict=dict(verdict, experiments=kept))
         result["ladder"] = ab.confirm([], confirmed, rounds=cfg.rounds, measure=sides.measure,
                                       command=sides.text, say=lambda line: say(line.strip()))
-        result["ladder"] += [{"label": label, "outcome": "not measured: needs an edit to the "
-                              "script", "proves": "the bound"} for label in left]
+        if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not
+            result["ladder"] = []
+        verdict["unconfirmed"] = left
 
 
 def tried_line(verdict: dict) -> str | None:

@@ -31,7 +31,7 @@ import torch
 
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpu import usable_cores
-from kasoku.perf.profile.levers import Lever
+from kasoku.perf.profile.levers import Lever, estimate, idle_speedup
 
 NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16")
 
@@ -143,6 +143,10 @@ class ScriptFacts:
     tf32: bool = False
     cudnn_benchmark: bool = False
     has_conv: bool = False
+    loader_steps: bool = False
+    """Whether the steps take their batches from a DataLoader."""
+    batch_size: int | None = None
+    """The first batch's length; None where no batch came from a DataLoader."""
 
 
 def _at(site: str | None) -> str:
@@ -192,12 +196,28 @@ def _as(lever: Lever, text: str, args: tuple[str, ...]) -> Lever:
     return Lever(text, lever.expect, args, lever.speedup, lever.caveat)
 
 
-def extra_levers(rule: str, facts: ScriptFacts, device: str) -> list[Lever]:
+WAIT_PCT = 10.0
+"""A step that waits this share of its time for batches from a DataLoader in the script's
+own process is offered worker processes whatever its bound: the loading is host time, and a
+host-bound step's host is its bound."""
+
+
+def extra_levers(rule: str, facts: ScriptFacts, device: str, data_pct: float = 0.0
+                 ) -> list[Lever]:
     """Levers a script may lack that kasoku's workloads never do (kasoku sets them itself):
-    TF32 for fp32 products and cuDNN's autotuning on a GPU-bound step."""
-    if device != "cuda" or "device-bound" not in rule:
-        return []
+    TF32 for fp32 products and cuDNN's autotuning on a GPU-bound step; worker processes for
+    a step that waits for its batches (``WAIT_PCT``), where the bound is not the input's
+    (whose own levers include them)."""
     out = []
+    if rule != "input-bound" and facts.loader_steps and data_pct >= WAIT_PCT \
+            and not facts.num_workers:
+        n = default_workers()
+        out.append(Lever(f"load in {n} worker processes: DataLoader(..., num_workers={n})"
+                         f"{_at(facts.loader_site)} (the step waits {data_pct:.0f}% for its "
+                         f"batches)", estimate(idle_speedup(data_pct), "up to"),
+                         ("--with", f"workers={n}"), idle_speedup(data_pct)))
+    if device != "cuda" or "device-bound" not in rule:
+        return out
     if not facts.tf32 and facts.autocast is None:
         out.append(Lever("fp32 products on TF32 tensor cores: torch.backends.cuda.matmul."
                          "allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
@@ -208,7 +228,8 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str) -> list[Lever]:
     return out
 
 
-def script_candidates(verdict: dict, facts: ScriptFacts, device: str) -> list[Lever]:
+def script_candidates(verdict: dict, facts: ScriptFacts, device: str, data_pct: float = 0.0
+                      ) -> list[Lever]:
     """The verdict's candidate levers for this script, best first: those kasoku pulls from
     outside (to be measured), then those that need an edit (estimates)."""
     out, seen = [], set()
@@ -218,19 +239,20 @@ def script_candidates(verdict: dict, facts: ScriptFacts, device: str) -> list[Le
         if lever is not None and lever.text not in seen:
             seen.add(lever.text)
             out.append(lever)
-    out += extra_levers(verdict["rule"], facts, device)
+    out += extra_levers(verdict["rule"], facts, device, data_pct)
     return sorted(out, key=lambda lever: not lever.args)
 
 
-def script_experiments(verdict: dict) -> tuple[list[dict], list[str]]:
+def script_experiments(verdict: dict, facts: ScriptFacts) -> tuple[list[dict], list[str]]:
     """The verdict's ``--confirm`` experiments a script's runs can make (synthetic batches on
-    the device: the DataLoader's batches replayed), and the labels of those that need an
-    edit."""
+    the device: the DataLoader's batches replayed, where its steps take them from one), and
+    the labels of those that cannot be made without an edit."""
     kept, left = [], []
     for e in verdict.get("experiments") or []:
-        if "--synthetic" in e["args"]:
+        if "--synthetic" in e["args"] and facts.loader_steps:
             kept.append({"label": "replayed batches (no wait for data)",
                          "args": ["--with", "replay"], "faster": e["faster"]})
         else:
-            left.append(e["label"])
+            unknown = facts.batch_size is None and "--batch-size" in e["args"]
+            left.append("batch x2" if unknown else e["label"])
     return kept, left

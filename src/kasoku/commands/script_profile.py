@@ -137,6 +137,7 @@ def _say_nothing(end) -> int:
 
 def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -> dict:
     device, facts, measured = watch.window.device, watch.facts, watch.measured
+    facts.batch_size = watch.batch_size
     loader = None if watch.num_workers is None else \
         "serial" if watch.num_workers == 0 else f"multiprocess:{watch.num_workers}"
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(facts.autocast or "", "fp32")
@@ -188,5 +189,8 @@ def verdict_lines(result: dict) -> list[str]:
             lines.append(f"  also (an edit, not measured): {edit['text']}")
     lines += [f"  also: {also}" for also in v.get("secondary") or []]
     lines += ladder_lines(result)
+    if v.get("unconfirmed"):
+        lines.append(f"  not confirmed (each needs an edit to the script): "
+                     f"{'; '.join(v['unconfirmed'])}")
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")
     return lines

@@ -290,7 +290,7 @@ class StepWatch:
                                   for o in gc.get_objects())
         self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup)
         self.clock = self.window.start(PhaseClock(device))
-        self._loader_steps = took_batch
+        self._loader_steps = self.facts.loader_steps = took_batch
 
     def _end(self) -> None:
         self.clock, self.done = None, True

@@ -135,10 +135,12 @@ def _rows(trace: Trace, w: Window) -> list[tuple[str, dict]]:
     return rows
 
 
-def draw_timeline(trace: Trace, path, steps: int = 3, title: str = "") -> Path:
+def draw_timeline(trace: Trace, path, steps: int = 3, title: str = "",
+                  first_step: int = 1) -> Path:
     """Write the PNG picture of ``steps`` steps of ``trace`` (see ``window``) to ``path``
     and return it as a ``Path``. x: milliseconds from the first drawn step's start; thin
-    vertical lines at the step boundaries (host time)."""
+    vertical lines at the step boundaries (host time). ``first_step``: the number the
+    trace's first step is labelled with (a script's own step number)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -159,7 +161,7 @@ def draw_timeline(trace: Trace, path, steps: int = 3, title: str = "") -> Path:
         x = (t - w.start) / 1e3
         ax.axvline(x, color="black", linewidth=0.6, alpha=0.6)
         if k < len(w.boundaries) - 1:
-            ax.text(x + span_ms * 0.003, len(rows) - 0.45, f"step {w.first + k + 1}",
+            ax.text(x + span_ms * 0.003, len(rows) - 0.45, f"step {first_step + w.first + k}",
                     fontsize=7, va="bottom")
     ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
     ax.set_ylim(-0.5, len(rows) - 0.5 + 0.3)

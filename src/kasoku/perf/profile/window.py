@@ -102,6 +102,12 @@ class Window:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self._compiles_before = compiled_graphs()
+        if cuda:
+            # Kineto leaves CUPTI attached after the window unless told to tear it down, and
+            # the steps after it run 10-20% slower (pytorch#144455; measured 12% on a script's
+            # launch-bound MNIST step, docs/benchmarks.md). A value the user set is kept;
+            # torch itself sets 0 where CUDA graphs need it (CUDA before 12.6).
+            os.environ.setdefault("TEARDOWN_CUPTI", "1")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self._prof = profile(activities=activities,
                              schedule=schedule(wait=0, warmup=self.warmup,

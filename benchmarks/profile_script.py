@@ -1,0 +1,131 @@
+"""``kasoku profile -- python SCRIPT.py`` on one GPU: a user's plain scripts
+(``benchmarks/scripts/``), their verdicts and A/B runs, the equivalent kasoku workload beside,
+and what kasoku around a script costs the steps after its window.
+
+    PYTHONPATH=src python benchmarks/profile_script.py overhead --data .data/mnist --out OUT
+    PYTHONPATH=src python benchmarks/profile_script.py mnist --data .data/mnist --out OUT
+    PYTHONPATH=src python benchmarks/profile_script.py resnet --out OUT
+
+overhead: ``--pairs`` pairs, in turn, of the MNIST script alone and under ``kasoku profile
+--estimate`` (its window ends at step 44), each printing the rate of its own steps 1000-6000;
+the ratio per pair and their median; and the cost per step of what kasoku leaves in the
+script after its window (``residue_us``). mnist: the MNIST script's profile with its levers tried
+and ``--confirm``, then ``kasoku profile mnist-mlp`` on the same files. resnet: the ResNet-50
+script's. Each profile's ``profile.json`` and kasoku's lines are copied to OUT.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"
+
+
+def run(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env})
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}\n")
+    print("\n".join(line for line in proc.stderr.splitlines() if line.startswith("kasoku:")),
+          flush=True)
+    return proc
+
+
+def rate(proc: subprocess.CompletedProcess) -> float:
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"script"')][-1]
+    return json.loads(line)["samples_per_s"]
+
+
+def overhead(args, out: Path, log: Path) -> dict:
+    script = [sys.executable, str(SCRIPTS / "mnist_textbook.py"), "--data", str(args.data),
+              "--steps", "6000", "--time-from", "1000"]
+    plain, under, queues = [], [], []
+    for i in range(args.pairs):
+        plain.append(rate(run(script, log)))
+        under.append(rate(run([sys.executable, "-m", "kasoku", "profile", "--estimate",
+                               "--out", str(out / f"ovh{i}"), "--", *script], log)))
+        if args.queues:  # the script alone with the hardware queues kasoku asks for its own runs
+            queues.append(rate(run(script, log, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"})))
+    ratios = [u / p for u, p in zip(under, plain)]
+    return {"figure": "overhead", "plain": plain, "under_kasoku": under, "ratios": ratios,
+            "median_ratio": statistics.median(ratios), "queues32": queues,
+            "queues32_ratios": [q / p for q, p in zip(queues, plain)],
+            "residue_us": residue_us()}
+
+
+def residue_us(calls: int = 200_000) -> list[float]:
+    """What kasoku leaves in a script after its window, per step: the optimizer post-hook,
+    which stays (removing it while the optimizer runs would break its loop over hooks) and
+    returns at once. Its cost per call, 5 timings of ``calls`` calls."""
+    import timeit
+
+    import torch
+
+    from kasoku.commands.profile import ProfileConfig
+    from kasoku.commands.script_watch import StepWatch
+    watch = StepWatch(ProfileConfig(), Path("/tmp"))
+    watch.done = True
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    return [1e6 * t / calls for t in timeit.repeat(
+        lambda: watch._optimizer_step(opt, (), {}), number=calls, repeat=5)]
+
+
+def profile(name: str, cmd: list[str], out: Path, log: Path, work: Path) -> dict:
+    folder = work / name
+    proc = run([sys.executable, "-m", "kasoku", "profile", "--out", str(folder), *cmd], log)
+    result = {"figure": name, "exit": proc.returncode}
+    path = folder / "profile.json"
+    if path.is_file():
+        shutil.copy(path, out / f"{name}_profile.json")
+        data = json.loads(path.read_text())
+        result.update(verdict=data["verdict"]["line"], ladder=data.get("ladder"),
+                      tried=data["verdict"].get("tried"))
+    if (folder / "timeline.png").is_file():
+        shutil.copy(folder / "timeline.png", out / f"{name}_timeline.png")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["overhead", "mnist", "resnet"], nargs="+")
+    ap.add_argument("--data", type=Path, default=Path(".data/mnist"))
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--queues", action="store_true",
+                    help="overhead: a third run per pair, the script alone with "
+                    "CUDA_DEVICE_MAX_CONNECTIONS=32")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/kasoku-profile-script"),
+                    help="the profiles' folders (only their profile.json and timeline.png "
+                    "are copied to --out)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "log.txt"
+    figures = []
+    for what in args.what:
+        if what == "overhead":
+            figures.append(overhead(args, args.work, log))
+        elif what == "mnist":
+            script = ["python", str(SCRIPTS / "mnist_textbook.py"), "--data", str(args.data),
+                      "--steps", "100000"]
+            figures.append(profile("mnist_script", ["--confirm", "--stop-after-window", "--",
+                                                     *script], args.out, log, args.work))
+            figures.append(profile("mnist_workload", ["mnist-mlp", "--data", str(args.data),
+                                                       "--confirm"], args.out, log, args.work))
+        else:
+            script = ["python", str(SCRIPTS / "resnet_textbook.py"), "--steps", "100000"]
+            figures.append(profile("resnet_script", ["--confirm", "--stop-after-window", "--",
+                                                      *script], args.out, log, args.work))
+        print(json.dumps(figures[-1]), flush=True)
+        (args.out / "summary.json").write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
