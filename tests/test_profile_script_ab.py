@@ -5,6 +5,7 @@ proved by replaying the DataLoader's first batches."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -44,21 +45,16 @@ for x in loader:
 """
 
 
-def test_the_replay_proves_a_textbook_loop_input_bound_and_its_lever_is_measured(tmp_path):
+def test_the_replay_proves_a_textbook_loop_input_bound(tmp_path):
     write(tmp_path, "train.py", MNIST)
     run = kasoku("profile", "--skip", "3", "--measure-steps", "10", "--warmup", "1",
-                 "--steps", "3", "--rounds", "1", "--confirm", "--stop-after-window",
-                 "--out", "prof", "--", "python", "train.py", "1000", cwd=tmp_path)
+                 "--steps", "3", "--estimate", "--rounds", "1", "--confirm",
+                 "--stop-after-window", "--out", "prof", "--", "python", "train.py", "1000",
+                 cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout == ""  # stopped after the window, before its last print
     result = json.loads((tmp_path / "prof" / "profile.json").read_text())
-    verdict = result["verdict"]
-    assert verdict["rule"] == "input-bound" and verdict["measured"]
-    # the lever kasoku could pull from outside was run beside the script as given
-    (tried,) = verdict["tried"]
-    assert tried["args"] == ["--with", f"workers={min(4, len(__import__('os').sched_getaffinity(0)))}"]
-    assert tried["ratio"] is not None and len(tried["rates"]) == 1
-    assert f"{tried['ratio']:.2f}x" in run.stderr
+    assert result["verdict"]["rule"] == "input-bound"
     rows = {row["label"]: row for row in result["ladder"]}
     replay = rows["replayed batches (no wait for data)"]
     assert replay["outcome"] == "confirmed" and replay["ratio"] > 2, replay
@@ -202,9 +198,8 @@ print(f"rank {os.environ['RANK']} done")
 def test_a_scripts_own_ddp_under_torchrun_is_profiled_on_every_rank(tmp_path):
     write(tmp_path, "ddp.py", DDP_SCRIPT)
     run = kasoku("profile", "--skip", "2", "--measure-steps", "4", "--warmup", "1",
-                 "--steps", "2", "--rounds", "1", "--estimate", "--confirm",
-                 "--stop-after-window", "--out", "prof", "--", "torchrun",
-                 "--nproc-per-node", "2", "--standalone", "ddp.py", cwd=tmp_path)
+                 "--steps", "2", "--rounds", "1", "--stop-after-window", "--out", "prof", "--",
+                 "torchrun", "--nproc-per-node", "2", "--standalone", "ddp.py", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "done" not in run.stdout  # both ranks stopped after the window
     result = json.loads((tmp_path / "prof" / "profile.json").read_text())
@@ -212,9 +207,12 @@ def test_a_scripts_own_ddp_under_torchrun_is_profiled_on_every_rank(tmp_path):
     assert (tmp_path / "prof" / "worker1" / "trace.json").is_file()  # rank 1's own window
     # the collectives of DDP's gradient all-reduce are in rank 0's figures
     assert result["figures"]["comm_pct"] > 0
-    (replay,) = [row for row in result["ladder"] if row["label"].startswith("replayed")]
-    assert replay["ratio"] is not None and replay["rounds"] == 1  # each side a torchrun
-    assert replay["command"].endswith("-- torchrun --nproc-per-node 2 --standalone ddp.py")
+    # the lever kasoku pulls from outside, measured in a torchrun of its own beside the
+    # script as given (the step waits for its DataLoader, whatever its bound)
+    tried = {tuple(t["args"]): t for t in result["verdict"]["tried"]}
+    workers = tried[("--with", f"workers={min(4, len(os.sched_getaffinity(0)))}")]
+    assert workers["ratio"] is not None and len(workers["rates"]) == 1, workers
+    assert f"{workers['ratio']:.2f}x" in run.stderr
     assert run.stderr.count("kasoku: ddp.py: 4 steps timed on cpu") == 1  # rank 0 speaks
 
 
