@@ -36,7 +36,8 @@ class Numbers(torch.utils.data.Dataset):
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.0)
 loader = DataLoader(Numbers(), batch_size=2)
-print("workers", loader.num_workers, "threads", torch.get_num_threads())
+print("workers", loader.num_workers, "threads", torch.get_num_threads(), "pin",
+      loader.pin_memory)
 for x in loader:
     out = model(x)
     print("first", int(x[0, 0]), "dtype", str(out.dtype))
@@ -72,16 +73,16 @@ def test_with_levers_reach_the_script_and_a_side_stops_after_its_timed_steps(
     threads = torch.get_num_threads()
     code = main(["profile", "--skip", "2", "--measure-steps", "3", "--measure-only", "--out",
                  "side", "--with", "threads=1", "--with", "workers=1", "--with", "bf16",
-                 "--with", "replay", "--", "python", "levers.py"])
+                 "--with", "replay", "--with", "pin-memory", "--", "python", "levers.py"])
     assert code == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "workers 1 threads 1"
+    assert out[0] == "workers 1 threads 1 pin True"
     # 2 skipped steps, then the first two batches in turn; the 5th step's opt.step() ends it
     assert [line.split()[1] for line in out[1:]] == ["0", "2", "0", "2", "0"]
     assert {line.split()[3] for line in out[1:]} == {"torch.bfloat16"}
     measured = json.loads((tmp_path / "side" / "measure.json").read_text())
     assert measured["measured_steps"] == 3 and measured["samples_per_step"] == 2
-    assert measured["levers"] == ["threads=1", "workers=1", "bf16", "replay"]
+    assert measured["levers"] == ["threads=1", "workers=1", "bf16", "replay", "pin-memory"]
     assert len(measured["window_rates"]) == 3 and measured["samples_per_s"] > 0
     assert torch.get_num_threads() == threads and not torch.is_autocast_enabled("cpu")
     assert DataLoader(list(range(4))).num_workers == 0
@@ -107,6 +108,11 @@ def test_the_verdicts_levers_in_the_scripts_terms():
     assert levers[0].text == ("bf16: torch.autocast('cuda', dtype=torch.bfloat16) around the "
                               "forward and the loss (the forward: train.py:30)")
     assert levers[-1].text.endswith("(needs an edit: not measured)")
+    # batches copied from pageable memory, 6% of the step: pinned memory is offered
+    copies = {"step_ms": 10.0, "h2d_ms": 0.6, "h2d_pageable": True}
+    (pinned,) = [lever for lever in script_candidates(verdict, facts, "cuda", copies)
+                 if lever.args == ("--with", "pin-memory")]
+    assert "pin_memory=True) at train.py:12" in pinned.text
     # a script already in bf16, or on TF32, is not offered them again
     done = ScriptFacts(autocast="bfloat16", tf32=True)
     assert script_candidates(dict(verdict, candidates=[]), done, "cuda") == []

@@ -108,6 +108,21 @@ def test_data_wait_smaller_than_launch_wait_is_host_bound():
     assert v.rule == "host-bound"
     assert not any(s.startswith("input-bound") for s in v.secondary)
     assert v.secondary == ["20% of the step waiting for data"]  # named, below the rule
+    # Synthetic data would not prove this bound: the 20% wait alone would make it faster.
+    assert [e.label for e in v.experiments] == ["batch x2 (200)"]
+
+
+def test_host_to_device_copies_are_counted_and_their_source_named():
+    def body(b, t0):
+        gpu_step(data_us=100, n_kernels=4)(b, t0)
+        c = b.launch(t0 + 100, name="cudaMemcpyAsync")
+        b.events.append({"ph": "X", "cat": "gpu_memcpy", "name":
+                         "Memcpy HtoD (Pageable -> Device)", "ts": t0 + 110, "dur": 50,
+                         "tid": 7, "args": {"correlation": c}})
+    f = figures(Builder().steps(5, 1000, body), device="cuda", config={})
+    assert f["h2d_ms"] == pytest.approx(0.05) and f["h2d_pageable"]
+    f = figures(Builder().steps(5, 1000, gpu_step()), device="cuda", config={})
+    assert f["h2d_ms"] == 0 and not f["h2d_pageable"]
 
 
 def test_host_bound_with_graph_suggests_compile_then_a_larger_batch():

@@ -92,8 +92,9 @@ def add_parser(sub) -> None:
                    help="a script's profile only: run the script with a lever kasoku sets "
                    "from outside it (repeat for several): replay (the DataLoader's first "
                    "batches again and again: no wait for data), workers=N (every DataLoader "
-                   "with num_workers=N), threads=N, tf32, cudnn-benchmark, bf16 (the script "
-                   "under torch.autocast bf16)")
+                   "with num_workers=N), pin-memory (every DataLoader with pin_memory=True), "
+                   "threads=N, tf32, cudnn-benchmark, bf16 (the script under torch.autocast "
+                   "bf16)")
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=run, script=None)
 

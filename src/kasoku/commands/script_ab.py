@@ -72,8 +72,7 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     more. Updates ``result["verdict"]`` (and ``result["ladder"]``)."""
     verdict = result["verdict"]
     device = result["device"].split(":")[0]
-    data_pct = result["figures"].get("data_pct", 0.0)
-    candidates = script_candidates(verdict, facts, device, data_pct)
+    candidates = script_candidates(verdict, facts, device, result["figures"])
     edits = [c for c in candidates if not c.args]
     verdict["edits"] = [{"text": c.text, "expect": c.expect} for c in edits]
     lever = candidates[0] if candidates else _lever(verdict["lever"])

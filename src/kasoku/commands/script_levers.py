@@ -15,6 +15,8 @@ Set on the script's objects as it makes them (``kasoku.commands.script_watch``):
 
 - ``workers=N``: every DataLoader made with ``num_workers=N`` (what the script gave, or the
   default 0, overridden);
+- ``pin-memory``: every DataLoader made with ``pin_memory=True`` (its batches in page-locked
+  memory, copied to the GPU without the driver's staging);
 - ``replay``: the DataLoader's first batches kept during the skipped steps, then handed out
   again in turn instead of new ones: the steps without the wait for data (the input-bound
   bound's proof, as a workload's synthetic batches on the device are).
@@ -33,7 +35,7 @@ from kasoku.core.errors import ConfigError
 from kasoku.perf.cpu import usable_cores
 from kasoku.perf.profile.levers import Lever, estimate, idle_speedup
 
-NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16")
+NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16", "pin-memory")
 
 
 def default_workers() -> int:
@@ -51,6 +53,7 @@ class ScriptLevers:
     tf32: bool = False
     cudnn_benchmark: bool = False
     bf16: bool = False
+    pin_memory: bool = False
     given: list[str] = field(default_factory=list)
 
     @classmethod
@@ -64,7 +67,8 @@ class ScriptLevers:
                     raise ConfigError(f"--with {value}: {name}=N takes a whole number"
                                       + (" from 1" if name == "threads" else ""))
                 setattr(levers, name, int(count))
-            elif not count and name in ("replay", "tf32", "cudnn-benchmark", "bf16"):
+            elif not count and name in ("replay", "tf32", "cudnn-benchmark", "bf16",
+                                        "pin-memory"):
                 setattr(levers, name.replace("-", "_"), True)
             else:
                 raise ConfigError(f"--with {value}: not a lever kasoku sets from outside a "
@@ -196,19 +200,30 @@ def _as(lever: Lever, text: str, args: tuple[str, ...]) -> Lever:
     return Lever(text, lever.expect, args, lever.speedup, lever.caveat)
 
 
+H2D_PCT = 5.0
+"""Copies to the GPU from pageable memory taking this share of the step offer pinned memory."""
 WAIT_PCT = 10.0
 """A step that waits this share of its time for batches from a DataLoader in the script's
 own process is offered worker processes whatever its bound: the loading is host time, and a
 host-bound step's host is its bound."""
 
 
-def extra_levers(rule: str, facts: ScriptFacts, device: str, data_pct: float = 0.0
+def extra_levers(rule: str, facts: ScriptFacts, device: str, figures: dict | None = None
                  ) -> list[Lever]:
     """Levers a script may lack that kasoku's workloads never do (kasoku sets them itself):
     TF32 for fp32 products and cuDNN's autotuning on a GPU-bound step; worker processes for
     a step that waits for its batches (``WAIT_PCT``), where the bound is not the input's
-    (whose own levers include them)."""
-    out = []
+    (whose own levers include them); pinned memory for batches copied from pageable memory
+    (``H2D_PCT``)."""
+    f = figures or {}
+    data_pct, out = f.get("data_pct", 0.0), []
+    h2d_pct = 100 * f.get("h2d_ms", 0.0) / f["step_ms"] if f.get("step_ms") else 0.0
+    if device == "cuda" and facts.loader_steps and f.get("h2d_pageable") \
+            and h2d_pct >= H2D_PCT:
+        out.append(Lever(f"copy the batches from pinned memory: DataLoader(..., pin_memory="
+                         f"True){_at(facts.loader_site)}, and .to(device, non_blocking=True) "
+                         f"(the copies from pageable memory take {h2d_pct:.0f}% of the step)",
+                         estimate(None, "the copies' share at most"), ("--with", "pin-memory")))
     if rule != "input-bound" and facts.loader_steps and data_pct >= WAIT_PCT \
             and not facts.num_workers:
         n = default_workers()
@@ -228,8 +243,8 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str, data_pct: float = 0
     return out
 
 
-def script_candidates(verdict: dict, facts: ScriptFacts, device: str, data_pct: float = 0.0
-                      ) -> list[Lever]:
+def script_candidates(verdict: dict, facts: ScriptFacts, device: str,
+                      figures: dict | None = None) -> list[Lever]:
     """The verdict's candidate levers for this script, best first: those kasoku pulls from
     outside (to be measured), then those that need an edit (estimates)."""
     out, seen = [], set()
@@ -239,7 +254,7 @@ def script_candidates(verdict: dict, facts: ScriptFacts, device: str, data_pct: 
         if lever is not None and lever.text not in seen:
             seen.add(lever.text)
             out.append(lever)
-    out += extra_levers(verdict["rule"], facts, device, data_pct)
+    out += extra_levers(verdict["rule"], facts, device, figures)
     return sorted(out, key=lambda lever: not lever.args)
 
 

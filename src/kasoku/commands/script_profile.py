@@ -170,7 +170,11 @@ def profiled_line(result: dict) -> str:
     return (f"{result['workload']}: {m['measured_steps']} steps timed on {result['device']}, "
             f"{f['step_ms']:.2f} ms per step, {m['samples_per_s']:.1f} {unit}/s "
             f"({min(rates):.1f}-{max(rates):.1f} over {len(rates)} windows), waiting for data "
-            f"{f['data_pct']:.0f}%; steps {first}-{last} profiled"
+            f"{f['data_pct']:.0f}%"
+            + (f", copies to the GPU {f['h2d_ms']:.2f} ms per step"
+               + (" from pageable memory" if f.get("h2d_pageable") else "")
+               if f.get("h2d_ms") else "")
+            + f"; steps {first}-{last} profiled"
             + ("; the script stopped after the window" if result["stopped_after_window"]
                else ""))
 

@@ -151,6 +151,11 @@ class StepWatch:
                     args = (*args[:4], watch.levers.workers, *args[5:])
                 else:
                     kwargs["num_workers"] = watch.levers.workers
+            if watch.levers.pin_memory:
+                if len(args) > 6:
+                    args = (*args[:6], True, *args[7:])
+                else:
+                    kwargs["pin_memory"] = True
             watch._sites[id(dataset)] = (user_site(watch.roots), workers)
             original(loader, dataset, *args, **kwargs)
         return __init__

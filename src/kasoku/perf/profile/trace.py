@@ -304,6 +304,11 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
         phases_device_ms={p: v / 1e3 / n for p, v in phase_device.items()},
         top_kernels=[{"name": k, "ms_per_step": v[0] / 1e3 / n, "launches_per_step": v[1] / n}
                      for k, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
+    # Host-to-device copies (kineto's "Memcpy HtoD (Pageable -> Device)"): from pageable
+    # memory the copy is staged by the driver and the host waits for it.
+    h2d = [d for d in work if d.cat == "gpu_memcpy" and "htod" in d.name.lower()]
+    result.update(h2d_ms=sum(d.dur for d in h2d) / 1e3 / n,
+                  h2d_pageable=any("pageable" in d.name.lower() for d in h2d))
     _per_sample(result, samples_per_step)
     return result
 
