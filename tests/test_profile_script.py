@@ -148,6 +148,9 @@ def test_a_textbook_loop_reads_input_bound(tmp_path):
     assert result["script"] == ["python", "train.py", "12"]
     assert result["steps_seen"] == 9 and not result["stopped_after_window"]
     assert result["settings"]["loader"] == "serial" and result["settings"]["batch_size"] == 16
+    # the step's phases as a workload's: the wait, then forward, backward and the update
+    assert list(result["figures"]["phases_host_ms"]) == ["data", "forward", "backward",
+                                                          "update"]
     for name in ("trace.json", "report.html"):
         assert (tmp_path / "prof" / name).is_file()
 
@@ -174,6 +177,8 @@ def test_a_hand_written_update_steps_at_each_backward(in_tmp, capsys):
     assert "kasoku: sgd.py: 2 steps timed on cpu" in err and "steps 7-9 profiled" in err
     result = json.loads((in_tmp / "prof" / "profile.json").read_text())
     assert result["figures"]["steps"] == 3 and result["steps_seen"] == 9
+    # no optimizer: the update is what follows the backward pass
+    assert {"forward", "backward", "update"} <= set(result["figures"]["phases_host_ms"])
     assert (torch.Tensor.backward, torch.autograd.backward, LOADER_ITER.__next__,
             DataLoader.__init__, torch.autocast.__enter__) == before
 

@@ -15,7 +15,9 @@ windows each ended by a synchronize (the throughput, its spread and the wait for
 the profiled window (``kasoku.perf.profile.window.Window``: ``warmup + 1 + steps`` steps) with
 kasoku's phase spans in the trace: a step starts at its first batch's wait (the
 ``kasoku/data`` span the analysis cuts steps at), or, for a script whose steps take no batch
-from a DataLoader, at the previous step's end (a zero-length data span). A measuring run (a
+from a DataLoader, at the previous step's end (a zero-length data span); ``forward`` from the
+batch to the backward pass, ``backward`` in it, ``update`` from the optimizer's step (a global
+pre-hook; for a hand-written update, from the backward pass's end) to the next step. A measuring run (a
 side of the A/B runs) ends after the timed steps. When the window ends the patches are taken
 off and the script goes on at full speed (the optimizer hook stays, doing nothing, until the
 script ends: removing it while it runs would break the optimizer's loop over its hooks), or
@@ -28,7 +30,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
@@ -74,7 +79,7 @@ class StepWatch:
         self._pending = False  # the next batch's wait starts a step
         self._in_data = False
         self._saved: list[tuple[object, str, object]] = []
-        self._hook = self._forward_hook = None
+        self._hook = self._pre_hook = self._forward_hook = None
         self._sites: dict[int, tuple[str | None, int]] = {}  # id(dataset): site, num_workers
         self._replay: list = []
         self._replayed = 0
@@ -83,6 +88,7 @@ class StepWatch:
     # --- the patches --------------------------------------------------------------------
     def install(self) -> None:
         self._hook = register_optimizer_step_post_hook(self._optimizer_step)
+        self._pre_hook = register_optimizer_step_pre_hook(self._optimizer_starts)
         self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
         self._patch(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         self._patch(LOADER_ITER, "__next__", self._wrap_next(LOADER_ITER.__next__))
@@ -95,7 +101,11 @@ class StepWatch:
         setattr(owner, name, new)
 
     def unpatch(self) -> None:
-        """Put back what ``install`` patched (the optimizer hook stays: ``uninstall``)."""
+        """Put back what ``install`` patched, and drop the optimizer pre-hook (its loop is
+        over when a post-hook calls this); the post-hook stays (``uninstall``)."""
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
         while self._saved:
             owner, name, old = self._saved.pop()
             setattr(owner, name, old)
@@ -113,6 +123,8 @@ class StepWatch:
         watch = self
 
         def backward(*args, **kwargs):
+            if not watch._in_backward and watch.clock is not None:
+                watch.clock.mark("backward")
             watch._in_backward += 1
             try:
                 return original(*args, **kwargs)
@@ -192,7 +204,13 @@ class StepWatch:
         if optimizer is self._stepper:
             self._step_end()
 
+    def _optimizer_starts(self, optimizer, args, kwargs) -> None:
+        if self.clock is not None and optimizer is self._stepper:
+            self.clock.mark("update")
+
     def _backward_done(self) -> None:
+        if self._stepper is None and self.clock is not None:
+            self.clock.mark("update")  # a hand-written update follows its backward pass
         self._backwards += 1
         if self._stepper is None and self._backwards >= 2 and not self.done:
             # Two backward passes with no optimizer step between: each is a step.
@@ -219,7 +237,7 @@ class StepWatch:
             self.batch_size = _batch_size(batch)
         if opened:
             self._in_data = False
-            self.clock.mark("compute")
+            self.clock.mark("forward")
 
     def _step_end(self) -> None:
         self.steps += 1
@@ -244,7 +262,7 @@ class StepWatch:
             self._pending = True
         else:  # a step that takes no batch starts here, with a wait of none
             self.clock.mark("data")
-            self.clock.mark("compute")
+            self.clock.mark("forward")
 
     # --- the timed steps ----------------------------------------------------------------
     def _start_timing(self) -> None:
