@@ -10,7 +10,7 @@ A script that starts its own DDP under torchrun: ``kasoku.commands.script_launch
 torchrun with kasoku in each worker (this module, ``rank`` from the launcher's environment).
 
 Not yet: the wait for a step's second batch (gradient
-accumulation, a second loader: left in ``compute``).
+accumulation, a second loader: left in ``forward``).
 """
 from __future__ import annotations
 
