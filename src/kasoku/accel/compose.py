@@ -92,6 +92,33 @@ def check_config(cfg: AccelConfig) -> None:
                           f"got {cfg.steps_per_call!r}")
 
 
+def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
+    """Refuse, one line each, what a sharded model (``--shard``, FSDP2) cannot take here: its
+    parameters are DTensor shards whose all-gathers and reduce-scatters run in hooks."""
+    if optimizer == "kfac":
+        raise ConfigError("--shard with optimizer kfac: K-FAC's factors need every layer's whole "
+                          "inputs and gradients, which sharding splits; use --optimizer adamw "
+                          "(or sgd), or DDP (no --shard)")
+    if optimizer in ("lars", "lamb"):
+        raise ConfigError(f"--shard with optimizer {optimizer}: its trust ratio needs each "
+                          f"tensor's whole norm, and a worker holds a shard; use --optimizer "
+                          f"adamw or sgd, or DDP (no --shard)")
+    if cfg.cuda_graph:
+        raise ConfigError("--shard with --cuda-graph: FSDP2's all-gathers allocate and free "
+                          "memory per step, which a captured graph cannot; drop one of them")
+    if cfg.compile:
+        raise ConfigError("--shard with --compile: kasoku compiles the whole model after "
+                          "wrapping it, and FSDP2 needs each block compiled inside its own "
+                          "unit; drop one of them")
+    if cfg.precision in ("fp16", "fp16-pure"):
+        raise ConfigError(f"--shard with precision {cfg.precision}: the loss scaler would "
+                          f"judge each worker's shard of the gradients alone; use --precision "
+                          f"bf16 (FSDP2 computes in bf16 on CUDA anyway) or fp32")
+    if cfg.optimizer_impl in ("triton", "compiled"):
+        raise ConfigError(f"--shard with --optimizer-impl {cfg.optimizer_impl}: that update "
+                          f"works on whole tensors, not DTensor shards; use foreach or fused")
+
+
 def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> None:
     """Start now what a lever can prepare before the model and data exist, so it overlaps with
     loading the data: with ``optimizer_impl`` triton and Adam on CUDA, Triton's start-up and
@@ -139,7 +166,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_matmul_1x1(model, notes)
     if cfg.wgrad_stream:  # after matmul_1x1, whose layers it routes to the second stream too
         model = apply_wgrad_stream(model, device, notes)
-    graph_stream = None
+    graph_stream, params = None, precision.params
     if distribute is not None:
         if cfg.cuda_graph and device.type == "cuda":
             # PyTorch's notes for DDP in a captured backward: DDP is built on a side stream,
@@ -153,13 +180,17 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
             torch.cuda.current_stream(device).wait_stream(graph_stream)
         else:
             model = distribute(model)
+        if precision.mode != "fp16-pure":
+            # A sharded model's parameters are new objects (FSDP2's DTensor shards), so the
+            # optimizer is built on the parameters as they are now (DDP's are the same ones).
+            params = list(model.parameters())
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     if cfg.compile:
         model = apply_compile(model, device, notes, mode=cfg.compile_mode,
                               combo_kernels=cfg.combo_kernels,
                               buffer_reuse=not cfg.wgrad_stream)
-    optimizer = make_optimizer(precision.params, cfg.optimizer_impl)
+    optimizer = make_optimizer(params, cfg.optimizer_impl)
     step_fn = precision.make_step(loss_fn, metric_fn)
     if cfg.channels_last and has_conv2d(model):
         step_fn = ChannelsLastInputs(step_fn)

@@ -17,6 +17,7 @@ DIST_FLAGS = {
     "static_graph": None,
     "allreduce_dtype": {"choices": ALLREDUCE_DTYPES},
     "sync_bn": None,
+    "shard": None,
     "scale_lr": None,
 }
 
@@ -24,7 +25,8 @@ DIST_FLAGS = {
 def add_dist_arguments(parser) -> None:
     group = parser.add_argument_group(
         "data-parallel", "several workers, each with the whole model and a shard of every "
-        "batch (PyTorch's DistributedDataParallel); --batch-size is per worker")
+        "batch (PyTorch's DistributedDataParallel; with --shard, 1/N of the model each: FSDP2); "
+        "--batch-size is per worker")
     a.add_fields(group, DistConfig, DIST_FLAGS)
 
 

@@ -6,10 +6,12 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from kasoku.accel.compose import check_sharding
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
 from kasoku.commands.train import train_workload
+from kasoku.core.errors import warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import list_loaders, loader_kind
 from kasoku.distributed import World
@@ -142,6 +144,11 @@ def run(args) -> int:
     dist = dist_config_from_args(args)
     accel = accel_config_from_args(args)
     kfac = kfac_config_from_args(args)
+    if dist.shard:  # refused before the workers start
+        check_sharding(accel, train.optimizer)
+        if not dist.asked and not under_launcher():
+            warn_once("--shard has no effect in one process: it shards over the workers of "
+                      "--procs N or --gpus N")
     if dist.asked and not under_launcher():
         if train.optimizer == "kfac":  # refused before the workers start
             check_levers(accel)

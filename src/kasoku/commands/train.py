@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kasoku.accel.compose import accelerate, check_config, prewarm
+from kasoku.accel.compose import accelerate, check_config, check_sharding, prewarm
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.loader_cores import describe as describe_cores
 from kasoku.accel.loader_cores import loader_split, release_cores
@@ -26,7 +26,7 @@ from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import check_loader_settings, create_loader
-from kasoku.distributed import World, ddp
+from kasoku.distributed import World, ddp, fsdp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.ddp import local_world_size
 from kasoku.distributed.launch import under_launcher
@@ -118,7 +118,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                                 momentum=recipe.momentum,
                                                 weight_decay=recipe.weight_decay,
                                                 model=model, kfac=kfac),
-            distribute=(lambda m: ddp.wrap(m, dist_cfg, device)) if parallel else None)
+            distribute=None if not parallel else (lambda m: fsdp.shard(m, device))
+            if dist_cfg.shard else (lambda m: ddp.wrap(m, dist_cfg, device)))
         model = accelerated.model
         _share_loss_scale(accelerated)
         shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
@@ -261,6 +262,8 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     device = resolve_device(train.device)
     workload = create_workload(name)
     check_optimizer(train.optimizer or workload.recipe.optimizer, accel, kfac)
+    if dist_cfg is not None and dist_cfg.shard:
+        check_sharding(accel, train.optimizer or workload.recipe.optimizer)
     if under_launcher():
         return _train_worker(workload, data, train, resume, accel, dist_cfg or DistConfig(),
                              device, kfac)

@@ -7,6 +7,8 @@ kasoku's own.
 - ``config``: ``DistConfig``, the data-parallel settings
 - ``ddp``: the process group, DistributedDataParallel's wrap, the collectives the trainer uses
   (and ``AgreedFlag``: a stop request every worker sees at the same step)
+- ``fsdp``: sharded data parallelism (FSDP2's ``fully_shard`` per block, then the root), and
+  its snapshots through ``torch.distributed.checkpoint``
 - ``launch``: ``kasoku train --gpus N|--procs N`` through the elastic launcher, a module run by
   N workers; Ctrl-C passed on to the workers
 - ``failures``: the workers' notes to the launching process, and which worker failed on its own

@@ -42,6 +42,11 @@ class DistConfig:
     sync_bn: bool = False
     """Batch norm statistics over the whole global batch (SyncBatchNorm), not each worker's
     shard."""
+    shard: bool = False
+    """Shard the parameters, gradients and optimizer state over the workers (FSDP2,
+    fully_shard per transformer block, then the whole model) instead of replicating them
+    (DDP); snapshots become folders written by every worker (torch.distributed.checkpoint)
+    that resume on any number of workers."""
     scale_lr: bool = False
     """Linear scaling rule: multiply the learning rate by the number of workers (the global
     batch over the recipe's) with a gradual warmup (Goyal et al. 2017)."""
@@ -86,3 +91,10 @@ class DistConfig:
         if self.allreduce_dtype not in ALLREDUCE_DTYPES:
             raise ConfigError(f"--allreduce-dtype must be one of {', '.join(ALLREDUCE_DTYPES)}, "
                               f"got {self.allreduce_dtype!r}")
+        ddp_only = [flag for flag, on in (("--allreduce-dtype", self.allreduce_dtype != "fp32"),
+                                          ("--static-graph", self.static_graph),
+                                          ("--sync-bn", self.sync_bn)) if on]
+        if self.shard and ddp_only:
+            raise ConfigError(f"{ddp_only[0]} is a setting of DDP, which --shard replaces "
+                              f"(FSDP2 reduces in fp32 and keeps batch norm per worker); drop "
+                              f"one of them")

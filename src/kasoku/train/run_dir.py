@@ -11,11 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from kasoku.core.errors import ConfigError, warn_once
-from kasoku.train.snapshot import SnapshotError
+from kasoku.train.snapshot import SnapshotError, is_sharded_snapshot
 
 AUTO = "auto"
 """``--resume auto``: resume from the output folder's snapshot when it has one, else start
@@ -23,10 +24,11 @@ fresh (what a restarted worker of a distributed job needs)."""
 OUTPUT_ROOT = Path("runs")
 """Where every kasoku command writes by default (training runs, bench and data bench results)."""
 SNAPSHOT = "snapshot_latest.pt"
-RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "loss.png", "accuracy.png",
-             "bad_files.jsonl")
-"""What a training run writes into its folder (glob patterns): what marks a folder as holding
-a run, and what ``overwrite`` removes (nothing else in the folder is touched)."""
+RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "snapshot_*.dcp", "loss.png",
+             "accuracy.png", "bad_files.jsonl")
+"""What a training run writes into its folder (glob patterns; ``snapshot_*.dcp`` are folders,
+a sharded run's snapshots): what marks a folder as holding a run, and what ``overwrite``
+removes (nothing else in the folder is touched)."""
 
 
 def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = None,
@@ -53,7 +55,8 @@ def run_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted({p for pattern in RUN_FILES for p in folder.glob(pattern) if p.is_file()})
+    return sorted({p for pattern in RUN_FILES for p in folder.glob(pattern)
+                   if p.is_file() or is_sharded_snapshot(p)})
 
 
 def check_writable(out: Path, flag: str = "--out", what: str = "the command's output",
@@ -120,22 +123,24 @@ def prepare_out(out: Path, overwrite: bool = False, advice: str | None = None) -
             advice = f"{offer}give a new --out, or add --overwrite to replace it"
         raise ConfigError(f"{out} holds a previous run ({names}); {advice}")
     for path in previous:
-        path.unlink()
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
     return out
 
 
 def find_snapshot(path) -> Path:
-    """The snapshot a ``--resume PATH`` means: PATH itself when it is a file; in a folder its
-    ``snapshot_latest.pt``, else its newest ``snapshot_*.pt``. ``SnapshotError`` when there is
-    none."""
+    """The snapshot a ``--resume PATH`` means: PATH itself when it is a file or a sharded
+    snapshot's folder; in a run folder its ``snapshot_latest.pt``, else its newest
+    ``snapshot_*.pt`` or ``snapshot_*.dcp``. ``SnapshotError`` when there is none."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() or is_sharded_snapshot(path):
         return path
     if path.is_dir():
         latest = path / SNAPSHOT
         if latest.is_file():
             return latest
-        found = sorted(path.glob("snapshot_*.pt"), key=lambda p: p.stat().st_mtime)
+        found = sorted([*path.glob("snapshot_*.pt"),
+                        *filter(is_sharded_snapshot, path.glob("snapshot_*.dcp"))],
+                       key=lambda p: p.stat().st_mtime)
         if found:
             return found[-1]
         raise SnapshotError(f"--resume {path}: the folder holds no snapshot (snapshot_*.pt); "

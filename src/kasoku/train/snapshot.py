@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -15,6 +16,8 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import KasokuWarning
+from kasoku.distributed import ddp
+from kasoku.distributed.fsdp import MODEL_KEYS, save_sharded
 
 
 class SnapshotError(ValueError):
@@ -42,10 +45,47 @@ def save_snapshot(state: dict, path) -> Path:
     return path
 
 
+TRAINER_FILE = "trainer.pt"
+"""In a sharded snapshot's folder: the trainer's state but the model and the optimizer."""
+
+
+def is_sharded_snapshot(path) -> bool:
+    """Whether ``path`` is a sharded snapshot's folder (``save_sharded_snapshot``)."""
+    return (Path(path) / TRAINER_FILE).is_file()
+
+
+def save_sharded_snapshot(state: dict, folder, writer: bool) -> Path:
+    """Write a trainer's ``state`` whose model and optimizer are sharded (``fsdp.state``) as
+    the folder ``folder``: every worker its shards through ``torch.distributed.checkpoint``,
+    the writer (worker 0) the rest as ``TRAINER_FILE``. A collective: every worker calls it.
+    Atomic as ``save_snapshot``: written as a temporary folder beside it, renamed once
+    complete (a crash leaves the previous snapshots and a ``.tmp`` folder, never a torn
+    ``folder``)."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    if writer and tmp.exists():
+        shutil.rmtree(tmp)  # a crashed attempt's, at the same iteration
+    ddp.broadcast_object(None)  # a barrier: no worker writes into it before it is cleared
+    save_sharded({k: state[k] for k in MODEL_KEYS}, tmp)
+    if writer:
+        save_snapshot({k: v for k, v in state.items() if k not in MODEL_KEYS},
+                      tmp / TRAINER_FILE)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        fsync_dir(folder.parent)
+    return folder
+
+
 def load_snapshot(path, map_location="cpu") -> dict:
-    """Read a snapshot written by ``save_snapshot``. Raises ``SnapshotError`` (a ValueError)
-    naming the file when it is missing or unreadable."""
+    """Read a snapshot written by ``save_snapshot``, or a sharded one's folder
+    (``save_sharded_snapshot``): then its trainer state, without the model and optimizer,
+    whose folder ``state["sharded"]`` names (``kasoku.distributed.fsdp.load_sharded`` reads
+    them). Raises ``SnapshotError`` (a ValueError) naming the file when it is missing or
+    unreadable."""
     path = Path(path)
+    if is_sharded_snapshot(path):
+        return dict(load_snapshot(path / TRAINER_FILE, map_location), sharded=str(path))
     if not path.is_file():
         raise SnapshotError(f"no snapshot at {path}; give the path of a snapshot_*.pt file "
                             f"written by a previous run, or train without --resume")

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from kasoku.core.errors import KasokuWarning, warn_once
-from kasoku.distributed import ddp
+from kasoku.distributed import ddp, fsdp
 from kasoku.distributed.ddp import unwrap
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
 from kasoku.train.run_dir import prepare_out
@@ -247,10 +247,12 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Everything exact resume needs; weights_only-safe (see ``kasoku.train.snapshot``)."""
+        # A sharded model's state is its shards, named (fsdp.state), for a sharded snapshot.
+        sharded = fsdp.state(self.model, self.optimizer) if fsdp.is_sharded(self.model) \
+            else {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
         return {"format": SNAPSHOT_FORMAT,
                 "run": dict(self.run_info),
-                "model": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                **sharded,
                 "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
                 "loader": self.train_loader.state_dict(),
                 "updater": self.updater.state_dict(),
@@ -274,10 +276,8 @@ class Trainer:
             raise SnapshotError(f"{source} belongs to another run ({'; '.join(differ)}); "
                                 f"resume with that run's settings, or start a new run "
                                 f"without --resume")
-        _check_shapes(self.module.state_dict(), state["model"], source)
+        _load_model(self, state, source)
         try:
-            self.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
             self.train_loader.load_state_dict(state["loader"])
         except (RuntimeError, ValueError, KeyError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -286,7 +286,7 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         self.updater.load_state_dict(state["updater"])
         self._loaded_from = Path(source) if isinstance(source, (str, Path)) \
-            and Path(source).is_file() else None
+            and Path(source).exists() else None
         restore_rng_state(_my_rng(state))
         saved = state.get("extensions", {})
         for name, entry in self._entries.items():
@@ -296,6 +296,26 @@ class Trainer:
         if unknown:
             warnings.warn(f"snapshot holds state of extensions not registered now: {unknown}; "
                           f"it is ignored", KasokuWarning, stacklevel=2)
+
+
+def _load_model(trainer: Trainer, state: dict, source) -> None:
+    """The model's and the optimizer's state from ``state``, or from the sharded snapshot's
+    folder it names (into any number of workers); ``SnapshotError`` where they do not fit."""
+    if "sharded" not in state and fsdp.is_sharded(trainer.model):
+        raise SnapshotError(f"{source} was written without --shard, and this run shards its "
+                            f"model; resume it without --shard")
+    try:
+        if "sharded" in state:
+            fsdp.load_sharded(trainer.model, trainer.optimizer, state["sharded"])
+            return
+        _check_shapes(trainer.module.state_dict(), state["model"], source)
+        trainer.module.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        if isinstance(exc, SnapshotError):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SnapshotError(f"{source} does not fit this run ({first})") from None
 
 
 def _rng_by_worker() -> list | None:

@@ -5,6 +5,7 @@ import torch
 
 from kasoku.data.loader import SerialLoader
 from kasoku.distributed import ddp
+from kasoku.distributed.fsdp import gathered
 from kasoku.train.reporter import PRIORITY_WRITER
 
 
@@ -49,7 +50,9 @@ class Evaluator:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            # A sharded model is gathered whole for the pass: the workers' shares of the data
+            # may differ by a batch, and a forward that all-gathers would wait for the others.
+            with torch.no_grad(), gathered(self.model):
                 return self._pass(device)
         finally:
             self.model.train(was_training)

@@ -28,7 +28,10 @@ class FailOnNonNumber:
         self.loss_key = loss_key
 
     def __call__(self, trainer) -> None:
-        named = [(f"parameter {n!r}", p) for n, p in trainer.model.named_parameters()]
+        # A sharded model's parameters (DTensors): this worker's shards; the loss, computed
+        # from whole parameters, is non-finite on every worker alike.
+        named = [(f"parameter {n!r}", getattr(p, "to_local", lambda p=p: p)())
+                 for n, p in trainer.model.named_parameters()]
         loss = trainer.updater.observation.get(self.loss_key)
         if loss is not None:
             named.insert(0, (f"the loss ({self.loss_key})", torch.as_tensor(loss)))

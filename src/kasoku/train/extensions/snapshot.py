@@ -1,13 +1,15 @@
 """Snapshot: the trainer's whole state, written atomically (see ``kasoku.train.snapshot``)."""
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+from kasoku.distributed.fsdp import is_sharded
 from kasoku.train.reporter import PRIORITY_SNAPSHOT
-from kasoku.train.snapshot import save_snapshot
+from kasoku.train.snapshot import save_sharded_snapshot, save_snapshot
 
 
 class Snapshot:
@@ -31,6 +33,10 @@ class Snapshot:
     is in flight at a time; the next snapshot, ``finalize`` and an interrupt wait for it, and
     a failed write is raised there. The file is still written atomically: a crash mid-write
     leaves the previous snapshot.
+
+    A sharded model (``--shard``) is written as a folder per snapshot through
+    ``torch.distributed.checkpoint``, ``snapshot_iter_N.dcp``, by every worker, in the
+    foreground (``kasoku.train.snapshot.save_sharded_snapshot``).
     """
     trigger = (1, "epoch")
     priority = PRIORITY_SNAPSHOT
@@ -56,6 +62,8 @@ class Snapshot:
     def _write(self, trainer, wait: bool) -> Path:
         self.wait()
         u = trainer.updater
+        if is_sharded(getattr(trainer, "model", None)):
+            return self._write_sharded(trainer)
         path = trainer.out / self.filename.format(iteration=u.iteration, epoch=u.epoch)
         # File names, not paths: what is deleted is in this run's folder, whatever the folder
         # the snapshots written before a resume were in.
@@ -82,6 +90,24 @@ class Snapshot:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kasoku-snapshot")
         self._pending = self._pool.submit(_save, state, path, stale, copied)
+        return path
+
+    def _write_sharded(self, trainer) -> Path:
+        """A sharded model's snapshot: a folder per snapshot, ``snapshot_iter_N.dcp``, written
+        by every worker at once and in the foreground (the shards are this step's tensors);
+        the ``keep`` newest are kept."""
+        u = trainer.updater
+        path = trainer.out / f"snapshot_iter_{u.iteration}.dcp"
+        if path.name not in self._written:
+            self._written.append(path.name)
+        stale, self._written = self._written[:-self.keep], self._written[-self.keep:]
+        save_sharded_snapshot(trainer.state_dict(), path, writer=getattr(trainer, "writer",
+                                                                          True))
+        trainer.last_snapshot_iteration = u.iteration
+        if getattr(trainer, "writer", True):
+            for name in stale:
+                old = trainer.out / name
+                shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
         return path
 
     def wait(self) -> None:
@@ -111,8 +137,8 @@ def _save(state: dict, path: Path, stale: list[str], copied=None) -> None:
     for event in copied or ():
         event.synchronize()  # the pinned copies hold the values now
     save_snapshot(state, path)
-    for old in stale:
-        Path(old).unlink(missing_ok=True)
+    for old in stale:  # a sharded snapshot (a folder) too, where a run resumed from one
+        shutil.rmtree(old) if Path(old).is_dir() else Path(old).unlink(missing_ok=True)
 
 
 def _host_copy(state, copies: list):
