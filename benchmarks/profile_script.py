@@ -6,9 +6,10 @@ and what kasoku around a script costs the steps after its window.
     PYTHONPATH=src python benchmarks/profile_script.py mnist --data .data/mnist --out OUT
     PYTHONPATH=src python benchmarks/profile_script.py resnet --out OUT
 
-overhead: ``--pairs`` pairs, in turn, of the MNIST script alone and under ``kasoku profile
---estimate`` (its window ends at step 44), each printing the rate of its own steps 1000-6000;
-the ratio per pair and their median; and the cost per step of what kasoku leaves in the
+overhead: ``--pairs`` rounds, in turn, of the MNIST script alone and under ``kasoku profile
+--estimate`` (its window ends at step 44; ``--arms`` adds runs that isolate a cause: no window,
+CUPTI kept, kasoku's hardware queues), each printing the rate of its own steps 1000-6000; the
+ratio per round and their median; and the cost per step of what kasoku leaves in the
 script after its window (``residue_us``). mnist: the MNIST script's profile with its levers tried
 and ``--confirm``, then ``kasoku profile mnist-mlp`` on the same files. resnet: the ResNet-50
 script's. Each profile's ``profile.json`` and kasoku's lines are copied to OUT.
@@ -44,20 +45,34 @@ def rate(proc: subprocess.CompletedProcess) -> float:
     return json.loads(line)["samples_per_s"]
 
 
+ARMS = {
+    "kasoku": ([], {}),
+    # no window at all (the script ends first): the watch's patches and hooks alone
+    "no-window": (["--skip", "100000"], {}),
+    # the window, with CUPTI left attached after it as kineto does by default
+    "cupti-kept": ([], {"TEARDOWN_CUPTI": "0"}),
+    # the script alone with the hardware queues kasoku asks for its own runs
+    "queues32": (None, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}),
+}
+"""The runs beside the script alone in each round of ``overhead`` (``--arms``): kasoku's
+extra arguments (None: the script alone) and environment."""
+
+
 def overhead(args, out: Path, log: Path) -> dict:
     script = [sys.executable, str(SCRIPTS / "mnist_textbook.py"), "--data", str(args.data),
               "--steps", "6000", "--time-from", "1000"]
-    plain, under, queues = [], [], []
+    rates = {"plain": [], **{arm: [] for arm in args.arms}}
     for i in range(args.pairs):
-        plain.append(rate(run(script, log)))
-        under.append(rate(run([sys.executable, "-m", "kasoku", "profile", "--estimate",
-                               "--out", str(out / f"ovh{i}"), "--", *script], log)))
-        if args.queues:  # the script alone with the hardware queues kasoku asks for its own runs
-            queues.append(rate(run(script, log, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"})))
-    ratios = [u / p for u, p in zip(under, plain)]
-    return {"figure": "overhead", "plain": plain, "under_kasoku": under, "ratios": ratios,
-            "median_ratio": statistics.median(ratios), "queues32": queues,
-            "queues32_ratios": [q / p for q, p in zip(queues, plain)],
+        rates["plain"].append(rate(run(script, log)))
+        for arm in args.arms:
+            extra, env = ARMS[arm]
+            cmd = script if extra is None else [
+                sys.executable, "-m", "kasoku", "profile", "--estimate", *extra,
+                "--out", str(out / f"{arm}{i}"), "--", *script]
+            rates[arm].append(rate(run(cmd, log, env)))
+    ratios = {arm: [r / p for r, p in zip(rates[arm], rates["plain"])] for arm in args.arms}
+    return {"figure": "overhead", "rates": rates, "ratios": ratios,
+            "median_ratio": {arm: statistics.median(r) for arm, r in ratios.items()},
             "residue_us": residue_us()}
 
 
@@ -99,9 +114,8 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path(".data/mnist"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--queues", action="store_true",
-                    help="overhead: a third run per pair, the script alone with "
-                    "CUDA_DEVICE_MAX_CONNECTIONS=32")
+    ap.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["kasoku"],
+                    help="overhead: the runs beside the script alone in each round")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kasoku-profile-script"),
                     help="the profiles' folders (only their profile.json and timeline.png "
                     "are copied to --out)")
