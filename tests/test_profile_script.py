@@ -246,3 +246,32 @@ def test_a_script_without_a_step(in_tmp, capsys):
     assert out == "no training here\n"
     assert err == ("kasoku: the script ended without a training step (no optimizer step, "
                    "no backward pass): nothing to profile\n")
+
+
+INTERRUPTS = """
+import os
+import signal
+import sys
+import torch
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(int(sys.argv[1])):
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    if i + 1 == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C at this step
+print("never")
+"""
+
+
+@pytest.mark.parametrize(("at", "says"), [
+    ("4", "kasoku: interrupted after 4 steps, before the window's end: nothing was profiled"),
+    ("12", "kasoku: interrupted: the levers were not measured"),
+])
+def test_ctrl_c_ends_the_profile_with_130_and_says_what_was_kept(in_tmp, capsys, at, says):
+    write(in_tmp, "stop.py", INTERRUPTS)
+    code = main(["profile", *WINDOW[:-1], "--out", "prof", "--", "stop.py", "50", at])
+    out, err = capsys.readouterr()
+    assert code == 130 and "never" not in out
+    assert says in err, err
+    assert (in_tmp / "prof" / "profile.json").is_file() == (at == "12")

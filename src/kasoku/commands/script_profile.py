@@ -37,6 +37,8 @@ from kasoku.train.run_dir import make_out_dir, out_or_new
 
 EXIT_USAGE = 2
 """Nothing to profile from a script that ended well: the command asked for what it lacks."""
+INTERRUPTED = 130
+"""The script's end on Ctrl-C (``script_run``)."""
 
 def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None = None,
                    given: list[str] | None = None, measure_only: bool = False) -> int:
@@ -74,9 +76,13 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if watch.steps == 0:
         return _say_nothing(end) if rank == 0 else end.code or EXIT_USAGE
     speak = say if rank == 0 else (lambda line: None)
+    if not watch.done and end.code == INTERRUPTED:
+        speak(f"interrupted after {watch.steps} steps, before the window's end: nothing was "
+              f"profiled")
+        return end.code
     if not watch.done:
         speak(f"the script ended after {watch.steps} steps, before the window's end "
-            f"({window_text(cfg, measure_only)}: {watch.window_steps} steps): ask for fewer")
+              f"({window_text(cfg, measure_only)}: {watch.window_steps} steps): ask for fewer")
         return end.code or EXIT_USAGE
     if measure_only:
         if rank == 0:
@@ -99,6 +105,10 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if under_launcher():
         say("under torchrun the levers are not measured from a worker: kasoku profile -- "
             "torchrun ... measures them, each side a torchrun of its own")
+        cfg = replace(cfg, estimate=True, confirm=False)
+    elif end.code == INTERRUPTED:  # Ctrl-C: stop here, with the profile written
+        say("interrupted: the levers were not measured (the profile is kept; --estimate is "
+            "what was said)")
         cfg = replace(cfg, estimate=True, confirm=False)
     advise_script(result, watch.facts, ScriptSides(command, cfg, levers.given), cfg, say)
     write_outputs(out, result)
