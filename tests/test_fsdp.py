@@ -43,9 +43,10 @@ RUN = ["--synthetic", "--synthetic-size", "64", "--no-progress", "--seed", "3"]
 # (each worker's GEMMs over 4 samples, then gloo's reduce-scatter adds the two halves; the
 # one process over 8 at once), so AdamW's steps differ by last bits of float64 (u = 2^-53),
 # amplified where a gradient element is mostly cancellation. Sharding changes no arithmetic:
-# each worker updates its slice of every tensor with the same elementwise AdamW. 1e-11 is far
-# below what a wrong update gives (a worker's shard not reduced, or a sum instead of the mean:
-# weights 1e-4 to 1e-3 apart after these 8 steps of lr 1e-3).
+# each worker updates its slice of every tensor with the same elementwise AdamW. Measured on a
+# 2-core EPYC: 6.8e-15 apart in float64 (5.2e-6 in float32) after 8 steps in one go. A wrong
+# update (a gradient shard not reduced, a batch taken twice) changes AdamW's step of about
+# lr = 1e-3 per weight, orders of magnitude above 1e-11.
 ATOL_FP64 = 1e-11
 
 
