@@ -294,7 +294,8 @@ class StepWatch:
             "measured_steps": n, "measure_s": elapsed, "steps_per_s": n / elapsed,
             "samples_per_s": batch * n / elapsed, "samples_per_step": batch,
             "window_rates": [batch * r for r in t["rates"]],
-            "stability": Stability(spread(t["rates"]), t["watch"].stop()).to_dict(),
+            "stability": Stability(spread([batch * r for r in t["rates"]]),
+                                   t["watch"].stop()).to_dict(),
             "phases": {"time/data%": min(100.0, 100.0 * t["wait_s"] / elapsed)},
             "levers": list(self.levers.given)}
         self._timing = None

@@ -148,6 +148,13 @@ def _verdict(v: dict) -> str:
     out = [f"<div id=\"verdict\"{cls}>{_esc(v.get('line', ''))}</div>"]
     if v.get("secondary"):
         out.append(f"<p class=\"secondary\">also: {_esc('; '.join(v['secondary']))}</p>")
+    edits = [e["text"] for e in v.get("edits") or [] if e["text"] != v["lever"]["text"]]
+    if edits:  # a script's levers that need it edited (kasoku.commands.script_levers)
+        out.append(f"<p class=\"secondary\">also, each an edit to the script (not measured): "
+                   f"{_esc('; '.join(edits))}</p>")
+    if v.get("unconfirmed"):
+        out.append(f"<p class=\"secondary\">not confirmed (each needs an edit to the script): "
+                   f"{_esc('; '.join(v['unconfirmed']))}</p>")
     return "\n".join(out)
 
 
