@@ -335,11 +335,13 @@ def test_a_smaller_kfac_share_is_named_as_secondary():
 
 
 def test_every_rule_is_exercised():
-    """The table and this file move together: a new rule needs a scenario above."""
-    assert sorted({r.name for r in RULES}) == ["communication-bound", "compute-bound",
-                                                 "dispatch-bound", "host-bound",
-                                                 "input-bound", "kfac-bound",
-                                                 "latency-bound", "memory-bound"]
+    """The table and this file move together: a new rule needs a scenario above (the
+    transformer's, memory-full and attention-unfused: tests/test_transformer_verdict.py)."""
+    assert sorted({r.name for r in RULES}) == ["attention-unfused", "communication-bound",
+                                                 "compute-bound", "dispatch-bound",
+                                                 "host-bound", "input-bound", "kfac-bound",
+                                                 "latency-bound", "memory-bound",
+                                                 "memory-full"]
 
 
 def test_a_trace_without_steps_is_refused():

@@ -8,10 +8,13 @@ from typing import Callable
 
 import torch
 
+from kasoku.accel.attention import SDPA_BACKENDS, apply_sdpa_backend
+from kasoku.accel.checkpointing import CHECKPOINTING_MODES, apply_activation_checkpointing
 from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
 from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
+from kasoku.accel.float8 import FLOAT8_RECIPES, apply_float8
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import WARMUP_STEPS, apply_cuda_graph
 from kasoku.accel.host_memory import apply_keep_memory
@@ -61,6 +64,14 @@ def check_config(cfg: AccelConfig) -> None:
     if cfg.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
+    for name, allowed in (("activation_checkpointing", CHECKPOINTING_MODES),
+                          ("sdpa_backend", SDPA_BACKENDS), ("float8", ("none",) + FLOAT8_RECIPES)):
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"unknown {name} {getattr(cfg, name)!r}; choose one of "
+                              f"{', '.join(allowed)}")
+    if cfg.float8 != "none" and cfg.precision in ("fp16", "fp16-pure"):
+        raise ConfigError(f"--float8 with precision {cfg.precision}: torchao's float8 layers "
+                          f"take fp32 or bf16 activations; use --precision bf16")
     if cfg.combo_kernels and not (cfg.compile and cfg.compile_mode == "default"):
         raise ConfigError("--combo-kernels is an option of torch.compile's default mode; add "
                           "--compile (mode default)")
@@ -166,6 +177,12 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_matmul_1x1(model, notes)
     if cfg.wgrad_stream:  # after matmul_1x1, whose layers it routes to the second stream too
         model = apply_wgrad_stream(model, device, notes)
+    # float8 swaps the Linear layers for torchao's; then checkpointing recasts the blocks that
+    # hold them. Both before the data-parallel wrap and compilation (torchtitan's order:
+    # float8, checkpointing, compile, FSDP), which then trace the layers as they will run.
+    if cfg.float8 != "none":
+        model = apply_float8(model, cfg.float8, device)
+    model = apply_activation_checkpointing(model, cfg.activation_checkpointing)
     graph_stream, params = None, precision.params
     if distribute is not None:
         if cfg.cuda_graph and device.type == "cuda":
@@ -194,6 +211,8 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     step_fn = precision.make_step(loss_fn, metric_fn)
     if cfg.channels_last and has_conv2d(model):
         step_fn = ChannelsLastInputs(step_fn)
+    # Inside the graph and the multi-step loop: the pinned kernels are the ones captured.
+    step_fn = apply_sdpa_backend(step_fn, cfg.sdpa_backend, device)
     graphed = cfg.cuda_graph and device.type == "cuda"
     if graphed and precision.scaler is not None \
             and not getattr(optimizer, "_step_supports_amp_scaling", False):

@@ -44,6 +44,17 @@ class AccelConfig:
     keep_memory: bool = False
     """CPU: glibc's malloc keeps freed memory in the process (no heap trimming, no mmap'd
     blocks), so each step's temporaries stop page-faulting (process-wide)."""
+    activation_checkpointing: str = "none"
+    """none | full (each block's forward recomputed in the backward pass: the least memory,
+    about a third more compute) | selective (the matrix products' and attention's outputs
+    kept, the element-wise operators recomputed); for a model with a `blocks` ModuleList
+    (gpt)."""
+    sdpa_backend: str = "auto"
+    """The kernel of scaled_dot_product_attention: auto (PyTorch's choice) | flash |
+    efficient (memory-efficient; CUDA) | math (the unfused reference)."""
+    float8: str = "none"
+    """float8 matrix products of the Linear layers through torchao (pip install torchao): none
+    | tensorwise | rowwise scaling; CUDA, compute capability 8.9+ (Ada, Hopper)."""
     compile: bool = False
     """torch.compile the model (fuses batch norm, ReLU, residual adds and other elementwise
     chains into fewer kernels); compilation happens in the first steps."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from kasoku.accel.attention import SDPA_BACKENDS
+from kasoku.accel.checkpointing import CHECKPOINTING_MODES
 from kasoku.accel.compile import COMPILE_MODES
 from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
+from kasoku.accel.float8 import FLOAT8_RECIPES
 from kasoku.cli.args import add_fields, choice, config_from, field_docs
 
 _FLAGS = {
@@ -17,6 +20,10 @@ _FLAGS = {
     "combo_kernels": None, "cuda_graph": None, "keep_memory": None,
     "loss_scale_init": {"metavar": "SCALE"},
     "steps_per_call": {"metavar": "K"},
+    **{name: {"type": choice(values), "metavar": "{" + ",".join(values) + "}"}
+       for name, values in (("activation_checkpointing", CHECKPOINTING_MODES),
+                            ("sdpa_backend", SDPA_BACKENDS),
+                            ("float8", ("none",) + FLOAT8_RECIPES))},
 }
 
 

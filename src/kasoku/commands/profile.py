@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.compose import check_config
 from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
@@ -250,6 +251,7 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
     context = {"config": dataclasses.asdict(accel), "loader": train.loader,
                "batch_size": trainer.run_info["batch_size"],
                "has_conv": any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
+               "has_blocks": checkpointable_blocks(trainer.model) is not None,
                "unprofiled_samples_per_s": result["samples_per_s"],
                "data_kind": dataset_kind(_dataset(trainer.train_loader)),
                **machine_facts(trainer.updater.device)}

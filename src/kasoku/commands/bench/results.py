@@ -28,7 +28,9 @@ A line (schema ``kasoku.bench/1``)::
               mem_peak_kind, model_flops_per_step, flops_method, compute_dtype,
               peak_flops_per_s, peak (the probe's record; on a CPU with ``theory``, the
               first-principles peak), mfu, mfu_note; on a CPU mfu_theory, mfu_theory_note
-              (MFU against the first-principles peak);
+              (MFU against the first-principles peak); saved_activation_bytes (a model
+              with blocks: what one forward keeps for its backward pass, the memory
+              activation checkpointing saves, ``kasoku.perf.activations``);
               kernels (with --kernels); profile: the figures of the run's profiled window
               (``kasoku.perf.profile.trace.analyse``: device, step_ms, data_pct, busy_pct
               and idle_*_pct on a GPU, operator_pct on a CPU, by_kind_ms, top 5 kernels

@@ -210,7 +210,7 @@ def ladder_or_specs(device_type: str, specs) -> list[Rung]:
     return rungs
 
 
-def resolve(rungs: list[Rung], device_type: str, has_conv: bool
+def resolve(rungs: list[Rung], device_type: str, has_conv: bool, has_blocks: bool = True
             ) -> tuple[list[Rung], list[str]]:
     """Drop levers that do not apply here (each stated once in the returned notes) and skip a
     rung left identical to the measured rung before it. Rungs the ladder skips on this
@@ -223,7 +223,7 @@ def resolve(rungs: list[Rung], device_type: str, has_conv: bool
         if rung.config is None or rung.skip:
             out.append(rung)
             continue
-        config, dropped = _applicable(rung.config, device_type, has_conv)
+        config, dropped = _applicable(rung.config, device_type, has_conv, has_blocks)
         for lever, why in dropped:
             if lever not in stated:
                 stated.add(lever)
@@ -240,9 +240,15 @@ def resolve(rungs: list[Rung], device_type: str, has_conv: bool
     return out, notes
 
 
-def _applicable(config: AccelConfig, device_type: str, has_conv: bool):
+def _applicable(config: AccelConfig, device_type: str, has_conv: bool, has_blocks: bool):
     dropped = []
     if device_type != "cuda":
+        if config.float8 != "none":
+            config = replace(config, float8="none")
+            dropped.append(("float8", f"float8 tensor cores (CUDA, 8.9+), not {device_type}"))
+        if config.sdpa_backend == "efficient":
+            config = replace(config, sdpa_backend="auto")
+            dropped.append(("sdpa_backend efficient", f"a CUDA kernel, not on {device_type}"))
         if config.precision == "tf32":
             config = replace(config, precision="fp32")
             dropped.append(("tf32", f"a CUDA tensor-core mode, not on {device_type}"))
@@ -258,6 +264,9 @@ def _applicable(config: AccelConfig, device_type: str, has_conv: bool):
     elif config.keep_memory:
         config = replace(config, keep_memory=False)
         dropped.append(("keep_memory", "host malloc settings for CPU tensors, not CUDA's"))
+    if config.activation_checkpointing != "none" and not has_blocks:
+        config = replace(config, activation_checkpointing="none")
+        dropped.append(("activation_checkpointing", "the model has no `blocks` ModuleList"))
     if config.matmul_1x1 and not has_conv:
         config = replace(config, matmul_1x1=False)
         dropped.append(("matmul_1x1", "the model has no 2-d convolutions"))

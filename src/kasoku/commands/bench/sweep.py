@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.commands.bench import fed, numerics
 from kasoku.commands.bench.pool import batch_spec
@@ -178,7 +179,8 @@ def _prepare(cfg: SweepConfig, say):
     counted here once on a meta-device copy (a rung changes no product of the model)."""
     wl = create_workload(cfg.workload)
     model = wl.build_model()
-    rungs, notes = resolve(list(cfg.rungs), torch.device(cfg.device).type, has_conv2d(model))
+    rungs, notes = resolve(list(cfg.rungs), torch.device(cfg.device).type, has_conv2d(model),
+                           checkpointable_blocks(model) is not None)
     for rung in rungs:
         if rung.config is not None and rung.config.steps_per_call != 1:
             raise ConfigError(f"rung {rung.label}: kasoku bench times one batch per step; "

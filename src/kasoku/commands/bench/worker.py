@@ -20,6 +20,7 @@ learning rate of those rungs by 1e4, so the numerics guard has something to catc
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.cpu_threads import apply_cpu_threads
 from kasoku.accel.memory_format import has_conv2d
@@ -43,6 +45,7 @@ from kasoku.commands.bench.timing import measure_windows, settle, timed
 from kasoku.commands.profile import cpu_bf16, unprofiled_shares
 from kasoku.core.phases import NoClock, markable, no_mark
 from kasoku.core.queues import request_queues
+from kasoku.perf.activations import saved_activation_bytes
 from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
 from kasoku.perf.noise import MachineWatch, Stability, spread
 from kasoku.perf.peak import measure_matmul_peak
@@ -204,6 +207,10 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
     figures["stability"] = Stability(spread(m.samples_per_s), watch.stop(), extra).to_dict()
     figures["final_loss"] = float(loss)
     done += req.steps * len(m.window_s)
+    if checkpointable_blocks(model) is not None and not req.rung.is_plain \
+            and not req.rung.loader:  # a batch of the pool, on the device already
+        figures["saved_activation_bytes"] = _activation_bytes(wl, model, batches(1, done)[0],
+                                                              req.rung.config, device)
     if req.kernels:
         start = done
         split = profile_steps(lambda: runner(batches(req.kernels, start)), device,
@@ -211,20 +218,37 @@ def _measure_steps(req: WorkerRequest, wl, model, device: torch.device, lr: floa
         figures["kernels"] = split.to_dict(top=10)
     if req.profile_steps:
         start = done + req.kernels
-        figures["profile"] = _profile(req, runner, batches, start, device, has_conv2d(model),
+        figures["profile"] = _profile(req, runner, batches, start, device, model,
                                       figures["step_time_ms"]["median"], per_step)
 
 
+def _activation_bytes(wl, model, batch, config: AccelConfig, device: torch.device) -> int:
+    """The bytes one forward and loss keep for the backward pass
+    (``kasoku.perf.activations``), after the timed windows: eager (``model.forward``, where
+    a compiled model's code would hide its operators) under the rung's autocast."""
+    x, y = batch
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+    autocast = (torch.autocast(device.type, dtype=dtype)
+                if dtype is not None and (device.type == "cuda" or dtype == torch.bfloat16)
+                else contextlib.nullcontext())
+
+    def forward():
+        with autocast:
+            return wl.loss_fn(model.forward(x), y)
+    return saved_activation_bytes(model, forward, keep=(x, y))
+
+
 def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.device,
-             has_conv: bool, step_ms: float, per_step: int) -> dict:
+             model, step_ms: float, per_step: int) -> dict:
     """The analysed profiled window (``profile_window``) with what the verdict needs of the
-    run (batch size, convolutions, the CPU's bf16 units) and the shares of the step restated
+    run (batch size, convolutions, blocks, the CPU's bf16 units) and the shares of the step restated
     for the unprofiled step of ``step_ms`` (the windows' median), as ``kasoku profile`` does:
     the profiler slows the host, not the kernels. ``{"error": last line}`` when it fails: the
     rung's rate stands without its explanation. ``per_step``: the samples of a step in the
     workload's unit."""
     try:
-        context = {"batch_size": req.batch_size, "has_conv": has_conv, **cpu_bf16()}
+        context = {"batch_size": req.batch_size, "has_conv": has_conv2d(model),
+                   "has_blocks": checkpointable_blocks(model) is not None, **cpu_bf16()}
         figures = profile_window(runner, batches, start, device, req.profile_steps, context,
                                  per_step)
         unprofiled_shares(figures, {"samples_per_step": per_step,

@@ -38,6 +38,23 @@ OPTIMIZER_PREFIX = "optimizer step: "
 """Prefixed to a CPU operator that ran inside ``Optimizer.step``."""
 
 
+FUSED_ATTENTION = ("flash", "fmha", "efficient_attention", "native_sdpa")
+"""Name parts of fused attention kernels: FlashAttention (``flash_fwd_kernel``), the
+memory-efficient one (``fmha_cutlassF_...``, ``efficient_attention``), cuDNN's
+(``cudnn_generated_fort_native_sdpa``)."""
+
+
+def attention_kind(name: str) -> str | None:
+    """``fused`` for a fused attention kernel, ``softmax`` for a softmax kernel (an unfused
+    attention's; the loss's log-softmax excluded where its name says so), else None."""
+    low = name.lower()
+    if any(k in low for k in FUSED_ATTENTION):
+        return "fused"
+    if "softmax" in low and "logsoftmax" not in low and "log_softmax" not in low:
+        return "softmax"
+    return None
+
+
 def classify(name: str) -> str:
     """The category of a kernel (CUDA) or operator (CPU) from its name."""
     low = name.lower()

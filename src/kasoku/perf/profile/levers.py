@@ -187,5 +187,40 @@ def cpu_memory_candidates(f: dict) -> list[Lever]:
     return out
 
 
+RECOMPUTE_CAVEAT = ("recomputes activations in the backward pass: slower at this batch; the "
+                    "memory it frees takes a larger batch or model")
+
+
+def memory_full_candidates(f: dict) -> list[Lever]:
+    """Activation checkpointing, for a model whose ``blocks`` it can wrap: selective first
+    (recomputes only element-wise operators), then full."""
+    done = cfg(f).get("activation_checkpointing", "none")
+    if not f.get("has_blocks") or done == "full":
+        return []
+    modes = ("selective", "full") if done == "none" else ("full",)
+    return [Lever(f"keep fewer activations: --activation-checkpointing {mode}",
+                  estimate(None, "less activation memory for more compute"),
+                  ("--activation-checkpointing", mode), None, RECOMPUTE_CAVEAT)
+            for mode in modes]
+
+
+def memory_full_fallback(f: dict) -> Lever:
+    return Lever("shard the weights, gradients and optimizer state over several GPUs (FSDP2: "
+                 "--gpus N --shard), or a smaller batch", estimate(None, "less memory per GPU"))
+
+
+def attention_candidates(f: dict) -> list[Lever]:
+    if cfg(f).get("sdpa_backend") != "math":
+        return []
+    return [Lever("a fused attention kernel: --sdpa-backend auto", estimate(None),
+                  ("--sdpa-backend", "auto"), None)]
+
+
+def attention_fallback(f: dict) -> Lever:
+    return Lever("attention through scaled_dot_product_attention (gpt: --attention sdpa), "
+                 "its flash or memory-efficient kernel (--sdpa-backend auto)",
+                 estimate(None, "no [T, T] scores in memory"))
+
+
 def nothing_left(why: str) -> Lever:
     return Lever(f"no cheap lever left: {why}", "none")

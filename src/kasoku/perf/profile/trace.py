@@ -21,7 +21,9 @@ What is computed (``analyse``), per step:
 - kernels and launches; the host's busy time (the step minus the time it sat in the loader or
   blocked in a synchronizing call) against the device's (seed 004: is CPU time < GPU time?);
 - time by kernel kind (``kasoku.perf.profile.kernels.classify``), collective (NCCL) time, top
-  kernels and top operators (host self time);
+  kernels and top operators (host self time); on a GPU the time in fused attention kernels
+  and in softmax kernels (``attention_ms``: an attention that runs unfused shows softmax time
+  and no fused kernel, ``kernels.attention_kind``);
 - each phase's time on the host, and on a GPU the device time of the kernels it launched
   (kernels replayed from a graph are split by name: forward, backward, update -- approximate);
 - on a CPU (no device rows) the phases and the operators' self time by kind, and the time
@@ -40,7 +42,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kasoku.perf.profile.kernels import CATEGORIES, classify
+from kasoku.perf.profile.kernels import CATEGORIES, attention_kind, classify
 
 PHASE_PREFIX = "kasoku/"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -304,6 +306,10 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
         phases_device_ms={p: v / 1e3 / n for p, v in phase_device.items()},
         top_kernels=[{"name": k, "ms_per_step": v[0] / 1e3 / n, "launches_per_step": v[1] / n}
                      for k, v in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]])
+    attention = collections.defaultdict(float)
+    for name, (us, _) in by_name.items():
+        attention[attention_kind(name)] += us
+    result["attention_ms"] = {k: attention.get(k, 0.0) / 1e3 / n for k in ("fused", "softmax")}
     # Host-to-device copies (kineto's "Memcpy HtoD (Pageable -> Device)"): from pageable
     # memory the copy is staged by the driver and the host waits for it.
     h2d = [d for d in work if d.cat == "gpu_memcpy" and "htod" in d.name.lower()]

@@ -68,6 +68,12 @@ compute-bound, with a real share of the peak."""
 CPU_PEAK_SHARE = 0.2
 """Below this fraction of the measured matmul peak, a CPU step's products are too small to be
 its bound (latency-bound); at or above it, with ``MATMUL_SHARE``, compute-bound."""
+MEMORY_FULL = 0.85
+"""A peak of allocated memory at this fraction of the card's memory leaves no room: the
+allocator's cache and fragmentation take much of the rest."""
+UNFUSED_ATTENTION_PCT = 5.0
+"""% of the device's time in softmax kernels, with no fused attention kernel, that names an
+unfused attention."""
 SMALL_OP_US = 30.0
 """A CPU step whose operators average less than this (self time) is made of small operators:
 their fixed cost and the threads' synchronization dominate."""
@@ -143,6 +149,16 @@ def _gpu(f: dict) -> bool:
 
 def _cpu(f: dict) -> bool:
     return f.get("device") == "cpu"
+
+
+def _mem_fraction(f: dict) -> float:
+    card = f.get("card_gib")
+    return (f.get("mem_peak_gib") or 0.0) / card if card else 0.0
+
+
+def _softmax_pct(f: dict) -> float:
+    device_ms = f.get("device_ms", 0.0)
+    return 100 * f.get("attention_ms", {}).get("softmax", 0.0) / device_ms if device_ms else 0.0
 
 
 def _host_reason(f: dict) -> str:
@@ -227,6 +243,13 @@ def _batch(f: dict, faster: bool) -> Experiment:
 
 
 RULES: list[Rule] = [
+    # First: a card that is full limits the batch and the model before any speed does.
+    Rule("memory-full", {"mem_fraction": MEMORY_FULL},
+         lambda f, t: _gpu(f) and _mem_fraction(f) >= t["mem_fraction"],
+         lambda f: (f"the step's peak memory is {f['mem_peak_gib']:.1f} GiB of the card's "
+                    f"{f['card_gib']:.1f} GiB ({_pct(100 * _mem_fraction(f))}): no room for a "
+                    f"larger batch or model"),
+         lv.memory_full_candidates, lv.memory_full_fallback),
     Rule("input-bound", {"data_pct": 15.0},
          # ... and the largest cause of idle time: a host too slow to launch also waits
          # in the loader, but feeding it faster would not help much.
@@ -316,6 +339,15 @@ RULES: list[Rule] = [
          lv.cpu_memory_candidates,
          lambda f: lv.nothing_left("the time is in memory-bound operators"),
          _on_device),
+    # Last: as a secondary cause it names what the device-bound rules above cannot see.
+    Rule("attention-unfused", {"softmax_pct": UNFUSED_ATTENTION_PCT},
+         lambda f, t: _gpu(f) and bool(f.get("has_blocks"))
+         and f.get("attention_ms", {}).get("fused", 0.0) == 0.0
+         and _softmax_pct(f) >= t["softmax_pct"],
+         lambda f: (f"attention runs unfused: softmax kernels take "
+                    f"{_pct(_softmax_pct(f))} of the device's time and no flash or "
+                    f"memory-efficient attention kernel ran"),
+         lv.attention_candidates, lv.attention_fallback),
 ]
 
 
@@ -334,7 +366,7 @@ SHARES = (("input-bound", "data_pct", "waiting for data"),
 def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
     levers as ``AccelConfig`` fields; ``loader`` and ``data_kind``; ``batch_size``; ``threads``;
-    ``mfu``; ``has_conv``; ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``; ``kfac`` and
+    ``mfu``; ``has_conv``; ``has_blocks``; ``card_gib``; ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``; ``kfac`` and
     ``kfac_pct``, from ``kfac_cost.kfac_figures``). Its lever is an estimate (the first
     candidate) until ``advice.advise`` replaces it by the best measured."""
     passed = [r for r in rules if r.test(figures, r.thresholds)]

@@ -158,10 +158,13 @@ class Window:
 
 def machine_facts(device) -> dict:
     """What the verdict reads of the machine, the same for ``kasoku profile``, ``kasoku
-    bench`` and ``profiling()``: PyTorch's threads and, on a CPU, its bf16 hardware
+    bench`` and ``profiling()``: PyTorch's threads, on a GPU the card's memory (``card_gib``),
+    and, on a CPU, its bf16 hardware
     (``kasoku.perf.cpuinfo``: ``cpu_bf16``, whether bf16 products run on bf16 units, and
     ``cpu_bf16_isa``, which)."""
     facts = {"threads": torch.get_num_threads()}
+    if torch.device(device).type == "cuda":  # the card's size, beside the window's peak
+        facts["card_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
     if torch.device(device).type == "cpu":
         info = cpuinfo.cpu_info()
         facts.update(cpu_bf16=info.bf16_hardware, cpu_bf16_isa=info.bf16_isa)

@@ -1,0 +1,63 @@
+"""Which kernel ``scaled_dot_product_attention`` runs: PyTorch picks one per call (flash,
+memory-efficient, cuDNN, or the math fallback) by the inputs and the device; ``sdpa_backend``
+pins it with ``torch.nn.attention.sdpa_kernel`` so the ladder can measure each.
+
+It is a lever of the step, not a setting of the model: the same weights and the same state
+dict, the same mathematics up to rounding, and any model that calls
+``scaled_dot_product_attention`` (a user's workload too) is pinned alike; the plain
+attention (``gpt:attention=plain``) calls no such kernel. The whole step runs inside the
+context: the backward kernel is the one that pairs with the forward's.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kasoku.core.errors import ConfigError
+
+SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
+_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH}
+
+
+def check_sdpa_backend(backend: str, device) -> None:
+    """Refuse, in one line, a backend this device has no kernel for."""
+    device = torch.device(device)
+    if backend not in SDPA_BACKENDS:
+        raise ConfigError(f"unknown sdpa backend {backend!r}; choose one of "
+                          f"{', '.join(SDPA_BACKENDS)}")
+    if backend == "efficient" and device.type != "cuda":
+        raise ConfigError(f"--sdpa-backend efficient: the memory-efficient attention kernel is "
+                          f"CUDA's; on {device.type} use auto, flash (PyTorch's CPU flash "
+                          f"kernel) or math")
+    if backend == "flash" and device.type == "cuda" \
+            and torch.cuda.get_device_capability(device) < (8, 0):
+        raise ConfigError(f"--sdpa-backend flash: FlashAttention needs compute capability 8.0 "
+                          f"(A100) or newer, this GPU has "
+                          f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; "
+                          f"use efficient")
+
+
+class PinnedAttention:
+    """The step under ``sdpa_kernel(backend)``: forward, backward and update."""
+    passes_marks = True  # its inner step runs eagerly: phase marks reach it
+
+    def __init__(self, step_fn, backend: str):
+        self.step_fn = step_fn
+        self.backend = backend
+        self.kernel = _KERNELS[backend]
+
+    def __call__(self, *args, **kwargs):
+        with sdpa_kernel(self.kernel):
+            return self.step_fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"PinnedAttention({self.step_fn!r}, {self.backend!r})"
+
+
+def apply_sdpa_backend(step_fn, backend: str, device):
+    """``step_fn`` with every ``scaled_dot_product_attention`` of its steps pinned to
+    ``backend`` (auto: PyTorch's choice, the step unchanged). Refuses a backend the device
+    cannot run (``check_sdpa_backend``)."""
+    check_sdpa_backend(backend, device)
+    return step_fn if backend == "auto" else PinnedAttention(step_fn, backend)
