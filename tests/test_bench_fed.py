@@ -89,6 +89,7 @@ def test_a_multi_step_rung_is_refused(tmp_path, capsys):
     assert code == 2 and "one batch per step; steps_per_call=4" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 15 s: a fed bench run (the cores' split: test_loader_cores)
 def test_a_named_loader_is_used_and_its_workers_get_cores_of_their_own(tmp_path):
     from test_loader_cores import usable_cores
     rec, text = _fed_mnist_rung(tmp_path, "multiprocess:1")

@@ -169,6 +169,7 @@ def test_factors_sent_in_bf16_stay_close(tmp_path, one):
             assert err <= 2 ** -7 * b["layers"][name][key].abs().max(), (name, key)
 
 
+@pytest.mark.slow  # 18 s: three 2-worker runs (one process's resume: test_kfac_cli)
 def test_resume_with_two_workers_is_exact(tmp_path):
     run = ["train", *LENET, "--procs", "2", "--batch-size", "30", "--snapshot-interval", "3"]
     whole = Kasoku(*run, "--epochs", "2", "--out", tmp_path / "whole")

@@ -178,6 +178,7 @@ def _plain_run(out) -> dict:
 
 
 @needs_two
+@pytest.mark.slow  # 40-60 s, a bench beside a hog (the busy core's choice: by default)
 def test_a_bench_beside_a_cpu_hog_agrees_with_a_quiet_one_or_says_it_is_unstable(tmp_path):
     argv = [sys.executable, "-m", "kasoku", "bench", "mnist-mlp", "--device", "cpu",
             "--batch-size", "100", "--config", "plain", "--numerics-steps", "0",

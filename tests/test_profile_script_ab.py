@@ -201,25 +201,35 @@ print(f"rank {os.environ['RANK']} done")
 """
 
 
-def test_a_scripts_own_ddp_under_torchrun_is_profiled_on_every_rank(tmp_path):
+def torchrun_profile(tmp_path, *options):
     write(tmp_path, "ddp.py", DDP_SCRIPT)
     run = kasoku("profile", "--skip", "2", "--measure-steps", "4", "--warmup", "1",
-                 "--steps", "2", "--rounds", "1", "--stop-after-window", "--out", "prof", "--",
+                 "--steps", "2", *options, "--stop-after-window", "--out", "prof", "--",
                  "torchrun", "--nproc-per-node", "2", "--standalone", "ddp.py", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "done" not in run.stdout  # both ranks stopped after the window
-    result = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    assert run.stderr.count("kasoku: ddp.py: 4 steps timed on cpu") == 1  # rank 0 speaks
+    return run, json.loads((tmp_path / "prof" / "profile.json").read_text())
+
+
+def test_a_scripts_own_ddp_under_torchrun_is_profiled_on_every_rank(tmp_path):
+    run, result = torchrun_profile(tmp_path, "--estimate")
     assert result["steps_seen"] == 10 and result["settings"]["batch_size"] == 8
     assert (tmp_path / "prof" / "worker1" / "trace.json").is_file()  # rank 1's own window
     # the collectives of DDP's gradient all-reduce are in rank 0's figures
     assert result["figures"]["comm_pct"] > 0
+    assert "verdict (estimate: no lever measured)" in run.stderr
+
+
+@pytest.mark.slow  # 28 s: three torchruns of 2 workers
+def test_a_torchrun_scripts_levers_are_measured_in_torchruns_of_their_own(tmp_path):
+    run, result = torchrun_profile(tmp_path, "--rounds", "1")
     # the lever kasoku pulls from outside, measured in a torchrun of its own beside the
     # script as given (the step waits for its DataLoader, whatever its bound)
     tried = {tuple(t["args"]): t for t in result["verdict"]["tried"]}
     workers = tried[("--with", f"workers={min(4, len(os.sched_getaffinity(0)))}")]
     assert workers["ratio"] is not None and len(workers["rates"]) == 1, workers
     assert f"{workers['ratio']:.2f}x" in run.stderr
-    assert run.stderr.count("kasoku: ddp.py: 4 steps timed on cpu") == 1  # rank 0 speaks
 
 
 def test_torchrun_options_are_read_by_torchrun():
