@@ -33,3 +33,18 @@ def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd):
         assert "--procs 2" in row["command"]  # the sides ran with the workers
     assert "confirm (fresh processes" in printed.out
     assert "Traceback" not in printed.err
+
+
+def test_a_sharded_run_is_profiled_with_its_all_gathers_and_reduce_scatters(tmp_path, capfd):
+    """``--shard`` (FSDP2): worker 0's profile of tiny gpt on 2 gloo processes, whose
+    communication share counts FSDP2's all-gathers and reduce-scatters (gloo runs the
+    reduce-scatter as an all-reduce)."""
+    out = tmp_path / "prof"
+    code = main(["profile", "gpt", "--synthetic", "--procs", "2", "--shard", "--estimate",
+                 "--skip", "2", "--measure-steps", "3", "--warmup", "1", "--steps", "2",
+                 "--out", str(out)])
+    assert code == 0, capfd.readouterr().err
+    result = json.loads((out / "profile.json").read_text())
+    assert result["workers"] == 2 and result["figures"]["comm_pct"] > 0
+    names = {e.get("name") for e in json.loads((out / "trace.json").read_text())["traceEvents"]}
+    assert {"gloo:all_gather", "gloo:all_reduce"} <= names

@@ -46,7 +46,7 @@ PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
                  "confirm": None, "estimate": None,
                  "rounds": {"type": a.positive_int, "metavar": "N"}, "python": None,
                  "stop_after_window": None}
-PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph",
+PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph", "shard",
                 "allreduce_dtype", "sync_bn")
 """The data-parallel options a profile takes (one machine; no restarts)."""
 _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
