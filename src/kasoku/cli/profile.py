@@ -20,7 +20,7 @@ from kasoku.cli.train import (
     add_data_arguments,
     kfac_config_from_args,
 )
-from kasoku.commands.ab import ladder_lines, without_own
+from kasoku.commands.ab import ladder_lines, tried_lines, without_own
 from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
 from kasoku.commands.script_launch import parse_launched, profile_launched
 from kasoku.commands.script_profile import profile_script, say, verdict_lines
@@ -32,7 +32,6 @@ from kasoku.distributed import World
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
-from kasoku.perf.profile.advice import short
 from kasoku.perf.profile.kfac_cost import format_kfac
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import out_or_new
@@ -180,18 +179,9 @@ def _launch(args, dist, cfg) -> int:
         return code
     result = ab_saved(out, list(args.argv), cfg)
     print("\n".join([f"verdict (the levers measured): {result['verdict']['line']}",
-                      *tried_lines(result),
+                      *tried_lines(result["verdict"]),
                       *ladder_lines(result), f"report: {result.get('report')}"]))
     return 0
-
-
-def tried_lines(result: dict) -> list[str]:
-    """The candidate levers as measured, fastest first (``kasoku.perf.profile.advice``),
-    where the verdict's line does not list them already."""
-    tried = result["verdict"].get("tried") or []
-    if not tried or "(tried: " in result["verdict"]["line"]:
-        return []
-    return ["  tried: " + "; ".join(short(t) for t in tried)]
 
 
 def summary(result: dict) -> str:
@@ -226,7 +216,7 @@ def summary(result: dict) -> str:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")
     lines.append(f"verdict: {v['line']}")
-    lines += tried_lines(result)
+    lines += tried_lines(result["verdict"])
     if v["lever"].get("caveat"):
         lines.append(f"  note: {v['lever']['caveat']}")
     for also in v.get("secondary") or []:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from kasoku.perf.profile.advice import Outcome
+from kasoku.perf.profile.advice import Outcome, short
 from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.verdict import MIN_GAIN
 
@@ -156,3 +156,12 @@ def ladder_lines(result: dict) -> list[str]:
         lines.append(f"  {row['label'][:44]:44s} {shown} {ratio:>6s} {row.get('expected', ''):>8s}"
                      f"  {row.get('outcome') or row.get('error', '')}{proves}")
     return lines
+
+
+def tried_lines(verdict: dict) -> list[str]:
+    """The candidate levers as measured, fastest first (``kasoku.perf.profile.advice``),
+    where the verdict's line does not list them already."""
+    tried = verdict.get("tried") or []
+    if not tried or "(tried: " in verdict["line"]:
+        return []
+    return ["  tried: " + "; ".join(short(t) for t in tried)]

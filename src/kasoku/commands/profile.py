@@ -194,13 +194,13 @@ def _ab(result: dict, argv: list[str], cfg: ProfileConfig, candidates=None) -> N
     if not cfg.estimate:
         verdict = result["verdict"]
         if candidates is None:
-            candidates = [_lever(c) for c in verdict.get("candidates", [])]
+            candidates = [Lever.from_dict(c) for c in verdict.get("candidates", [])]
         if any(c.args for c in candidates):
             print(f"trying the levers for {verdict['rule']}, each beside the run as given "
                   f"(--estimate skips this):", file=sys.stderr, flush=True)
         outcomes = ab.try_levers(argv, candidates, rounds=cfg.rounds)
         if outcomes:
-            v = Verdict(verdict["rule"], verdict["reason"], _lever(verdict["lever"]))
+            v = Verdict(verdict["rule"], verdict["reason"], Lever.from_dict(verdict["lever"]))
             advised = advise(v, outcomes)
             result["verdict"].update(lever=advised.to_dict()["lever"], tried=advised.tried,
                                      line=advised.line)
@@ -217,11 +217,6 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     _ab(result, argv, cfg)
     write_outputs(Path(out), result)
     return result
-
-
-def _lever(d: dict):
-    return Lever(d["text"], d["expect"], tuple(d.get("args") or ()), d.get("speedup"),
-                 d.get("caveat") or "", d.get("measured"))
 
 
 def unprofiled_shares(figures: dict, result: dict) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
-from kasoku.perf.profile.advice import advise, short
+from kasoku.perf.profile.advice import advise
 from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.verdict import Verdict
 
@@ -75,7 +75,7 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     candidates = script_candidates(verdict, facts, device, result["figures"])
     edits = [c for c in candidates if not c.args]
     verdict["edits"] = [{"text": c.text, "expect": c.expect} for c in edits]
-    lever = candidates[0] if candidates else _lever(verdict["lever"])
+    lever = candidates[0] if candidates else Lever.from_dict(verdict["lever"])
     advised = Verdict(verdict["rule"], verdict["reason"], lever)
     if not cfg.estimate and any(c.args for c in candidates):
         say(f"trying the levers for {verdict['rule']} in fresh runs of the script, each "
@@ -85,7 +85,7 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
         advised = advise(advised, outcomes)
         if (advised.lever.measured or {}).get("result") == "none faster" and edits:
             advised = Verdict(advised.rule, advised.reason, edits[0], tried=advised.tried)
-    verdict.update(lever=_lever_dict(advised.lever), tried=advised.tried, line=advised.line,
+    verdict.update(lever=advised.lever.to_dict(), tried=advised.tried, line=advised.line,
                    measured=bool(advised.tried))
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")
@@ -96,21 +96,3 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
         if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not
             result["ladder"] = []
         verdict["unconfirmed"] = left
-
-
-def tried_line(verdict: dict) -> str | None:
-    """The levers as measured, fastest first, where the verdict's line does not list them."""
-    tried = verdict.get("tried") or []
-    if not tried or "(tried: " in verdict["line"]:
-        return None
-    return "tried: " + "; ".join(short(t) for t in tried)
-
-
-def _lever(d: dict) -> Lever:
-    return Lever(d["text"], d["expect"], tuple(d.get("args") or ()), d.get("speedup"),
-                 d.get("caveat") or "", d.get("measured"))
-
-
-def _lever_dict(lever: Lever) -> dict:
-    return {"text": lever.text, "expect": lever.expect, "args": list(lever.args),
-            "speedup": lever.speedup, "caveat": lever.caveat, "measured": lever.measured}

@@ -27,6 +27,7 @@ from kasoku.commands.profile import ProfileConfig, write_outputs
 from kasoku.commands.script_ab import ScriptSides, advise_script
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import PYTHON, ScriptCommand, parse_command
+from kasoku.commands.script_watch import check_window
 from kasoku.core.errors import ConfigError
 from kasoku.train.run_dir import out_or_new
 
@@ -85,9 +86,7 @@ def profile_launched(launched: Launched, cfg: ProfileConfig, out: Path | None,
     profile's options, without ``--out``), then measure the levers from here and rewrite the
     report; returns torchrun's exit code and the profile (None where none was written)."""
     ScriptLevers.parse(given)  # a mistake is said once, not by each worker
-    if cfg.skip < 1:
-        raise ConfigError("a script's window starts after its first step at the earliest "
-                          "(its steps show how it trains): give --skip 1 or more")
+    check_window(cfg)
     out = out_or_new(out, Path(launched.script.name).stem, "profile", "the profile")
     cmd = [*launched.launcher(), "kasoku", "profile", *kasoku_args, "--out", str(out),
            "--", *launched.script.argv]

@@ -249,8 +249,7 @@ def script_candidates(verdict: dict, facts: ScriptFacts, device: str,
     outside (to be measured), then those that need an edit (estimates)."""
     out, seen = [], set()
     for d in verdict.get("candidates") or []:
-        lever = script_lever(Lever(d["text"], d["expect"], tuple(d.get("args") or ()),
-                                   d.get("speedup"), d.get("caveat") or ""), facts, device)
+        lever = script_lever(Lever.from_dict(d), facts, device)
         if lever is not None and lever.text not in seen:
             seen.add(lever.text)
             out.append(lever)

@@ -21,13 +21,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from kasoku.commands import script_watch
-from kasoku.commands.ab import ladder_lines
+from kasoku.commands.ab import ladder_lines, tried_lines
 from kasoku.commands.profile import ProfileConfig, unprofiled_shares, write_outputs
-from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script, tried_line
+from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers
 from kasoku.commands.script_run import ScriptCommand, run_script
-from kasoku.commands.script_watch import StepWatch
+from kasoku.commands.script_watch import StepWatch, check_window
 from kasoku.core.errors import ConfigError
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
@@ -50,9 +50,7 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     else ``EXIT_USAGE`` when it ended well with nothing to profile. ``measure_only`` (a side
     of the A/B runs): the timed steps only, then the script is stopped and the figures
     written to ``out/measure.json``."""
-    if cfg.skip < 1:
-        raise ConfigError("a script's window starts after its first step at the earliest "
-                          "(its steps show how it trains): give --skip 1 or more")
+    check_window(cfg)
     levers = ScriptLevers.parse(given)
     if measure_only and out is None:
         raise ConfigError("--measure-only for a script writes its figures to --out DIR")
@@ -195,9 +193,7 @@ def verdict_lines(result: dict) -> list[str]:
     v = result["verdict"]
     label = "verdict" if v.get("measured") else "verdict (estimate: no lever measured)"
     lines = [f"{label}: {v['line']}"]
-    tried = tried_line(v)
-    if tried:
-        lines.append(f"  {tried}")
+    lines += tried_lines(v)
     for edit in v.get("edits") or []:
         if edit["text"] != v["lever"]["text"]:
             lines.append(f"  also (an edit, not measured): {edit['text']}")

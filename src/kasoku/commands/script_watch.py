@@ -37,8 +37,10 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
+from kasoku.commands.profile_steps import sync
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, user_site
 from kasoku.commands.script_run import ScriptStopped
+from kasoku.core.errors import ConfigError
 from kasoku.core.phases import PhaseClock
 from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
 from kasoku.perf.profile.window import Window
@@ -328,17 +330,19 @@ class StepWatch:
         return c.skip + c.measure_steps + (0 if self.measure_only else c.warmup + 1 + c.steps)
 
 
+def check_window(cfg) -> None:
+    """A script's window needs one step before it (its steps show how it trains)."""
+    if cfg.skip < 1:
+        raise ConfigError("a script's window starts after its first step at the earliest "
+                          "(its steps show how it trains): give --skip 1 or more")
+
+
 def script_device() -> torch.device:
     """The device the script trains on: the current GPU if it has started CUDA, else the
     CPU."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _batch_size(batch) -> int | None:

@@ -26,6 +26,16 @@ class Lever:
     measured: dict | None = None
     """Its A/B runs (``advice.Outcome.to_dict``) once measured; None: an estimate."""
 
+    def to_dict(self) -> dict:
+        """The lever as ``profile.json`` holds it (``from_dict`` reads it back)."""
+        return {"text": self.text, "expect": self.expect, "args": list(self.args),
+                "speedup": self.speedup, "caveat": self.caveat, "measured": self.measured}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Lever":
+        return cls(d["text"], d["expect"], tuple(d.get("args") or ()), d.get("speedup"),
+                   d.get("caveat") or "", d.get("measured"))
+
     def measured_as(self, outcome: dict) -> "Lever":
         return replace(self, measured=outcome, speedup=outcome.get("ratio"),
                        expect=outcome.get("text", self.expect))

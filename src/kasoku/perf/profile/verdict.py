@@ -99,17 +99,12 @@ class Verdict:
 
     def to_dict(self) -> dict:
         return {"rule": self.rule, "reason": self.reason, "line": self.line,
-                "lever": _lever_dict(self.lever),
-                "candidates": [_lever_dict(c) for c in self.candidates],
+                "lever": self.lever.to_dict(),
+                "candidates": [c.to_dict() for c in self.candidates],
                 "tried": list(self.tried),
                 "experiments": [{"label": e.label, "args": list(e.args), "faster": e.faster}
                                 for e in self.experiments],
                 "secondary": list(self.secondary)}
-
-
-def _lever_dict(lever: Lever) -> dict:
-    return {"text": lever.text, "expect": lever.expect, "args": list(lever.args),
-            "speedup": lever.speedup, "caveat": lever.caveat, "measured": lever.measured}
 
 
 # --- the figures the rules read ------------------------------------------------------------
