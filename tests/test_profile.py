@@ -37,7 +37,10 @@ def test_phases_add_up_to_the_step_time(tmp_path):
     for before, entry in zip(log[1:], log[2:]):
         steps = entry["iteration"] - before["iteration"]
         wall_ms = 1e3 * (entry["elapsed_time"] - before["elapsed_time"]) / steps
-        assert entry["time/step"] == pytest.approx(wall_ms, rel=0.05)
+        # The wall between two log lines also holds the extensions' work (the log, its
+        # table) and any pause of a shared 2-core machine (5% failed there 4 times in a
+        # day, up to 14% off); the phases' own sum is checked exactly below.
+        assert entry["time/step"] == pytest.approx(wall_ms, rel=0.2)
         parts = [entry[f"time/{p}"] for p in PHASES if f"time/{p}" in entry]
         assert sum(parts) == pytest.approx(entry["time/step"], rel=1e-6)
         assert sum(entry[f"time/{p}%"] for p in PHASES if f"time/{p}" in entry) == \
