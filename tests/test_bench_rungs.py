@@ -17,6 +17,7 @@ from kasoku.commands.bench.rungs import (
     PLAIN,
     compute_dtype,
     cpu_ladder,
+    default_ladder,
     gpu_ladder,
     parse_config,
     resolve,
@@ -26,6 +27,27 @@ from kasoku.commands.bench.sweep import SweepConfig, SweepResult, _run_worker
 from kasoku.commands.bench.timing import measure_windows
 from kasoku.core.errors import ConfigError
 from kasoku.workloads import create_workload
+
+
+def test_a_transformer_climbs_its_own_gpu_ladder(monkeypatch):
+    """gpt's GPU ladder has no conv levers; each rung adds one lever; float8 tops it, skipped
+    (with the reason) where torchao is missing; the CPU ladder is the same for every model."""
+    from kasoku.commands.bench import rungs as rungs_module
+    monkeypatch.setattr(rungs_module, "has_torchao", lambda: True)
+    ladder = default_ladder("cuda", create_workload("gpt").ladder)
+    assert [r.label for r in ladder] == ["plain", "fp32", "tf32", "amp", "+fused", "+compile",
+                                         "+cuda-graph", "+float8"]
+    c = {r.label: r.config for r in ladder[1:]}
+    for before, after in zip(ladder[1:-1], ladder[2:]):
+        changed = {k for k, v in vars(after.config).items() if vars(before.config)[k] != v}
+        assert len(changed - {"compile_mode"}) == 1, (after.label, changed)
+    assert c["+float8"].float8 == "tensorwise" and c["+float8"].cuda_graph
+    assert ladder[-1].skip is None
+    monkeypatch.setattr(rungs_module, "has_torchao", lambda: False)
+    assert "torchao" in default_ladder("cuda", "transformer")[-1].skip
+    assert rung_from_spec("+float8", "cuda", "transformer").skip is None  # asked: measured
+    assert default_ladder("cpu", "transformer") == cpu_ladder()
+    assert create_workload("mnist-mlp").ladder == "default"
 
 
 def test_gpu_ladder_adds_one_lever_per_rung():

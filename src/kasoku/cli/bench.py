@@ -12,7 +12,13 @@ from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
 from kasoku.commands.bench.fed import check_data
 from kasoku.commands.bench.report import report_results
-from kasoku.commands.bench.rungs import cpu_ladder, gpu_ladder, ladder_or_specs, parse_config
+from kasoku.commands.bench.rungs import (
+    cpu_ladder,
+    gpu_ladder,
+    ladder_or_specs,
+    parse_config,
+    transformer_gpu_ladder,
+)
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
 from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError, warn_once
@@ -42,7 +48,9 @@ def add_parser(sub) -> None:
     which.add_argument("--ladder", action="store_true",
                        help="the device's default ladder (the default): GPU plain, fp32, "
                        "tf32, amp, +channels_last, +fused, +compile, +cuda-graph, +fused-bn, "
-                       "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream; CPU plain, "
+                       "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream (a "
+                       "transformer, gpt: plain, fp32, tf32, amp, +fused, +compile, "
+                       "+cuda-graph, +float8); CPU plain, "
                        "fp32, +fused, +keep-memory, +bf16 (skipped without bf16 hardware), "
                        "+channels_last, +compile")
     which.add_argument("--config", action="append", metavar="SPEC", type=_rung_spec,
@@ -105,7 +113,7 @@ def _rung_spec(text: str) -> str:
     """A ``--config`` value, checked where it is parsed: a rung label of either ladder, or
     lever settings ``parse_config`` takes (the device's ladder resolves labels later)."""
     spec = text.strip()
-    if spec in {r.label for r in gpu_ladder() + cpu_ladder()}:
+    if spec in {r.label for r in gpu_ladder() + transformer_gpu_ladder() + cpu_ladder()}:
         return spec
     try:
         parse_config(spec)
@@ -146,7 +154,7 @@ def sweep_config(args, wl, device, out: Path):
     """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
 
     defaults = WINDOW_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
-    rungs = ladder_or_specs(device.type, args.config)
+    rungs = ladder_or_specs(device.type, args.config, wl.ladder)
     b = wl.recipe.batch_size
     default_sizes = [b // 8, b // 4, b // 2, b] if device.type == "cuda" else [b // 8, b // 4]
     batch_sizes = args.batch_size or sorted({max(1, s) for s in default_sizes})

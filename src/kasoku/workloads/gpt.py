@@ -67,6 +67,7 @@ class GPTWorkload(Workload):
     sample_unit = "tokens"
     default_data = "the Python standard library's .py files"
     config_class = GPTConfig
+    ladder = "transformer"
 
     def __init__(self, config: GPTConfig | None = None):
         super().__init__(config)

@@ -64,6 +64,9 @@ class Workload:
     default_data: str | None = None
     """What the workload trains on without ``--data``, in words, where every machine has it
     (gpt: the Python standard library's sources); None: real data needs ``--data``."""
+    ladder: str = "default"
+    """Which GPU ladder ``kasoku bench`` climbs: default (the conv nets' levers, those that do
+    not apply dropped) or transformer (``kasoku.commands.bench.rungs.transformer_ladder``)."""
     config_class: type | None = None
     """The dataclass of the workload's own settings (``NAME:KEY=VALUE,...``), or None. Its
     fields' docstrings are the flags' help; a class attribute ``choices`` (field -> allowed

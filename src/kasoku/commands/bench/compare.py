@@ -163,7 +163,7 @@ def _measure_side(cfg: CompareConfig, name: str, wl, device: str, say, stream,
     spec = batch_spec(wl, model)
     flops = wl.step_flops(model, spec.make_batch, max(sizes)).total
     window = plan_window(flops, device_type, cfg.windows, cfg.steps, cfg.warmup)
-    rungs = tuple(ladder_or_specs(device_type, (cfg.configs or {}).get(device_type)))
+    rungs = tuple(ladder_or_specs(device_type, (cfg.configs or {}).get(device_type), wl.ladder))
     out = cfg.out / f"bench-{wl.name}-{device_type}"
     say(f"# {what}: {len(rungs)} rungs ({', '.join(r.label for r in rungs)}) at batch "
         f"{','.join(map(str, sizes))}; {window.warmup} warm-up + {window.windows} x "

@@ -9,6 +9,12 @@ GPU ladder, each rung adding one lever to the one before:
     independent kernels, such as autocast's weight casts, into fewer launches) -> +matmul-1x1
     (1x1 convolutions as cuBLAS matrix products) -> +wgrad-stream (convolutions' weight
     gradients on a second CUDA stream, joined at the end of the backward pass)
+GPU ladder of a transformer (a workload whose ``ladder`` is "transformer", gpt): plain -> fp32
+-> tf32 -> amp (bf16 autocast) -> +fused -> +compile -> +cuda-graph -> +float8 (torchao's
+float8 matrix products with tensorwise scales; skipped where torchao is not installed). Attention is
+the model's own (sdpa: PyTorch's fused kernel, plain: the textbook one, a workload setting), so
+plain against sdpa is two ladders; activation checkpointing trades time for memory and is a
+``--config`` of its own (``bf16,fused,compile,activation_checkpointing=full``), not a rung.
 CPU ladder: plain -> fp32 -> +fused -> +keep-memory (glibc's malloc keeps freed memory: no
 page faults per step, ``kasoku.accel.host_memory``) -> +bf16 (autocast) -> +channels_last ->
 +compile, made for the CPU it runs on (``kasoku.perf.cpuinfo``): without bf16 hardware (AMX-BF16 or
@@ -29,6 +35,7 @@ from dataclasses import dataclass, fields, replace
 
 from kasoku.accel.compose import check_config
 from kasoku.accel.config import PRECISIONS, AccelConfig
+from kasoku.accel.float8 import has_torchao
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import CpuInfo, cpu_info
 
@@ -95,6 +102,22 @@ def gpu_ladder() -> list[Rung]:
             Rung("+matmul-1x1", matmul), Rung("+wgrad-stream", wgrad)]
 
 
+NO_TORCHAO = "skipped: torchao is not installed (pip install torchao)"
+
+
+def transformer_gpu_ladder() -> list[Rung]:
+    fp32 = reference_rung("cuda").config
+    tf32 = replace(fp32, precision="tf32")
+    amp = replace(tf32, precision="bf16")
+    fused = replace(amp, optimizer_impl="fused")
+    compiled = replace(fused, compile=True)
+    graphed = replace(compiled, cuda_graph=True)
+    float8 = replace(graphed, float8="tensorwise")
+    return [PLAIN, Rung("fp32", fp32), Rung("tf32", tf32), Rung("amp", amp),
+            Rung("+fused", fused), Rung("+compile", compiled), Rung("+cuda-graph", graphed),
+            Rung("+float8", float8, skip=None if has_torchao() else NO_TORCHAO)]
+
+
 NO_BF16_HARDWARE = ("skipped: no bf16 hardware on this CPU (AMX-BF16, AVX512-BF16): bf16 is "
                     "converted and computed in fp32, slower than fp32 (--config +bf16 measures "
                     "it anyway)")
@@ -119,8 +142,14 @@ def cpu_ladder(info: CpuInfo | None = None) -> list[Rung]:
             Rung("+channels_last", nhwc), Rung("+compile", compiled)]
 
 
-def default_ladder(device_type: str) -> list[Rung]:
-    return gpu_ladder() if device_type == "cuda" else cpu_ladder()
+LADDERS = ("default", "transformer")
+
+
+def default_ladder(device_type: str, kind: str = "default") -> list[Rung]:
+    """The ladder of a device, for a workload whose ``ladder`` is ``kind``."""
+    if device_type != "cuda":
+        return cpu_ladder()
+    return transformer_gpu_ladder() if kind == "transformer" else gpu_ladder()
 
 
 _ALIASES = {"fused": ("optimizer_impl", "fused"), "foreach": ("optimizer_impl", "foreach"),
@@ -186,25 +215,25 @@ def _parse_value(key: str, raw: str | None, field: dataclasses.Field, spec: str)
     return {key: raw}
 
 
-def rung_from_spec(spec: str, device_type: str) -> Rung:
+def rung_from_spec(spec: str, device_type: str, kind: str = "default") -> Rung:
     """A ``--config`` value: the label of a rung of this device's ladder (``amp``,
     ``+compile``, ``plain``) or a ``key=value,...`` spec (labelled by the spec itself)."""
     spec = spec.strip()
-    for rung in default_ladder(device_type):
+    for rung in default_ladder(device_type, kind):
         if rung.label == spec:
             # Asked for by name: measured here even where the ladder skips it.
             return replace(rung, skip=None) if rung.skip else rung
     return Rung(spec, parse_config(spec))
 
 
-def ladder_or_specs(device_type: str, specs) -> list[Rung]:
-    """The device's ladder, or plain (the speed-ups are over it) plus the rungs ``specs``
-    name (``--config`` values, each rung once)."""
+def ladder_or_specs(device_type: str, specs, kind: str = "default") -> list[Rung]:
+    """The device's ladder (of a ``kind`` workload), or plain (the speed-ups are over it)
+    plus the rungs ``specs`` name (``--config`` values, each rung once)."""
     if not specs:
-        return default_ladder(device_type)
+        return default_ladder(device_type, kind)
     rungs = [PLAIN]
     for spec in specs:
-        rung = rung_from_spec(spec, device_type)
+        rung = rung_from_spec(spec, device_type, kind)
         if rung.label not in [r.label for r in rungs]:
             rungs.append(rung)
     return rungs
