@@ -52,6 +52,34 @@ def test_mnist_mlp_on_1_and_2_processes(tmp_path, capsys):
     assert (out / "scale.png").read_bytes()[:8] == PNG
 
 
+def test_a_sharded_gpt_on_2_processes(tmp_path, capsys):
+    """`kasoku scale gpt --shard`: FSDP2 is the data-parallel step, its communication alone
+    all-gathers and reduce-scatters each unit (2 blocks and the root: 7 exchanges), and the
+    workload's settings reach the workers."""
+    out = tmp_path / "scale"
+    code = main(["scale", "gpt", "--model-size", "tiny", "--procs", "2", "--shard",
+                 "--steps", "3", "--windows", "3", "--warmup", "1", "--batch-size", "8",
+                 "--out", str(out), "--no-chart"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    (r,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert r["workload"] == "gpt:model_size=tiny" and r["unit"] == "tokens"
+    assert (r["strategy"], r["comm"]) == ("fsdp2", "all-gather + reduce-scatter")
+    assert r["allreduce_buckets"] == 7 and r["allreduce_alone_ms"] > 0
+    from kasoku.workloads import create_workload
+    params = sum(p.numel() for p in create_workload("gpt").build_model().parameters())
+    assert r["grad_mb"] == pytest.approx(4 * params / 1e6)  # whole units, not one shard
+    assert r["samples_per_s"] == pytest.approx(2 * 8 * 64 / (r["step_ms"] / 1e3))
+    assert "FSDP2 over gloo" in printed.out and "exposed gather/scatter (ms)" in printed.out
+
+
+def test_shard_refuses_a_step_fsdp2_cannot_take(tmp_path, capsys):
+    code = main(["scale", "gpt", "--procs", "2", "--shard", "--config",
+                 "compile=reduce-overhead", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--shard with compile mode" in err and "Traceback" not in err
+
+
 def _record(n, step_ms, alone_ms, comm_ms, device="cpu", threads=1, **extra):
     return {"workload": "w", "unit": "samples", "world_size": n, "device_type": device,
             "backend": "gloo" if device == "cpu" else "nccl", "rung": "r",

@@ -75,6 +75,22 @@ def test_checkpointing_keeps_less_for_the_backward_pass(attention):
         assert saved_activation_bytes(model, lambda: loss_of(model, x, y), keep=(x, y)) == 0
 
 
+def test_a_wrapper_subclass_counts_as_the_tensors_it_wraps():
+    """torchao's float8 activations are wrapper subclasses with no storage of their own (the
+    bench's count failed on them on a GPU); TwoTensor stands in: each holds two tensors."""
+    from torch.testing._internal.two_tensor import TwoTensor
+    model = torch.nn.Linear(1000, 1, bias=False)
+    x = torch.randn(1000)
+
+    def forward(wrap):
+        a = x.exp()
+        a = TwoTensor(a, x.exp()) if wrap else a
+        return (a.sin() * model.weight[0]).sum()  # keeps sin's output for the weight's grad
+    plain = saved_activation_bytes(model, lambda: forward(False), keep=(x,))
+    assert plain == 4000
+    assert saved_activation_bytes(model, lambda: forward(True), keep=(x,)) == 2 * plain
+
+
 def test_checkpointing_is_refused_for_a_model_without_blocks():
     with pytest.raises(ConfigError, match="no `blocks` ModuleList"):
         apply_activation_checkpointing(MLP(), "full")
@@ -144,3 +160,22 @@ def test_the_ladder_takes_the_levers_and_drops_what_cannot_apply():
     assert rung.config == config
     with pytest.raises(ConfigError, match="activation_checkpointing"):
         parse_config("activation_checkpointing=some")
+
+
+def test_a_sharding_wrap_gets_each_block_compiled_before_it():
+    """With a distribute step marked ``compiles_blocks`` (``fsdp.sharder``), --compile
+    compiles each block in place, before the wrap sees it, and not the whole model."""
+    seen = []
+
+    def wrap(model):
+        seen.append([b._compiled_call_impl is not None for b in model.blocks])
+        return model
+    wrap.compiles_blocks = True
+    adamw = lambda params, impl: make_optimizer("adamw", params, 1e-3, impl=impl)  # noqa: E731
+    acc = accelerate(gpt(), F.cross_entropy, None, AccelConfig(compile=True), "cpu", adamw,
+                     distribute=wrap)
+    assert seen == [[True, True]]
+    assert acc.model._compiled_call_impl is None
+    with pytest.raises(ConfigError, match="no `blocks` ModuleList"):
+        accelerate(MLP(), F.cross_entropy, None, AccelConfig(compile=True), "cpu", adamw,
+                   distribute=wrap)

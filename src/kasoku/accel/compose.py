@@ -9,7 +9,11 @@ from typing import Callable
 import torch
 
 from kasoku.accel.attention import SDPA_BACKENDS, apply_sdpa_backend
-from kasoku.accel.checkpointing import CHECKPOINTING_MODES, apply_activation_checkpointing
+from kasoku.accel.checkpointing import (
+    CHECKPOINTING_MODES,
+    apply_activation_checkpointing,
+    checkpointable_blocks,
+)
 from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
 from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.conv_matmul import apply_matmul_1x1
@@ -117,10 +121,10 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
     if cfg.cuda_graph:
         raise ConfigError("--shard with --cuda-graph: FSDP2's all-gathers allocate and free "
                           "memory per step, which a captured graph cannot; drop one of them")
-    if cfg.compile:
-        raise ConfigError("--shard with --compile: kasoku compiles the whole model after "
-                          "wrapping it, and FSDP2 needs each block compiled inside its own "
-                          "unit; drop one of them")
+    if cfg.compile and cfg.compile_mode in GRAPHING_MODES:
+        raise ConfigError(f"--shard with compile mode {cfg.compile_mode}: that mode captures "
+                          f"CUDA graphs, and FSDP2's all-gathers allocate and free memory per "
+                          f"step; use compile mode default")
     if cfg.precision in ("fp16", "fp16-pure"):
         raise ConfigError(f"--shard with precision {cfg.precision}: the loss scaler would "
                           f"judge each worker's shard of the gradients alone; use --precision "
@@ -184,6 +188,17 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_float8(model, cfg.float8, device)
     model = apply_activation_checkpointing(model, cfg.activation_checkpointing)
     graph_stream, params = None, precision.params
+    # FSDP2 (fsdp.sharder): each block compiled before the wrap, its hooks outside the code.
+    per_block = cfg.compile and getattr(distribute, "compiles_blocks", False)
+    if per_block:
+        blocks = checkpointable_blocks(model)
+        if blocks is None:
+            raise ConfigError(f"--shard with --compile: kasoku compiles each block of a "
+                              f"sharded model, and {type(model).__name__} has no `blocks` "
+                              f"ModuleList; drop --compile")
+        for block in blocks:
+            apply_compile(block, device, notes, mode=cfg.compile_mode,
+                          combo_kernels=cfg.combo_kernels)
     if distribute is not None:
         if cfg.cuda_graph and device.type == "cuda":
             # PyTorch's notes for DDP in a captured backward: DDP is built on a side stream,
@@ -203,7 +218,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
             params = list(model.parameters())
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
-    if cfg.compile:
+    if cfg.compile and not per_block:
         model = apply_compile(model, device, notes, mode=cfg.compile_mode,
                               combo_kernels=cfg.combo_kernels,
                               buffer_reuse=not cfg.wgrad_stream)

@@ -11,11 +11,12 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from kasoku.accel.compose import check_sharding
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
-from kasoku.cli.train import WORKLOAD_HELP
-from kasoku.commands.bench.rungs import default_ladder, resolve, rung_from_spec
+from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
+from kasoku.commands.bench.rungs import Rung, default_ladder, resolve, rung_from_spec
 from kasoku.commands.scale import (
     CHART_FILE,
     RESULTS_FILE,
@@ -26,6 +27,7 @@ from kasoku.commands.scale import (
     run_scale,
 )
 from kasoku.commands.scale_feed import DEFAULT_LOADER, check_data
+from kasoku.core.errors import ConfigError
 from kasoku.distributed import World, require_single_process
 from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
 from kasoku.distributed.plan import plan_worlds
@@ -48,8 +50,10 @@ def add_parser(sub) -> None:
         "each count in its own launch of PyTorch's elastic launcher, the batch per worker "
         "fixed. Per count: throughput, scaling efficiency over one worker without DDP, the "
         "step time without DDP, the all-reduce time not hidden behind the backward pass, "
-        "and one line on what limits the scaling. Appends OUT/results.jsonl, draws "
-        "OUT/scale.png; exits 1 when a worker fails.")
+        "and one line on what limits the scaling. With --shard the data-parallel step is "
+        "FSDP2's instead (its all-gathers and reduce-scatters timed alone; on CUDA each GPU's "
+        "peak memory). Appends OUT/results.jsonl, draws OUT/scale.png; exits 1 when a "
+        "worker fails.")
     p.add_argument("workload", help=WORKLOAD_HELP)
     world = p.add_mutually_exclusive_group()
     world.add_argument("--gpus", type=a.int_list, metavar="N[,N...]",
@@ -85,11 +89,12 @@ def add_parser(sub) -> None:
     a.add_fields(p, DistConfig, {
         "bucket_mb": {"metavar": "MB"}, "static_graph": None,
         "allreduce_dtype": {"choices": ALLREDUCE_DTYPES},
-        "dist_timeout": {"metavar": "SECONDS"}})
+        "dist_timeout": {"metavar": "SECONDS"}, "shard": None})
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="folder for results.jsonl (appended) and scale.png (default: a new "
                    "folder runs/scale-WORKLOAD-DATE-TIME)")
     p.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    add_workload_settings(p)
     p.set_defaults(handler=run)
 
 
@@ -99,7 +104,7 @@ def run(args) -> int:
 
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku scale")
-    wl = create_workload(args.workload)
+    wl = create_workload(workload_spec(args))
     plan = plan_worlds(gpus=args.gpus, procs=args.procs, from_one=True)
     cfg = scale_config(args, wl, plan.device_type)
     batch_sizes = args.batch_size or [wl.recipe.batch_size]
@@ -122,20 +127,33 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
+def _shardable(rung: Rung, wl) -> bool:
+    """Whether FSDP2 can take ``rung``'s step (``check_sharding``: no compile, no graph...)."""
+    try:
+        check_sharding(rung.config, wl.recipe.optimizer) if not rung.is_plain else None
+    except ConfigError:
+        return False
+    return True
+
+
 def scale_config(args, wl, device_type: str):
     """The ``ScaleConfig`` of parsed arguments (the batch size set per run)."""
 
     dist = a.config_from(args, DistConfig, gpus=None, procs=None)  # the counts are lists here
     dist.check()
     if args.config:
-        rung = rung_from_spec(args.config, device_type)
+        rung = rung_from_spec(args.config, device_type, wl.ladder)
     elif device_type == "cuda":
-        rung = default_ladder("cuda")[-1]
+        rung = next(r for r in reversed(default_ladder("cuda", wl.ladder))
+                    if not r.skip and (not dist.shard or _shardable(r, wl)))
     else:
         rung = rung_from_spec(CPU_DEFAULT_RUNG, "cpu")
+    if dist.shard and not rung.is_plain:
+        check_sharding(rung.config, wl.recipe.optimizer)
     (rung,), _ = resolve([rung], device_type, has_conv2d(wl.build_model()))
     defaults = GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS
-    return ScaleConfig(workload=wl.name, label=rung.label, config=rung.config_dict(),
+    return ScaleConfig(workload=workload_spec(args), label=rung.label, shard=dist.shard,
+                       config=rung.config_dict(),
                        batch_size=wl.recipe.batch_size, steps=args.steps or defaults["steps"],
                        windows=args.windows,
                        warmup=args.warmup if args.warmup is not None else defaults["warmup"],

@@ -30,6 +30,12 @@ worker gets cores / N threads (``--threads`` to set it), so the N workers never 
 cores than there are. The baseline of the efficiency is 1 worker alone: a single process
 without DDP, what one would run without ``--gpus``.
 
+``--shard``: the data-parallel step is FSDP2's (``fully_shard`` per block, then the whole
+model; ``kasoku.distributed.fsdp``) and the communication alone its all-gathers and
+reduce-scatters in its units' sizes; the rung must be one FSDP2 takes (no compile, no CUDA
+graph: by default the highest such rung of the ladder). On CUDA the table adds each GPU's
+peak memory, alone and data-parallel: what sharding saves.
+
 Records: ``OUT/results.jsonl`` (schema ``kasoku.scale/1``, a line per N, appended as each
 launch ends), a table, a summary line per N, and ``OUT/scale.png``.
 """
@@ -81,6 +87,8 @@ class ScaleConfig:
     device."""
     loader: str | None = None
     """The loader spec with ``data`` (None: ``kasoku train``'s default)."""
+    shard: bool = False
+    """FSDP2 (``fully_shard``) instead of DDP for the data-parallel step."""
 
 
 def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None) -> list[dict]:
@@ -123,7 +131,7 @@ def summarize(records: list[dict]) -> list[dict]:
     base = next((r for r in ordered if r["world_size"] == 1), ordered[0])
     base_rate = base["alone_samples_per_s_per_worker"]
     base_ms = base["alone_step_ms"]
-    baseline = "1 worker alone (no DDP)" if base["world_size"] == 1 else \
+    baseline = f"1 worker alone (no {_wrapper(base)})" if base["world_size"] == 1 else \
         f"one of {base['world_size']} workers alone (no 1-worker run)"
     rows = []
     for r in ordered:
@@ -141,16 +149,19 @@ def explain(r: dict, row: dict) -> str:
     """One line: what N workers give over one, and what limits it, with what would help."""
     n = r["world_size"]
     exposed, comm = r["exposed_allreduce_ms"], r["allreduce_alone_ms"]
+    wrapper, what = _wrapper(r), _comm(r)
+    # DDP's all-reduce overlaps the backward pass; FSDP2's all-gathers the forward too.
+    behind = "the backward pass" if wrapper == "DDP" else "the compute"
     fed = data_cause(r)  # with --data: (share, words, what would help) when steps wait
     if n == 1:
-        head = (f"{r['workload']}, 1 worker through DDP: {row['speedup']:.2f}x the throughput "
-                f"of one process without DDP")
+        head = (f"{r['workload']}, 1 worker through {wrapper}: {row['speedup']:.2f}x the "
+                f"throughput of one process without {wrapper}")
         if row["exposed_pct"] >= EXPOSED_PCT:
-            head += (f"; DDP's bookkeeping and its all-reduce among one worker take "
+            head += (f"; {wrapper}'s bookkeeping and its {what} among one worker take "
                      f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
                      f"{r['step_ms']:.2f})")
         else:
-            head += "; DDP costs little here"
+            head += f"; {wrapper} costs little here"
         return head + (f"; {fed[1]}. Would help: {', '.join(fed[2])}" if fed else "")
     head = (f"{r['workload']}, {n} workers: {row['speedup']:.2f}x the throughput of 1 worker "
             f"alone ({row['efficiency']:.0%} scaling efficiency)")
@@ -158,18 +169,23 @@ def explain(r: dict, row: dict) -> str:
     causes, help_ = [], []
     if row["exposed_pct"] >= EXPOSED_PCT:
         text = (f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
-                f"{r['step_ms']:.2f}) is all-reduce not hidden behind the backward pass")
-        if exposed > 1.2 * comm:
-            text += (f", more than the all-reduce alone takes ({comm:.2f} ms): exchange and "
-                     f"compute slow each other down"
-                     + (" on the shared cores" if r["device_type"] == "cpu" else ""))
+                f"{r['step_ms']:.2f}) is {what} not hidden behind {behind}")
+        if exposed > 1.2 * comm and r["device_type"] == "cpu":
+            text += (f", more than the {what} alone takes ({comm:.2f} ms): exchange and "
+                     f"compute slow each other down on the shared cores")
+        elif exposed > 1.2 * comm:
+            text += (f", more than the {what} alone takes ({comm:.2f} ms): the rest is "
+                     f"{wrapper}'s own work or exchange and compute slowing each other "
+                     f"(kasoku profile WORKLOAD --gpus {n}"
+                     f"{' --shard' if wrapper == 'FSDP2' else ''} tells which)")
         else:
-            text += f" (the all-reduce alone takes {comm:.2f} ms; {hidden:.2f} ms of it is hidden)"
+            text += f" (the {what} alone takes {comm:.2f} ms; {hidden:.2f} ms of it is hidden)"
         causes.append((row["exposed_pct"], text))
-        help_.append("a bigger per-worker batch (more compute per all-reduce)")
-        if r["allreduce_dtype"] == "fp32":
+        help_.append(f"a bigger per-worker batch (more compute per {what})")
+        if r["allreduce_dtype"] == "fp32" and r.get("strategy", "ddp") == "ddp":
             help_.append("--allreduce-dtype bf16 (half the bytes)")
-        if r["device_type"] == "cuda" and not (r["config"].get("cuda_graph")):
+        if r["device_type"] == "cuda" and not r["config"].get("cuda_graph") \
+                and r.get("strategy", "ddp") == "ddp":
             help_.append("a CUDA-graph step (less host time per step)")
     if row["slowdown"] >= SLOWDOWN:
         share = 100.0 * (r["alone_step_ms"] - r["alone_step_ms"] / row["slowdown"]) \
@@ -195,8 +211,8 @@ def explain(r: dict, row: dict) -> str:
                        f"alone: the {n} workers' loaders share the host"))
     if not causes:
         if row["efficiency"] >= GOOD_EFFICIENCY:
-            return head + (f"; the all-reduce ({comm:.2f} ms alone) is hidden behind the "
-                           f"backward pass but for {exposed:.2f} ms")
+            return head + (f"; the {what} ({comm:.2f} ms alone) is hidden behind "
+                           f"{behind} but for {exposed:.2f} ms")
         return head + "; no single cause stands out (see the step times)"
     causes.sort(key=lambda c: -c[0])
     return head + "; " + "; ".join(c for _, c in causes) + \
@@ -222,11 +238,21 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                       f"{row['exposed_pct']:.0f}%", f"{r['allreduce_alone_ms']:.2f}"]
                      + ([f"{r['data_wait_ms']:.2f}"] if fed else []))
     if rows:
+        first = records[0]
+        short = "gather/scatter" if first.get("strategy") == "fsdp2" else "all-reduce"
+        memory = first.get("peak_mem_mb") is not None
+        if memory:  # CUDA: the peak memory per GPU, alone and data-parallel
+            for cells, row in zip(table, rows):
+                r = by_n[row["world_size"]]
+                cells += [f"{r['alone_peak_mem_mb'] / 1e3:.1f}", f"{r['peak_mem_mb'] / 1e3:.1f}"]
         print_table(["workers", "global batch", f"{unit}/s", "speed-up", "efficiency",
-                     "step (ms)", "alone (ms)", "exposed all-reduce (ms)", "exposed %",
-                     "all-reduce alone (ms)"] + (["data wait (ms)"] if fed else []), table,
-                    title=f"scaling: {records[0]['workload']}, {records[0]['rung']}, "
-                          f"{records[0]['backend']}; speed-up over {rows[0]['baseline']}"
+                     "step (ms)", "alone (ms)", f"exposed {short} (ms)", "exposed %",
+                     f"{short} alone (ms)"] + (["data wait (ms)"] if fed else [])
+                    + (["peak GB alone", f"peak GB {_wrapper(first)}"] if memory else []),
+                    table,
+                    title=f"scaling: {first['workload']}, {first['rung']}, "
+                          f"{_wrapper(first)} over {first['backend']}; speed-up over "
+                          f"{rows[0]['baseline']}"
                           + (f"; data: {data['root']} through the {data['loader']} loader"
                              if fed else ""),
                     file=file)
@@ -248,6 +274,16 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                     print(f"unstable (!): {r['world_size']} workers, the {what}: "
                           f"{'; '.join(reasons)}", file=file)
     return rows
+
+
+def _wrapper(r: dict) -> str:
+    """The data-parallel wrapper of a record: DDP, or FSDP2 (``--shard``)."""
+    return "FSDP2" if r.get("strategy") == "fsdp2" else "DDP"
+
+
+def _comm(r: dict) -> str:
+    """What its workers exchange: all-reduce (DDP), all-gather + reduce-scatter (FSDP2)."""
+    return r.get("comm", "all-reduce")
 
 
 def plot_scale(records: list[dict], path: Path) -> Path | None:
@@ -285,16 +321,17 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     waits = [by_n[n].get("alone_data_wait_ms") for n in ns]
     if all(w is not None for w in waits):  # --data: the step alone's wait for its batches
         rest = [a - w for a, w in zip(alone, waits)]
-        bx.bar(labels, rest, color="C0", label="step alone (no DDP): the rest")
+        bx.bar(labels, rest, color="C0", label=f"step alone (no {_wrapper(records[0])}): the rest")
         bx.bar(labels, waits, bottom=rest, color="C1", label="step alone: waiting for data")
     else:
-        bx.bar(labels, alone, color="C0", label="step alone (no DDP)")
+        bx.bar(labels, alone, color="C0", label=f"step alone (no {_wrapper(records[0])})")
     more = [by_n[n].get("more_data_wait_ms") or 0.0 for n in ns]
     if any(more):  # --data: the data-parallel step's longer wait for its batches
         bx.bar(labels, more, bottom=alone, color="C1", hatch="//", edgecolor="white",
                label="data-parallel: waiting longer for data")
     bx.bar(labels, exposed, bottom=[a + m for a, m in zip(alone, more)], color="C3",
-           label="exposed all-reduce")
+           label=f"exposed {_comm(records[0])}" if _wrapper(records[0]) == "DDP"
+           else "exposed exchange + FSDP2's own work")
     bx.set_ylim(0, 1.45 * max(a + m + e for a, m, e in zip(alone, more, exposed)))  # legend
     bx.set_xlabel("workers")
     bx.set_ylabel("ms per step")

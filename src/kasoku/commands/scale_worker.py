@@ -10,6 +10,12 @@ rank 0, appends one record to the request's results file.
 3. **all-reduce alone**: the gradients' bytes all-reduced in DDP's bucket sizes, with nothing
    to overlap with.
 
+With ``--shard`` the data-parallel step is FSDP2's (``kasoku.distributed.fsdp.shard``) and
+the communication alone is its own: each unit's parameters all-gathered (in the forward, and
+again in the backward but for the units kept whole after their forward: the last block and
+the root) and its gradients reduce-scattered, in the unit sizes and dtypes FSDP2 uses.
+Each step measurement also records the device's peak memory (the largest over the ranks).
+
 Each timed window starts after a barrier and ends when this rank's device is done; a window's
 time is the slowest rank's (a step is not done before its last worker is), the figure the
 median over windows. Warm-up steps (compilation, autotuning, DDP's bucket rebuild, graph
@@ -40,7 +46,7 @@ from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS
 from kasoku.commands.bench.worker import config_from_dict
 from kasoku.commands.scale_feed import SAMPLES_ENV, ShardFeed
 from kasoku.core.queues import request_queues
-from kasoku.distributed import ddp
+from kasoku.distributed import ddp, fsdp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import failure_recorded, worker_main
 from kasoku.distributed.world import World
@@ -95,8 +101,10 @@ def measure(request: dict, device, world_size: int) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        shard = request.get("shard", False)
+        wrap = fsdp.sharder(device) if shard else (lambda model: ddp.wrap(model, cfg, device))
         wrapped, params = _time_steps(request, wl, rung, device, batches, feed, notes,
-                                      distribute=lambda model: ddp.wrap(model, cfg, device))
+                                      distribute=wrap)
         if feed is not None:
             data = feed.describe()
             if os.environ.get(SAMPLES_ENV):
@@ -104,7 +112,7 @@ def measure(request: dict, device, world_size: int) -> dict:
     finally:
         if feed is not None:
             feed.close()
-    comm = _time_allreduce(params, cfg, device)
+    comm = _time_shard_comm(params, device) if shard else _time_allreduce(params, cfg, device)
     step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
     # With --data, what the data-parallel step waits for its batches beyond the step alone's
     # wait is the loaders' (sharing the host), not the all-reduce's.
@@ -115,12 +123,15 @@ def measure(request: dict, device, world_size: int) -> dict:
     b = request["batch_size"] * wl.units_per_sample  # rates in the unit: tokens for gpt
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return {
-        "schema": SCHEMA, "workload": wl.name, "unit": wl.sample_unit,
+        "schema": SCHEMA, "workload": request["workload"], "unit": wl.sample_unit,
         "world_size": world_size, "backend": torch.distributed.get_backend(),
         "device_type": device.type, "rung": rung.label, "config": rung.config_dict(),
         "batch_size_per_worker": request["batch_size"],
         "global_batch_size": request["batch_size"] * world_size,
         "threads_per_worker": request["threads"] if device.type == "cpu" else None,
+        "strategy": "fsdp2" if shard else "ddp",
+        "comm": "all-gather + reduce-scatter" if shard else "all-reduce",
+        "peak_mem_mb": wrapped["peak_mem_mb"], "alone_peak_mem_mb": alone["peak_mem_mb"],
         "bucket_mb": cfg.bucket_mb, "static_graph": cfg.static_graph,
         "allreduce_dtype": cfg.allreduce_dtype,
         "settings": {k: request[k] for k in ("steps", "windows", "warmup", "seed")},
@@ -170,6 +181,8 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
     import torch
 
     torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model = wl.build_model().to(device)
     if rung.is_plain and distribute is not None:  # the plain loop has no levers to order
         model = distribute(model)
@@ -210,11 +223,16 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
         window()
         slowest = _max_over_ranks(windows, device)
         budget_ms -= steps * slowest[-1]
-    params = [p for p in getattr(runner, "model", model).parameters() if p.requires_grad]
+    trained = getattr(runner, "model", model)
+    params = [p for p in trained.parameters() if p.requires_grad]
+    if fsdp.is_sharded(trained):  # the communication alone needs FSDP2's units
+        params = trained
     stability = Stability(spread(slowest), watch.stop(),
                           len(windows) - request["windows"]).to_dict()
     waited = _max_over_ranks(waits, device) if feed is not None else None
-    return {"step_ms": statistics.median(slowest), "step_ms_windows": slowest,
+    peak = _max_over_ranks([torch.cuda.max_memory_allocated(device) / 1e6], device)[0] \
+        if device.type == "cuda" else None
+    return {"peak_mem_mb": peak, "step_ms": statistics.median(slowest), "step_ms_windows": slowest,
             "warmup_s": warmup_s, "stability": stability,
             "data_wait_ms": statistics.median(waited) if waited else None,
             "data_wait_ms_windows": waited}, params
@@ -245,6 +263,48 @@ def _time_allreduce(params: list, cfg, device) -> dict:
         times.append((time.perf_counter() - t0) * 1e3)
     slowest = _max_over_ranks(times, device)
     return {"ms": statistics.median(slowest), "buckets": len(buffers), "bytes": total}
+
+
+def _time_shard_comm(model, device) -> dict:
+    """FSDP2's communication with nothing to overlap with: for each unit of ``model`` its
+    parameters all-gathered in the dtype they are computed in (bf16 on CUDA, as
+    ``fsdp.shard``'s policy) twice, once for the units kept whole after their forward (the
+    last block, the root), and its fp32 gradients reduce-scattered; timed ``COMM_REPS``
+    times, the slowest rank's median, in ms."""
+    import torch
+    import torch.distributed as dist
+    n = dist.get_world_size()
+    gather_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sizes = fsdp.unit_sizes(model)
+    kept = {len(sizes) - 2, len(sizes) - 1}  # the last block and the root: gathered once
+    plan = []
+    for i, size in enumerate(sizes):
+        per_rank = -(-size // n)  # FSDP2 pads each shard to the same size
+        for _ in range(1 if i in kept else 2):
+            plan.append(("gather", torch.empty(per_rank, dtype=gather_dtype, device=device),
+                         torch.empty(per_rank * n, dtype=gather_dtype, device=device)))
+        plan.append(("scatter", torch.ones(per_rank * n, dtype=torch.float32, device=device),
+                     torch.empty(per_rank, dtype=torch.float32, device=device)))
+
+    # The *_single names from torch 2.12 on; the older ones are deprecated there.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def exchange():
+        for kind, a, b in plan:
+            (gather if kind == "gather" else scatter)(b, a)
+
+    exchange()  # warm-up: the communicator's buffers for these sizes
+    times = []
+    for _ in range(COMM_REPS):
+        _barrier(device)
+        t0 = time.perf_counter()
+        exchange()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    slowest = _max_over_ranks(times, device)
+    # bytes: the fp32 gradients, as for DDP (grad_mb)
+    return {"ms": statistics.median(slowest), "buckets": len(plan), "bytes": 4 * sum(sizes)}
 
 
 def _barrier(device) -> None:

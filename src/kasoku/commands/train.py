@@ -118,7 +118,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                                 momentum=recipe.momentum,
                                                 weight_decay=recipe.weight_decay,
                                                 model=model, kfac=kfac),
-            distribute=None if not parallel else (lambda m: fsdp.shard(m, device))
+            distribute=None if not parallel else fsdp.sharder(device)
             if dist_cfg.shard else (lambda m: ddp.wrap(m, dist_cfg, device)))
         model = accelerated.model
         _share_loss_scale(accelerated)

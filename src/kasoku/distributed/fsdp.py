@@ -2,7 +2,8 @@
 holds 1/N of each parameter, gradient and optimizer state, all-gathers a block's parameters
 just before the block runs (forward and backward) and reduce-scatters its gradients after.
 
-``shard`` wraps as torchtitan does: each transformer block a unit of its own, then the root
+``shard`` wraps as torchtitan does (with ``--compile``, each block compiled first:
+``sharder``): each transformer block a unit of its own, then the root
 (the embeddings, the final norm and the head, and any model without ``blocks``), so one
 block's parameters are whole at a time; the next block's all-gather is issued ahead
 (explicit forward and backward prefetching). On CUDA the parameters are computed in bf16 and
@@ -56,6 +57,30 @@ def shard(model: nn.Module, device: torch.device) -> nn.Module:
         first.set_modules_to_forward_prefetch([then])  # the next block's all-gather ahead
         then.set_modules_to_backward_prefetch([first])
     return model
+
+
+def sharder(device: torch.device):
+    """``shard`` as the ``distribute`` step ``kasoku.accel.compose.accelerate`` takes; marked
+    so that ``--compile`` compiles each block before the wrap, inside its own unit (as
+    torchtitan does: FSDP2's hooks stay outside the compiled code) instead of the whole
+    model after it."""
+    def distribute(model: nn.Module) -> nn.Module:
+        return shard(model, device)
+    distribute.compiles_blocks = True
+    return distribute
+
+
+def unit_sizes(model: nn.Module) -> list[int]:
+    """The whole (unsharded) element count of each FSDP unit's own parameters, those of no
+    unit inside it: what one all-gather of that unit brings and one reduce-scatter of its
+    gradients sends, in ``shard``'s order (the blocks, then the root)."""
+    units = [m for m in model.modules() if is_sharded(m)]
+    sizes = []
+    for unit in units:
+        inner = {id(p) for sub in unit.modules() if sub is not unit and is_sharded(sub)
+                 for p in sub.parameters()}
+        sizes.append(sum(p.numel() for p in unit.parameters() if id(p) not in inner))
+    return sizes[1:] + sizes[:1]  # modules() lists the root first
 
 
 def is_sharded(model: nn.Module) -> bool:

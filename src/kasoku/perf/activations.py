@@ -10,7 +10,9 @@ storages instead: every storage an operator of the forward creates is recorded (
 modes), and those still alive when the forward has returned are what the step holds until its
 backward pass: autograd's saved tensors, a checkpoint's inputs, selective checkpointing's
 saved outputs, whoever holds them. Parameters, buffers and the batch are not counted, nor the
-loss. Each storage counts once, whatever views of it were saved.
+loss. Each storage counts once, whatever views of it were saved. A tensor subclass that wraps
+others (torchao's float8 tensors: the float8 data and its scale) counts as the tensors it
+wraps: it has no storage of its own.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import weakref
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 
@@ -33,8 +35,8 @@ class _Created(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+        for t in _plain(tree_leaves(out)):
+            if t.layout == torch.strided:
                 storage = t.untyped_storage()
                 ptr = storage.data_ptr()
                 known = self.created.get(ptr)
@@ -42,6 +44,16 @@ class _Created(TorchDispatchMode):
                 if ptr and ptr not in self.existing and (known is None or known[0]() is None):
                     self.created[ptr] = (weakref.ref(storage), storage.nbytes())
         return out
+
+
+def _plain(leaves):
+    """The plain tensors among ``leaves``, a wrapper subclass replaced by those it wraps."""
+    for t in leaves:
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            yield from _plain(getattr(t, name) for name in names)
+        elif isinstance(t, torch.Tensor):
+            yield t
 
 
 def saved_activation_bytes(model: torch.nn.Module, forward: Callable[[], torch.Tensor],
@@ -52,11 +64,11 @@ def saved_activation_bytes(model: torch.nn.Module, forward: Callable[[], torch.T
     are never counted. Runs ``forward`` once, with gradients as they are; the caller runs the
     backward (or drops the loss) afterwards."""
     existing = {t.untyped_storage().data_ptr()
-                for t in [*model.parameters(), *model.buffers(), *keep]}
+                for t in _plain([*model.parameters(), *model.buffers(), *keep])}
     mode = _Created(existing)
     with mode:
         loss = forward()
     gc.collect()  # reference cycles of the forward's frames are not activations
-    own = loss.untyped_storage().data_ptr()
+    own = {t.untyped_storage().data_ptr() for t in _plain([loss])}
     return sum(nbytes for ptr, (ref, nbytes) in mode.created.items()
-               if ptr != own and ref() is not None)
+               if ptr not in own and ref() is not None)
