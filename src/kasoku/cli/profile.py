@@ -18,7 +18,9 @@ from kasoku.cli.train import (
     TRAIN_FLAGS,
     WORKLOAD_HELP,
     add_data_arguments,
+    add_workload_settings,
     kfac_config_from_args,
+    workload_spec,
 )
 from kasoku.commands.ab import ladder_lines, tried_lines, without_own
 from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
@@ -95,6 +97,7 @@ def add_parser(sub) -> None:
                    "threads=N, tf32, cudnn-benchmark, bf16 (the script under torch.autocast "
                    "bf16)")
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    add_workload_settings(p)
     p.set_defaults(handler=run, script=None)
 
 
@@ -122,7 +125,7 @@ def run(args) -> int:
     dist = dist_config_from_args(args)
     if dist.asked and not under_launcher():
         return _launch(args, dist, cfg)
-    result = profile_workload(args.workload, data, train, accel_config_from_args(args), cfg,
+    result = profile_workload(workload_spec(args), data, train, accel_config_from_args(args), cfg,
                               out=args.out, measure_only=args.measure_only,
                               argv=args.argv, dist_cfg=dist, kfac=kfac_config_from_args(args))
     if dist.asked and not World.from_env().is_main:
@@ -169,7 +172,7 @@ def _launch(args, dist, cfg) -> int:
     """Start the workers (each runs this command as one of them), then, with ``--confirm``,
     run the A/B from here: each side launches its own workers."""
     check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
-    wl = create_workload(args.workload)
+    wl = create_workload(workload_spec(args))
     if args.measure_only:
         return launch(list(args.argv), dist)
     out = out_or_new(args.out, wl.name, "profile", "the profile")

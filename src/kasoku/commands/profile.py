@@ -34,7 +34,7 @@ from kasoku.commands.train import build_trainer, close_run
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
 from kasoku.data.registry import check_loader_settings, dataset_kind
-from kasoku.distributed import World, require_single_process
+from kasoku.distributed import World, fsdp, require_single_process
 from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFAC
 from kasoku.perf import cpuinfo
@@ -247,6 +247,7 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "batch_size": trainer.run_info["batch_size"],
                "has_conv": any(isinstance(m, torch.nn.Conv2d) for m in trainer.model.modules()),
                "has_blocks": checkpointable_blocks(trainer.model) is not None,
+               "sharded": fsdp.is_sharded(trainer.model),
                "unprofiled_samples_per_s": result["samples_per_s"],
                "data_kind": dataset_kind(_dataset(trainer.train_loader)),
                **machine_facts(trainer.updater.device)}

@@ -134,10 +134,20 @@ def communication_candidates(f: dict) -> list[Lever]:
     return out
 
 
+def _graphable(f: dict) -> bool:
+    """Whether the step could be captured as a CUDA graph: on CUDA, not captured yet, not
+    sharded (FSDP2's all-gathers allocate and free memory each step: ``--shard`` refuses
+    ``--cuda-graph``)."""
+    return f.get("device") == "cuda" and not cfg(f).get("cuda_graph") and not f.get("sharded")
+
+
 def host_candidates(f: dict) -> list[Lever]:
     gain = idle_speedup(f.get("idle_host_pct", 0.0) + f.get("idle_other_pct", 0.0))
+    if f.get("sharded"):  # FSDP2's host work is per unit and step: more samples per step
+        return [_bigger_batch(f, "launch")] + _compile(f, min(gain, 1.3), "fewer kernels "
+                                                       "to launch per block")
     out = []
-    if f.get("device") == "cuda" and not cfg(f).get("cuda_graph"):
+    if _graphable(f):
         out.append(Lever("capture the step as a CUDA graph: --cuda-graph", estimate(gain),
                          ("--cuda-graph",), gain))
     out += _compile(f, min(gain, 1.3), "fewer, fused kernels to launch")
@@ -146,7 +156,7 @@ def host_candidates(f: dict) -> list[Lever]:
 
 def latency_candidates(f: dict) -> list[Lever]:
     out = [_bigger_batch(f, "kernel")]
-    if f.get("device") == "cuda" and not cfg(f).get("cuda_graph"):
+    if _graphable(f):
         out.append(Lever("capture the step as a CUDA graph: --cuda-graph", estimate(None),
                          ("--cuda-graph",), None))
     return out + _compile(f, 1.2, "fused kernels")
