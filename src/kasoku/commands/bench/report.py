@@ -311,7 +311,12 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
     ax.set_title(f"{title}\nbars: median, whiskers: min-max of the timed windows; above each "
                  f"bar its speed-up over plain (~: within the noise); hatched //: unstable",
                  fontsize=8)
-    ax.legend(fontsize=7, ncols=min(4, max(1, len(rungs))), loc="upper left")
+    longest = max((len(r) for r in rungs), default=0)
+    if longest > 24:  # --config specs as labels: below the axes, as wide as they need
+        ax.legend(fontsize=7, ncols=max(1, min(len(rungs), 90 // longest)), loc="upper left",
+                  bbox_to_anchor=(0.0, -0.14))
+    else:
+        ax.legend(fontsize=7, ncols=min(4, max(1, len(rungs))), loc="upper left")
     # Room above the highest whisker for its speed-up label (upright or turned) and the legend.
     highest = max([top] + [r["figures"]["samples_per_s"]["max"] for r in records
                            if median_rate(r)])
