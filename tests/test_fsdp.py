@@ -152,3 +152,15 @@ def test_compiled_blocks_train_as_the_eager_sharded_workers(tmp_path, gpt64, hal
     compiled = full_state(run / "snapshot_iter_4.dcp", tmp_path)["model"]
     eager = full_state(half / "snapshot_iter_4.dcp", tmp_path)["model"]
     assert_same(compiled, eager, rtol=0, atol=ATOL_FP64)
+
+
+def test_a_refused_resume_prints_no_resume_command(tmp_path, gpt64, half):
+    """A worker that refuses the settings (exit 2) would refuse them again on resuming: the
+    launcher says the refusal, not a command that continues the run."""
+    run = tmp_path / "run"
+    shutil.copytree(half, run)
+    done = kasoku("train", gpt64, *RUN, "--procs", "2", "--shard", "--batch-size", "8",
+                  "--epochs", "1", "--out", run, "--resume", "auto", check=False)
+    assert done.returncode == 2
+    assert "belongs to another run" in done.stderr
+    assert "to continue this run" not in done.stderr and "Traceback" not in done.stderr

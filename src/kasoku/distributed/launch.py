@@ -141,8 +141,9 @@ def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
                 if cfg.max_restarts else ""
             print(f"kasoku: error: worker {rank} failed ({how(failure.exitcode)}){tries}, so "
                   f"the job stopped: {why}", file=sys.stderr, flush=True)
-            _say_resume(resume_command, out, restarts=cfg.max_restarts)
             code = failure.exitcode
+            if code != 2:  # 2: the settings were refused, and would be again on resuming
+                _say_resume(resume_command, out, restarts=cfg.max_restarts)
             return code if code in (1, 2) else 1
         except KeyboardInterrupt:
             raise
@@ -180,7 +181,10 @@ def _say_resume(command: str | None, out: Path | None, restarts: int | None = No
     0, that ``--max-restarts`` would have restarted it."""
     if command is None or out is None:
         return
-    has_snapshot = Path(out).is_dir() and any(Path(out).glob("snapshot_*.pt"))
+    # a file, or a sharded run's folder (its trainer state beside the shards)
+    has_snapshot = Path(out).is_dir() and (
+        any(Path(out).glob("snapshot_*.pt"))
+        or any((p / "trainer.pt").is_file() for p in Path(out).glob("snapshot_*.dcp")))
     hint = " (--max-restarts 1 would have restarted the workers from it by itself)" \
         if restarts == 0 else ""
     if has_snapshot:
