@@ -118,3 +118,31 @@ def test_generated_tokens_follow_a_learnable_rule():
     assert pairs.unique().numel() < 0.5 * pairs.numel()
     again, _ = synthetic_token_datasets(64, 8, block_size=32, vocab_size=256, seed=1)
     assert torch.equal(again.get_batch(torch.arange(64))[0], x)
+
+
+def test_a_run_lists_the_files_its_corpus_left_out(tmp_path, capsys):
+    """A training run's bad_files.jsonl lists the text files left out (not UTF-8), as it
+    lists a loader's bad images; the end of the run counts them."""
+    import json
+
+    from kasoku.cli import main
+    root = tmp_path / "text"
+    root.mkdir()
+    (root / "a.txt").write_text("héllo wörld\n" * 600)
+    (root / "latin1.txt").write_bytes("café".encode("latin-1"))
+    out = tmp_path / "run"
+    assert main(["train", "gpt", "--data", str(root), "--data-cache", str(tmp_path / "c"),
+                 "--epochs", "1", "--batch-size", "8", "--no-progress", "--out", str(out)]) == 0
+    (record,) = [json.loads(x) for x in (out / "bad_files.jsonl").read_text().splitlines()]
+    assert record["path"].endswith("latin1.txt") and record["reason"].startswith("not UTF-8")
+    assert record["split"] == "train"
+    assert "1 bad file skipped, each listed with its reason in" in capsys.readouterr().err
+
+
+def test_the_data_bench_counts_gpt_in_sequences():
+    """A loader hands out whole sequences: the data bench's rate says so, not tokens/s."""
+    from kasoku.commands.bench.data_sources import sample_word
+    from kasoku.workloads import create_workload
+    assert sample_word(create_workload("gpt")) == "64-token sequences"
+    assert sample_word(create_workload("gpt:model_size=small")) == "1024-token sequences"
+    assert sample_word(create_workload("mnist-mlp")) == "samples"

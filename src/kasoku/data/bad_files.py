@@ -168,8 +168,9 @@ class BadFileList:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def add(self, path, reason: str) -> bool:
-        """Record ``path`` (skipped for ``reason``); False when it was already recorded."""
+    def add(self, path, reason: str, warn: bool = True) -> bool:
+        """Record ``path`` (skipped for ``reason``); False when it was already recorded.
+        ``warn=False``: the caller has said it already (a text corpus's files left out)."""
         path = str(path)
         with self._lock:
             if path in self._paths:
@@ -177,7 +178,7 @@ class BadFileList:
             self._paths.add(path)
             self._records.append(BadFileRecord(path, reason))
             first = len(self._records) == 1
-        if first:
+        if first and warn:
             where = f"every bad file is listed, with its reason, in {self.listed_in}" \
                 if self.listed_in else "later bad files are counted, not warned about one by one"
             warn_once(f"skipping bad file {path} ({reason}): its samples are replaced by the next "

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import DataError
+from kasoku.data.bad_files import BadFileList
 from kasoku.data.base import ArrayDataset
 from kasoku.data.text import Corpus
 
@@ -32,9 +33,11 @@ class TokenWindows:
     copy of the tokens)."""
 
     def __init__(self, path, start: int, span: int, block_size: int, seed: int | None = None,
-                 name: str = "tokens"):
+                 name: str = "tokens", bad_files: BadFileList | None = None):
         self.path, self.start, self.block_size, self.seed = str(path), start, block_size, seed
         self.name = name
+        self.bad_files = bad_files
+        """The corpus's files left out (not UTF-8), for the run's ``bad_files.jsonl``."""
         # Room for the largest offset when the cut moves between epochs.
         room = span - (block_size if seed is not None else 1)
         self.n_windows = max(0, room // block_size)
@@ -81,8 +84,11 @@ def token_datasets(corpus: Corpus, block_size: int, seed: int = 0
     it. ``DataError`` when the text is too short for both."""
     n = corpus.n_tokens
     val_tokens = min(int(n * VAL_FRACTION), MAX_VAL_WINDOWS * block_size + 1)
+    left_out = BadFileList()  # said once by tokenize already: listed, not warned again
+    for path, reason in corpus.skipped:
+        left_out.add(path, reason, warn=False)
     train = TokenWindows(corpus.tokens, 0, n - val_tokens, block_size, seed=seed,
-                         name="text-train")
+                         name="text-train", bad_files=left_out)
     val = TokenWindows(corpus.tokens, n - val_tokens, val_tokens, block_size, name="text-val")
     if len(train) < 1 or len(val) < 1:
         raise DataError(f"{corpus.root}: its {n:,} tokens are too few for a training and a "

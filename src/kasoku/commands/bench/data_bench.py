@@ -61,7 +61,7 @@ from kasoku.commands.bench.data_report import (
     print_data_bench,
     progress_line,
 )
-from kasoku.commands.bench.data_sources import resolve_sources
+from kasoku.commands.bench.data_sources import resolve_sources, sample_word
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError
@@ -168,7 +168,7 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
         for bs in batch_sizes:
             say(f"model {model.name} bs {bs} on synthetic on-device batches ...")
             model_rates[bs] = rates = model.synthetic_rates(bs, req, req.seed)
-            say(f"  {rates['median']:,.0f} {model.workload.sample_unit}/s (min "
+            say(f"  {rates['median']:,.0f} {sample_word(model.workload)}/s (min "
                 f"{rates['min']:,.0f}, max {rates['max']:,.0f})")
     env = environment(device)
     run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"

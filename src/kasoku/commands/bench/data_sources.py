@@ -108,7 +108,15 @@ def _workload_source(name: str, req) -> Source:
     train, _ = workload.build_datasets(req.data, seed=req.seed)
     label = f"{name} ({'synthetic' if req.data.synthetic else 'data'})"
     return Source(name, label, "workload", None, train, *_sample_bytes(train),
-                  unit=workload.sample_unit)
+                  unit=sample_word(workload))
+
+
+def sample_word(workload) -> str:
+    """What the data bench counts: a workload's samples, by its ``sample_unit`` where a sample
+    is one of them (images), else as sequences of them (gpt: "64-token sequences"; a loader
+    hands out whole sequences, so its rate is not tokens/s)."""
+    n = workload.units_per_sample
+    return workload.sample_unit if n == 1 else f"{n}-{workload.sample_unit.rstrip('s')} sequences"
 
 
 def _sample_bytes(dataset) -> tuple[np.ndarray | int, str]:
