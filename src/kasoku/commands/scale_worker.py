@@ -103,8 +103,8 @@ def measure(request: dict, device, world_size: int) -> dict:
             torch.cuda.empty_cache()
         shard = request.get("shard", False)
         wrap = fsdp.sharder(device) if shard else (lambda model: ddp.wrap(model, cfg, device))
-        wrapped, params = _time_steps(request, wl, rung, device, batches, feed, notes,
-                                      distribute=wrap)
+        wrapped, trained = _time_steps(request, wl, rung, device, batches, feed, notes,
+                                       distribute=wrap)
         if feed is not None:
             data = feed.describe()
             if os.environ.get(SAMPLES_ENV):
@@ -112,7 +112,8 @@ def measure(request: dict, device, world_size: int) -> dict:
     finally:
         if feed is not None:
             feed.close()
-    comm = _time_shard_comm(params, device) if shard else _time_allreduce(params, cfg, device)
+    comm = _time_shard_comm(trained, device) if shard else _time_allreduce(
+        [p for p in trained.parameters() if p.requires_grad], cfg, device)
     step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
     # With --data, what the data-parallel step waits for its batches beyond the step alone's
     # wait is the loaders' (sharing the host), not the all-reduce's.
@@ -173,11 +174,11 @@ def _source(request: dict, wl, device, rank: int, world_size: int):
 
 
 def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str], distribute
-                ) -> tuple[dict, list]:
+                ) -> tuple[dict, object]:
     """Warm-up, then ``windows`` timed windows of ``steps`` steps of the rung's step (DDP's
     when ``distribute`` is given) on ``batches(n, start)``: the slowest rank's time per step
-    of each window (and with a ``feed``, its wait for the batches), and the parameters the
-    step trains."""
+    of each window (and with a ``feed``, its wait for the batches), and the model the step
+    trains (as wrapped)."""
     import torch
 
     torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
@@ -223,10 +224,6 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
         window()
         slowest = _max_over_ranks(windows, device)
         budget_ms -= steps * slowest[-1]
-    trained = getattr(runner, "model", model)
-    params = [p for p in trained.parameters() if p.requires_grad]
-    if fsdp.is_sharded(trained):  # the communication alone needs FSDP2's units
-        params = trained
     stability = Stability(spread(slowest), watch.stop(),
                           len(windows) - request["windows"]).to_dict()
     waited = _max_over_ranks(waits, device) if feed is not None else None
@@ -235,7 +232,7 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
     return {"peak_mem_mb": peak, "step_ms": statistics.median(slowest), "step_ms_windows": slowest,
             "warmup_s": warmup_s, "stability": stability,
             "data_wait_ms": statistics.median(waited) if waited else None,
-            "data_wait_ms_windows": waited}, params
+            "data_wait_ms_windows": waited}, getattr(runner, "model", model)
 
 
 def _time_allreduce(params: list, cfg, device) -> dict:
