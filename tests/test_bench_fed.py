@@ -18,6 +18,7 @@ from kasoku.data.imagefolder import ImageFolder
 from kasoku.workloads import create_workload
 
 
+@pytest.mark.slow  # 14 s on 2 cores: a bench sweep of three runs
 def test_loader_rung_feeds_the_rung_before_it_from_the_dataset(tmp_path):
     data = write_mnist(tmp_path / "mnist", n_train=200, n_test=20)
     out = tmp_path / "out"

@@ -164,6 +164,7 @@ def test_evaluation_shards_cover_every_sample_once():
     assert got == list(range(11))
 
 
+@pytest.mark.slow  # 24 s on 2 cores: two launches and a restart
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
     run = ["train", *MNIST, "--procs", "2", "--batch-size", "10", "--epochs", "4",
            "--snapshot-interval", "20"]

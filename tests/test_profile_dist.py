@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kasoku.cli import main
 
 
+@pytest.mark.slow  # 18 s on 2 cores: the profile and its --confirm launches
 def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd):
     out = tmp_path / "prof"
     code = main(["profile", "mnist-mlp", "--synthetic", "--procs", "2", "--steps", "4",
