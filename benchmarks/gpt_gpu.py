@@ -124,11 +124,12 @@ def levers(out: Path, which: list[str]) -> None:
               f"{mem or 0:8.2f} {(saved or 0) / 1e6:9.0f}  {r.get('error') or ''}"[:160])
 
 
-def scale(out: Path, sizes: list[str], rung: str) -> None:
+def scale(out: Path, sizes: list[str], rung: str, batch: list[str]) -> None:
     for size in sizes:
         for shard in ([], ["--shard"]):
             name = f"{size}-{'fsdp2' if shard else 'ddp'}"
             run(KASOKU + ["scale", "gpt", "--model-size", size, "--gpus", "1,2", "--config", rung,
+                          *(["--batch-size", ",".join(batch)] if batch else []),
                           "--steps", "10", "--windows", "5", "--warmup", "5", *shard,
                           "--out", str(out / name)], out / f"{name}.log")
             print((out / f"{name}.log").read_text()[-2500:])
@@ -149,6 +150,8 @@ def main() -> None:
     p.add_argument("--config", action="append", help="levers: the rungs (default: LEVERS)")
     p.add_argument("--sizes", default="small,medium", help="scale: model sizes")
     p.add_argument("--rung", default="precision=bf16,fused", help="scale: the step's levers")
+    p.add_argument("--batch-size", default="", help="scale: batch sizes per GPU, N[,N...] "
+                   "(default: the recipe's, 16 small, 8 medium)")
     p.add_argument("--minutes", type=float, default=8.0, help="train: the time budget")
     p.add_argument("--epochs", type=float, default=100.0,
                    help="train: the run's epochs (its learning-rate schedule spans them); "
@@ -166,7 +169,8 @@ def main() -> None:
     elif args.part == "levers":
         levers(out, args.config or LEVERS)
     elif args.part == "scale":
-        scale(out, args.sizes.split(","), args.rung)
+        scale(out, args.sizes.split(","), args.rung,
+              [b for b in args.batch_size.split(",") if b])
     else:
         train(out, args.minutes, args.epochs, args.train_flags.split())
 
