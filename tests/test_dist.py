@@ -87,11 +87,17 @@ MLP64 = textwrap.dedent('''
     ''')
 
 
+def workload_file(tmp_path_factory, stem: str, source: str, name: str) -> str:
+    """``source`` written as ``STEM.py`` in a fresh folder: the ``FILE.py:NAME`` workload spec
+    the command line takes."""
+    path = tmp_path_factory.mktemp(stem) / f"{stem}.py"
+    path.write_text(source)
+    return f"{path}:{name}"
+
+
 @pytest.fixture(scope="module")
 def mlp64(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("mlp64")
-    (folder / "mlp64.py").write_text(MLP64)
-    return f"{folder / 'mlp64.py'}:MnistMLP64"
+    return workload_file(tmp_path_factory, "mlp64", MLP64, "MnistMLP64")
 
 
 @pytest.fixture(scope="module")

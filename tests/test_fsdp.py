@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dist import assert_same, kasoku
+from test_dist import assert_same, kasoku, workload_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kasoku.cli import main
@@ -52,9 +52,7 @@ ATOL_FP64 = 1e-11
 
 @pytest.fixture(scope="module")
 def gpt64(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("gpt64")
-    (folder / "gpt64.py").write_text(GPT64)
-    return f"{folder / 'gpt64.py'}:GPT64"
+    return workload_file(tmp_path_factory, "gpt64", GPT64, "GPT64")
 
 
 @pytest.fixture(scope="module")
