@@ -11,6 +11,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.compose import check_sharding
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.cli import args as a
@@ -128,9 +129,11 @@ def run(args) -> int:
 
 
 def _shardable(rung: Rung, wl) -> bool:
-    """Whether FSDP2 can take ``rung``'s step (``check_sharding``: no compile, no graph...)."""
+    """Whether FSDP2 can take ``rung``'s step (``check_sharding``: no graph, ...)."""
+    if rung.is_plain:
+        return True
     try:
-        check_sharding(rung.config, wl.recipe.optimizer) if not rung.is_plain else None
+        check_sharding(rung.config, wl.recipe.optimizer)
     except ConfigError:
         return False
     return True
@@ -150,7 +153,9 @@ def scale_config(args, wl, device_type: str):
         rung = rung_from_spec(CPU_DEFAULT_RUNG, "cpu")
     if dist.shard and not rung.is_plain:
         check_sharding(rung.config, wl.recipe.optimizer)
-    (rung,), _ = resolve([rung], device_type, has_conv2d(wl.build_model()))
+    model = wl.build_model()  # what applies to it, as the bench resolves its rungs
+    (rung,), _ = resolve([rung], device_type, has_conv2d(model),
+                         checkpointable_blocks(model) is not None)
     defaults = GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS
     return ScaleConfig(workload=workload_spec(args), label=rung.label, shard=dist.shard,
                        config=rung.config_dict(),
