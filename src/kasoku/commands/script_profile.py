@@ -37,8 +37,6 @@ from kasoku.train.run_dir import make_out_dir, out_or_new
 
 EXIT_USAGE = 2
 """Nothing to profile from a script that ended well: the command asked for what it lacks."""
-INTERRUPTED = 130
-"""The script's end on Ctrl-C (``script_run``)."""
 
 def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None = None,
                    given: list[str] | None = None, measure_only: bool = False) -> int:
@@ -74,7 +72,7 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if watch.steps == 0:
         return _say_nothing(end) if rank == 0 else end.code or EXIT_USAGE
     speak = say if rank == 0 else (lambda line: None)
-    if not watch.done and end.code == INTERRUPTED:
+    if not watch.done and end.interrupted:
         speak(f"interrupted after {watch.steps} steps, before the window's end: nothing was "
               f"profiled")
         return end.code
@@ -104,7 +102,7 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         say("under torchrun the levers are not measured from a worker: kasoku profile -- "
             "torchrun ... measures them, each side a torchrun of its own")
         cfg = replace(cfg, estimate=True, confirm=False)
-    elif end.code == INTERRUPTED:  # Ctrl-C: stop here, with the profile written
+    elif end.interrupted:  # Ctrl-C: stop here, with the profile written
         say("interrupted: the levers were not measured (the profile is kept; --estimate is "
             "what was said)")
         cfg = replace(cfg, estimate=True, confirm=False)

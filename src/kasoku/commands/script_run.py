@@ -97,10 +97,12 @@ class ScriptStopped(BaseException):
 @dataclass
 class ScriptEnd:
     """How the script ended: its exit ``code``, whether it ``raised`` (its traceback was
-    shown) and whether it was ``stopped`` by ``ScriptStopped``."""
+    shown), whether it was ``stopped`` by ``ScriptStopped`` and whether Ctrl-C
+    ``interrupted`` it (not a ``sys.exit(130)`` of its own)."""
     code: int
     raised: bool = False
     stopped: bool = False
+    interrupted: bool = False
 
 
 def run_script(command: ScriptCommand, hidden: tuple[str, ...] = ()) -> ScriptEnd:
@@ -127,7 +129,7 @@ def run_script(command: ScriptCommand, hidden: tuple[str, ...] = ()) -> ScriptEn
     except SystemExit as exc:
         return ScriptEnd(exit_code(exc))
     except KeyboardInterrupt:
-        return ScriptEnd(130)
+        return ScriptEnd(130, interrupted=True)
     except BaseException as exc:  # noqa: BLE001 -- the script's own failure, shown as its own
         print_script_traceback(exc, hidden)
         return ScriptEnd(1, raised=True)
