@@ -259,7 +259,8 @@ class StepWatch:
             self._end()
             return
         else:
-            self._loader_steps = self._loader_steps and took_batch
+            # the facts the advice reads narrow with it
+            self._loader_steps = self.facts.loader_steps = self._loader_steps and took_batch
         if self._loader_steps:
             self._pending = True
         else:  # a step that takes no batch starts here, with a wait of none
