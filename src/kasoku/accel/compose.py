@@ -190,6 +190,8 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     graph_stream, params = None, precision.params
     # FSDP2 (fsdp.sharder): each block compiled before the wrap, its hooks outside the code.
     per_block = cfg.compile and getattr(distribute, "compiles_blocks", False)
+    compile_options = {"mode": cfg.compile_mode, "combo_kernels": cfg.combo_kernels,
+                       "buffer_reuse": not cfg.wgrad_stream}
     if per_block:
         blocks = checkpointable_blocks(model)
         if blocks is None:
@@ -197,8 +199,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
                               f"sharded model, and {type(model).__name__} has no `blocks` "
                               f"ModuleList; drop --compile")
         for block in blocks:
-            apply_compile(block, device, notes, mode=cfg.compile_mode,
-                          combo_kernels=cfg.combo_kernels)
+            apply_compile(block, device, notes, **compile_options)
     if distribute is not None:
         if cfg.cuda_graph and device.type == "cuda":
             # PyTorch's notes for DDP in a captured backward: DDP is built on a side stream,
@@ -219,9 +220,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     # Compile after dtype and layout; before the optimizer is fine (in-place compile keeps
     # the Parameter objects).
     if cfg.compile and not per_block:
-        model = apply_compile(model, device, notes, mode=cfg.compile_mode,
-                              combo_kernels=cfg.combo_kernels,
-                              buffer_reuse=not cfg.wgrad_stream)
+        model = apply_compile(model, device, notes, **compile_options)
     optimizer = make_optimizer(params, cfg.optimizer_impl)
     step_fn = precision.make_step(loss_fn, metric_fn)
     if cfg.channels_last and has_conv2d(model):
