@@ -148,14 +148,16 @@ class BadFileRecord:
 
 class BadFileList:
     """The bad files a loader skipped: one ``BadFileRecord`` per path, in the order they were
-    met; ``add`` is safe from several threads. The first one added is warned about (once),
-    naming ``listed_in``, where a run lists them all, when that is set; the others are only
-    added. ``len``, iteration (the records) and ``in`` (a path) work as for a list."""
+    met; ``add`` is safe from several threads. The first one added with ``warn`` is warned
+    about (once), naming ``listed_in``, where a run lists them all, when that is set; the
+    others are only added. ``len``, iteration (the records) and ``in`` (a path) work as for a
+    list."""
 
     def __init__(self):
         self._records: list[BadFileRecord] = []
         self._paths: set[str] = set()
         self._lock = threading.Lock()
+        self._warned = False  # the first file added with warn, not the first added
         self.listed_in: str | None = None
         """Where the run writes the list (a path, as text), for the first warning."""
 
@@ -177,8 +179,8 @@ class BadFileList:
                 return False
             self._paths.add(path)
             self._records.append(BadFileRecord(path, reason))
-            first = len(self._records) == 1
-        if first and warn:
+            first, self._warned = warn and not self._warned, self._warned or warn
+        if first:
             where = f"every bad file is listed, with its reason, in {self.listed_in}" \
                 if self.listed_in else "later bad files are counted, not warned about one by one"
             warn_once(f"skipping bad file {path} ({reason}): its samples are replaced by the next "

@@ -230,8 +230,8 @@ class ProcessLoader(_PrefetchLoader):
         self.start_method = start_method
         self._workers: list = []
         self._bad = BadFileList()  # the workers' bad files, gathered here
-        for record in getattr(getattr(dataset, "bad_files", None), "since", lambda _: [])(0):
-            self._bad.add(record.path, record.reason, warn=False)  # known before any worker
+        for record in getattr(dataset, "bad_files", None) or ():  # known before any worker
+            self._bad.add(record.path, record.reason, warn=False)
         self._next_tag = 0
         super().__init__(dataset, batch_size, prefetch_batches=prefetch_batches, **kwargs)
         self._start_workers()
