@@ -66,10 +66,16 @@ def save_sharded_snapshot(state: dict, folder, writer: bool) -> Path:
     if writer and tmp.exists():
         shutil.rmtree(tmp)  # a crashed attempt's, at the same iteration
     ddp.broadcast_object(None)  # a barrier: no worker writes into it before it is cleared
-    save_sharded({k: state[k] for k in MODEL_KEYS}, tmp)
+    try:
+        save_sharded({k: state[k] for k in MODEL_KEYS}, tmp)
+        if writer:
+            save_snapshot({k: v for k, v in state.items() if k not in MODEL_KEYS},
+                          tmp / TRAINER_FILE)
+    except BaseException:
+        if writer:  # a failed write's shards are not left behind (a kill still leaves them)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if writer:
-        save_snapshot({k: v for k, v in state.items() if k not in MODEL_KEYS},
-                      tmp / TRAINER_FILE)
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)
