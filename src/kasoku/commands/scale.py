@@ -170,22 +170,21 @@ def explain(r: dict, row: dict) -> str:
     if row["exposed_pct"] >= EXPOSED_PCT:
         text = (f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
                 f"{r['step_ms']:.2f}) is {what} not hidden behind {behind}")
-        if exposed > 1.2 * comm and r["device_type"] == "cpu":
-            text += (f", more than the {what} alone takes ({comm:.2f} ms): exchange and "
-                     f"compute slow each other down on the shared cores")
-        elif exposed > 1.2 * comm:
-            text += (f", more than the {what} alone takes ({comm:.2f} ms): the rest is "
-                     f"{wrapper}'s own work or exchange and compute slowing each other "
-                     f"(kasoku profile WORKLOAD --gpus {n}"
-                     f"{' --shard' if wrapper == 'FSDP2' else ''} tells which)")
+        if exposed > 1.2 * comm:
+            text += f", more than the {what} alone takes ({comm:.2f} ms): " + (
+                "exchange and compute slow each other down on the shared cores"
+                if r["device_type"] == "cpu" else
+                f"the rest is {wrapper}'s own work or exchange and compute slowing each "
+                f"other (kasoku profile WORKLOAD --gpus {n}"
+                f"{' --shard' if wrapper == 'FSDP2' else ''} tells which)")
         else:
             text += f" (the {what} alone takes {comm:.2f} ms; {hidden:.2f} ms of it is hidden)"
         causes.append((row["exposed_pct"], text))
         help_.append(f"a bigger per-worker batch (more compute per {what})")
-        if r["allreduce_dtype"] == "fp32" and r.get("strategy", "ddp") == "ddp":
+        if r["allreduce_dtype"] == "fp32" and wrapper == "DDP":
             help_.append("--allreduce-dtype bf16 (half the bytes)")
         if r["device_type"] == "cuda" and not r["config"].get("cuda_graph") \
-                and r.get("strategy", "ddp") == "ddp":
+                and wrapper == "DDP":
             help_.append("a CUDA-graph step (less host time per step)")
     if row["slowdown"] >= SLOWDOWN:
         share = 100.0 * (r["alone_step_ms"] - r["alone_step_ms"] / row["slowdown"]) \
@@ -239,7 +238,7 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                      + ([f"{r['data_wait_ms']:.2f}"] if fed else []))
     if rows:
         first = records[0]
-        short = "gather/scatter" if first.get("strategy") == "fsdp2" else "all-reduce"
+        short = "all-reduce" if _wrapper(first) == "DDP" else "gather/scatter"
         memory = first.get("peak_mem_mb") is not None
         if memory:  # CUDA: the peak memory per GPU, alone and data-parallel
             for cells, row in zip(table, rows):
@@ -330,7 +329,7 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
         bx.bar(labels, more, bottom=alone, color="C1", hatch="//", edgecolor="white",
                label="data-parallel: waiting longer for data")
     bx.bar(labels, exposed, bottom=[a + m for a, m in zip(alone, more)], color="C3",
-           label=f"exposed {_comm(records[0])}" if _wrapper(records[0]) == "DDP"
+           label="exposed all-reduce" if _wrapper(records[0]) == "DDP"
            else "exposed exchange + FSDP2's own work")
     bx.set_ylim(0, 1.45 * max(a + m + e for a, m, e in zip(alone, more, exposed)))  # legend
     bx.set_xlabel("workers")

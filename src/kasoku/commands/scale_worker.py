@@ -248,18 +248,11 @@ def _time_allreduce(params: list, cfg, device) -> dict:
     cap = max(width, int(cfg.bucket_mb * 1e6 // width * width))
     sizes = [min(cap, total - start) for start in range(0, total, cap)]
     buffers = [torch.zeros(size // width, dtype=dtype, device=device) for size in sizes]
-    for buf in buffers:  # warm-up: the communicator's buffers for these sizes
-        dist.all_reduce(buf)
-    times = []
-    for _ in range(COMM_REPS):
-        _barrier(device)
-        t0 = time.perf_counter()
+
+    def exchange():
         for buf in buffers:
             dist.all_reduce(buf)
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    slowest = _max_over_ranks(times, device)
-    return {"ms": statistics.median(slowest), "buckets": len(buffers), "bytes": total}
+    return {"ms": _timed(exchange, device), "buckets": len(buffers), "bytes": total}
 
 
 def _time_shard_comm(model, device) -> dict:
@@ -291,7 +284,15 @@ def _time_shard_comm(model, device) -> dict:
         for kind, a, b in plan:
             (gather if kind == "gather" else scatter)(b, a)
 
-    exchange()  # warm-up: the communicator's buffers for these sizes
+    # bytes: the fp32 gradients, as for DDP (grad_mb)
+    return {"ms": _timed(exchange, device), "buckets": len(plan), "bytes": 4 * sum(sizes)}
+
+
+def _timed(exchange, device) -> float:
+    """``exchange()`` once to warm up (the communicator's buffers for its sizes), then timed
+    ``COMM_REPS`` times between a barrier and a synchronize: the slowest rank's median, in
+    ms."""
+    exchange()
     times = []
     for _ in range(COMM_REPS):
         _barrier(device)
@@ -299,9 +300,7 @@ def _time_shard_comm(model, device) -> dict:
         exchange()
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    slowest = _max_over_ranks(times, device)
-    # bytes: the fp32 gradients, as for DDP (grad_mb)
-    return {"ms": statistics.median(slowest), "buckets": len(plan), "bytes": 4 * sum(sizes)}
+    return statistics.median(_max_over_ranks(times, device))
 
 
 def _barrier(device) -> None:

@@ -142,9 +142,6 @@ def cpu_ladder(info: CpuInfo | None = None) -> list[Rung]:
             Rung("+channels_last", nhwc), Rung("+compile", compiled)]
 
 
-LADDERS = ("default", "transformer")
-
-
 def default_ladder(device_type: str, kind: str = "default") -> list[Rung]:
     """The ladder of a device, for a workload whose ``ladder`` is ``kind``."""
     if device_type != "cuda":
