@@ -49,6 +49,12 @@ TRAINER_FILE = "trainer.pt"
 """In a sharded snapshot's folder: the trainer's state but the model and the optimizer."""
 
 
+def remove_snapshot(path) -> None:
+    """Delete a snapshot: a file, or a sharded snapshot's folder; gone already is fine."""
+    path = Path(path)
+    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
 def is_sharded_snapshot(path) -> bool:
     """Whether ``path`` is a sharded snapshot's folder (``save_sharded_snapshot``)."""
     return (Path(path) / TRAINER_FILE).is_file()

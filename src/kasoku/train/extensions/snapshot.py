@@ -1,7 +1,6 @@
 """Snapshot: the trainer's whole state, written atomically (see ``kasoku.train.snapshot``)."""
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import torch
 
 from kasoku.distributed.fsdp import is_sharded
 from kasoku.train.reporter import PRIORITY_SNAPSHOT
-from kasoku.train.snapshot import save_sharded_snapshot, save_snapshot
+from kasoku.train.snapshot import remove_snapshot, save_sharded_snapshot, save_snapshot
 
 
 class Snapshot:
@@ -106,8 +105,7 @@ class Snapshot:
         trainer.last_snapshot_iteration = u.iteration
         if getattr(trainer, "writer", True):
             for name in stale:
-                old = trainer.out / name
-                shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
+                remove_snapshot(trainer.out / name)
         return path
 
     def wait(self) -> None:
@@ -138,7 +136,7 @@ def _save(state: dict, path: Path, stale: list[str], copied=None) -> None:
         event.synchronize()  # the pinned copies hold the values now
     save_snapshot(state, path)
     for old in stale:  # a sharded snapshot (a folder) too, where a run resumed from one
-        shutil.rmtree(old) if Path(old).is_dir() else Path(old).unlink(missing_ok=True)
+        remove_snapshot(old)
 
 
 def _host_copy(state, copies: list):
