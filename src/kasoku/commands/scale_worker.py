@@ -90,7 +90,8 @@ def measure(request: dict, device, world_size: int) -> dict:
     wl = create_workload(request["workload"])
     rung = Rung(request["label"], config_from_dict(request["config"]))
     cfg = DistConfig(bucket_mb=request["bucket_mb"], static_graph=request["static_graph"],
-                     allreduce_dtype=request["allreduce_dtype"])
+                     allreduce_dtype=request["allreduce_dtype"],
+                     shard=request.get("shard", False))
     rank = torch.distributed.get_rank()
     torch.manual_seed(request["seed"])
     batches, feed, data = _source(request, wl, device, rank, world_size)
@@ -101,10 +102,8 @@ def measure(request: dict, device, world_size: int) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        shard = request.get("shard", False)
-        wrap = fsdp.sharder(device) if shard else (lambda model: ddp.wrap(model, cfg, device))
         wrapped, trained = _time_steps(request, wl, rung, device, batches, feed, notes,
-                                       distribute=wrap)
+                                       distribute=fsdp.data_parallel(cfg, device))
         if feed is not None:
             data = feed.describe()
             if os.environ.get(SAMPLES_ENV):
@@ -112,7 +111,7 @@ def measure(request: dict, device, world_size: int) -> dict:
     finally:
         if feed is not None:
             feed.close()
-    comm = _time_shard_comm(trained, device) if shard else _time_allreduce(
+    comm = _time_shard_comm(trained, device) if cfg.shard else _time_allreduce(
         [p for p in trained.parameters() if p.requires_grad], cfg, device)
     step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
     # With --data, what the data-parallel step waits for its batches beyond the step alone's
@@ -130,8 +129,8 @@ def measure(request: dict, device, world_size: int) -> dict:
         "batch_size_per_worker": request["batch_size"],
         "global_batch_size": request["batch_size"] * world_size,
         "threads_per_worker": request["threads"] if device.type == "cpu" else None,
-        "strategy": "fsdp2" if shard else "ddp",
-        "comm": "all-gather + reduce-scatter" if shard else "all-reduce",
+        "strategy": "fsdp2" if cfg.shard else "ddp",
+        "comm": "all-gather + reduce-scatter" if cfg.shard else "all-reduce",
         "peak_mem_mb": wrapped["peak_mem_mb"], "alone_peak_mem_mb": alone["peak_mem_mb"],
         "bucket_mb": cfg.bucket_mb, "static_graph": cfg.static_graph,
         "allreduce_dtype": cfg.allreduce_dtype,

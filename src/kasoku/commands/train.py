@@ -118,8 +118,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                                 momentum=recipe.momentum,
                                                 weight_decay=recipe.weight_decay,
                                                 model=model, kfac=kfac),
-            distribute=None if not parallel else fsdp.sharder(device)
-            if dist_cfg.shard else (lambda m: ddp.wrap(m, dist_cfg, device)))
+            distribute=fsdp.data_parallel(dist_cfg, device) if parallel else None)
         model = accelerated.model
         _share_loss_scale(accelerated)
         shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}

@@ -70,6 +70,15 @@ def sharder(device: torch.device):
     return distribute
 
 
+def data_parallel(dist_cfg, device: torch.device):
+    """The ``distribute`` step of ``dist_cfg`` (a ``DistConfig``): FSDP2's ``sharder`` with
+    ``shard``, else DDP's wrap (``kasoku.distributed.ddp.wrap``) in its settings."""
+    if dist_cfg.shard:
+        return sharder(device)
+    from kasoku.distributed import ddp  # beside this module: its process group, its wrap
+    return lambda model: ddp.wrap(model, dist_cfg, device)
+
+
 def unit_sizes(model: nn.Module) -> list[int]:
     """The whole (unsharded) element count of each FSDP unit's own parameters, those of no
     unit inside it: what one all-gather of that unit brings and one reduce-scatter of its
