@@ -7,7 +7,8 @@ measured in the same run.
     PYTHONPATH=src python benchmarks/gpt_gpu.py ladder --out OUT    # GPT-2 small, plain..+float8
     PYTHONPATH=src python benchmarks/gpt_gpu.py levers --out OUT    # checkpointing, float8, sdpa
     PYTHONPATH=src python benchmarks/gpt_gpu.py scale --out OUT     # DDP vs FSDP2, 1 and 2 GPUs
-    PYTHONPATH=src python benchmarks/gpt_gpu.py train --minutes 20 --epochs 8.76 --out OUT
+    PYTHONPATH=src python benchmarks/gpt_gpu.py train --minutes 9 --epochs 45 --out OUT \
+        --run-dir runs/gpt-small     # again: the run resumes from its snapshot
 
 check: ``kasoku train gpt --synthetic`` (tiny) once per combination of CUDA levers that had not
 run on a GPU (the whole step as a CUDA graph with activation checkpointing, float8 with and
@@ -16,10 +17,12 @@ ladder: ``kasoku bench gpt --model-size small`` at batch 16 (x 1024 tokens), the
 ladder. levers: the top rung's neighbours as ``--config`` rungs: activation checkpointing
 (selective, full: time and memory), float8 rowwise and without the graph, the attention's
 kernel pinned (flash, efficient, math: the unfused reference). scale: ``kasoku scale`` of
-GPT-2 small and medium on 1 and 2 GPUs, DDP then ``--shard`` (FSDP2), the same rung.
+GPT-2 small and medium on 1 and 2 GPUs, ``--shard`` (FSDP2) then DDP, the same rung.
 train: ``kasoku train gpt --model-size small`` on the standard library's sources for
 ``--epochs``, ended by SIGTERM after ``--minutes`` (kasoku finishes the step and writes a
-snapshot), its log kept. Only kasoku's command line is run; nothing here imports kasoku.
+snapshot), its log kept; run again with the same ``--run-dir``, it resumes from that snapshot
+(``--resume auto``), so a run longer than one sitting goes on in several. Only kasoku's
+command line is run; nothing here imports kasoku.
 """
 from __future__ import annotations
 
@@ -126,7 +129,7 @@ def levers(out: Path, which: list[str]) -> None:
 
 def scale(out: Path, sizes: list[str], rung: str, batch: list[str]) -> None:
     for size in sizes:
-        for shard in ([], ["--shard"]):
+        for shard in (["--shard"], []):  # FSDP2 first: the figure in question
             name = f"{size}-{'fsdp2' if shard else 'ddp'}"
             run(KASOKU + ["scale", "gpt", "--model-size", size, "--gpus", "1,2", "--config", rung,
                           *(["--batch-size", ",".join(batch)] if batch else []),
@@ -135,10 +138,11 @@ def scale(out: Path, sizes: list[str], rung: str, batch: list[str]) -> None:
             print((out / f"{name}.log").read_text()[-2500:])
 
 
-def train(out: Path, minutes: float, epochs: float, rung: list[str]) -> None:
-    """``epochs`` of the standard library's sources, stopped by SIGTERM after ``minutes``."""
+def train(out: Path, minutes: float, epochs: float, rung: list[str], run_dir: Path) -> None:
+    """``epochs`` of the standard library's sources in ``run_dir`` (resumed from its snapshot
+    when it has one), stopped by SIGTERM after ``minutes``."""
     run(KASOKU + ["train", *SMALL, "--epochs", str(epochs), "--no-progress",
-                  "--log-interval", "200", "--out", str(out / "run"), *rung],
+                  "--log-interval", "200", "--out", str(run_dir), "--resume", "auto", *rung],
         out / "train.log", timeout=minutes * 60)
     print((out / "train.log").read_text()[-4000:])
 
@@ -156,6 +160,8 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=100.0,
                    help="train: the run's epochs (its learning-rate schedule spans them); "
                    "SIGTERM ends it after --minutes")
+    p.add_argument("--run-dir", type=Path, help="train: the run's folder (default OUT/train/"
+                   "run); a folder with a snapshot is resumed")
     p.add_argument("--train-flags", default="--precision bf16 --optimizer-impl fused "
                    "--compile --cuda-graph", help="train: the levers")
     args = p.parse_args()
@@ -172,7 +178,8 @@ def main() -> None:
         scale(out, args.sizes.split(","), args.rung,
               [b for b in args.batch_size.split(",") if b])
     else:
-        train(out, args.minutes, args.epochs, args.train_flags.split())
+        train(out, args.minutes, args.epochs, args.train_flags.split(),
+              args.run_dir or out / "run")
 
 
 if __name__ == "__main__":

@@ -43,9 +43,11 @@ def text_dir(tmp_path):
 
 def test_model_sizes_are_gpt2s():
     with torch.device("meta"):
-        small, medium = GPT(GPT_SHAPES["small"]), GPT(GPT_SHAPES["medium"])
-    assert round(small.num_params(non_embedding=False) / 1e6) == 124
-    assert round(medium.num_params(non_embedding=False) / 1e6) == 355
+        models = {size: GPT(GPT_SHAPES[size]) for size in ("small", "medium", "large", "xl")}
+    # GPT-2's published sizes: 124M, 355M, 774M, 1558M (the vocabulary padded to 50,304)
+    assert {size: round(m.num_params(non_embedding=False) / 1e6) for size, m in models.items()} \
+        == {"small": 124, "medium": 355, "large": 774, "xl": 1558}
+    small = models["small"]
     assert len(small.blocks) == 12 and isinstance(small.blocks, torch.nn.ModuleList)
 
 

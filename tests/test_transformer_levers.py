@@ -1,6 +1,8 @@
 """The transformer's levers on CPU (issue 35): activation checkpointing (the same loss and
 gradients, less memory kept for the backward pass), the attention kernel pinned, float8's
 refusals, compile and the ladder on gpt."""
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -128,9 +130,10 @@ def test_the_pinned_backend_runs_the_step_and_cpu_refusals_are_one_line():
     step = object()
     assert apply_sdpa_backend(step, "auto", "cpu") is step
     check_sdpa_backend("flash", "cpu")  # PyTorch's CPU flash kernel: what auto runs here
-    with pytest.raises(ConfigError, match="efficient.*CUDA") as e:
-        check_sdpa_backend("efficient", "cpu")
-    assert "\n" not in str(e.value)
+    for backend in ("efficient", "cudnn"):
+        with pytest.raises(ConfigError, match=f"{backend}.*CUDA") as e:
+            check_sdpa_backend(backend, "cpu")
+        assert "\n" not in str(e.value)
 
 
 def test_float8_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
@@ -156,6 +159,9 @@ def test_the_ladder_takes_the_levers_and_drops_what_cannot_apply():
     assert (rung.config.float8, rung.config.sdpa_backend, rung.config.activation_checkpointing) \
         == ("none", "auto", "none")
     assert len(notes) == 3 and all("does not apply" in n for n in notes)
+    cudnn = replace(config, sdpa_backend="cudnn")
+    (rung,), notes = resolve([Rung("mine", cudnn)], "cpu", has_conv=False, has_blocks=True)
+    assert rung.config.sdpa_backend == "auto" and any("sdpa_backend cudnn" in n for n in notes)
     (rung,), _ = resolve([Rung("mine", config)], "cuda", has_conv=False, has_blocks=True)
     assert rung.config == config
     with pytest.raises(ConfigError, match="activation_checkpointing"):

@@ -1,5 +1,6 @@
 """Which kernel ``scaled_dot_product_attention`` runs: PyTorch picks one per call (flash,
-memory-efficient, cuDNN, or the math fallback) by the inputs and the device; ``sdpa_backend``
+memory-efficient, cuDNN, or the math fallback) by the inputs and the device, in an order of its
+own (cuDNN's kernel, FlashAttention-3-class on Hopper, is not its first choice); ``sdpa_backend``
 pins it with ``torch.nn.attention.sdpa_kernel`` so the ladder can measure each.
 
 It is a lever of the step, not a setting of the model: the same weights and the same state
@@ -15,9 +16,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kasoku.core.errors import ConfigError
 
-SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 _KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "math": SDPBackend.MATH}
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+CUDA_ONLY = ("efficient", "cudnn")
+"""The backends with no CPU kernel."""
 
 
 def check_sdpa_backend(backend: str, device) -> None:
@@ -26,13 +29,15 @@ def check_sdpa_backend(backend: str, device) -> None:
     if backend not in SDPA_BACKENDS:
         raise ConfigError(f"unknown sdpa backend {backend!r}; choose one of "
                           f"{', '.join(SDPA_BACKENDS)}")
-    if backend == "efficient" and device.type != "cuda":
-        raise ConfigError(f"--sdpa-backend efficient: the memory-efficient attention kernel is "
-                          f"CUDA's; on {device.type} use auto, flash (PyTorch's CPU flash "
-                          f"kernel) or math")
-    if backend == "flash" and device.type == "cuda" \
+    if backend in CUDA_ONLY and device.type != "cuda":
+        kernel = {"efficient": "the memory-efficient attention kernel",
+                  "cudnn": "cuDNN's attention kernel"}[backend]
+        raise ConfigError(f"--sdpa-backend {backend}: {kernel} is CUDA's; on {device.type} use "
+                          f"auto, flash (PyTorch's CPU flash kernel) or math")
+    if backend in ("flash", "cudnn") and device.type == "cuda" \
             and torch.cuda.get_device_capability(device) < (8, 0):
-        raise ConfigError(f"--sdpa-backend flash: FlashAttention needs compute capability 8.0 "
+        name = {"flash": "FlashAttention", "cudnn": "cuDNN's attention"}[backend]
+        raise ConfigError(f"--sdpa-backend {backend}: {name} needs compute capability 8.0 "
                           f"(A100) or newer, this GPU has "
                           f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; "
                           f"use efficient")

@@ -51,7 +51,8 @@ class AccelConfig:
     (gpt)."""
     sdpa_backend: str = "auto"
     """The kernel of scaled_dot_product_attention: auto (PyTorch's choice) | flash |
-    efficient (memory-efficient; CUDA) | math (the unfused reference)."""
+    efficient (memory-efficient; CUDA) | cudnn (cuDNN's; CUDA, 8.0+) | math (the unfused
+    reference)."""
     float8: str = "none"
     """float8 matrix products of the Linear layers through torchao (pip install torchao): none
     | tensorwise | rowwise scaling; CUDA, compute capability 8.9+ (Ada, Hopper)."""

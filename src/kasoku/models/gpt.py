@@ -40,8 +40,11 @@ GPT_SHAPES = {
     # matrix product runs faster, and the extra logits are only ever pushed down.
     "small": GPTShape(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
     "medium": GPTShape(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50304),
+    "large": GPTShape(n_layer=36, n_head=20, n_embd=1280, block_size=1024, vocab_size=50304),
+    "xl": GPTShape(n_layer=48, n_head=25, n_embd=1600, block_size=1024, vocab_size=50304),
 }
-"""tiny: for a CPU and the tests; small and medium: GPT-2's 124M and 350M."""
+"""tiny: for a CPU and the tests; small, medium, large and xl: GPT-2's 124M, 350M, 774M and
+1.5B (the wider matrices are where float8 and FSDP2 pay)."""
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,9 @@ SYNTHETIC_SIZES = (2048, 64)
 # AdamW with GPT-2's weight decay (0.1, on matrices and embeddings), a linear warm-up and a
 # cosine decay over the run. tiny: nanoGPT's small-model rate (1e-3, its Shakespeare
 # character model) and 64 sequences of 64 tokens, an epoch of the standard library
-# (~28M training tokens) in ~6,900 steps; small and medium: GPT-2's rates (6e-4, 3e-4) at
-# batches that fit one GPU without gradient accumulation.
+# (~28M training tokens) in ~6,900 steps; small and medium: GPT-2's rates (6e-4, 3e-4);
+# large and xl: GPT-3's for its models of their size (2.5e-4 at 760M, 2e-4 at 1.3B; Brown et
+# al. 2020, table 2.1); each at a batch that fits one 80 GB GPU without gradient accumulation.
 RECIPES = {
     "tiny": Recipe(optimizer="adamw", lr=1e-3, weight_decay=0.1, batch_size=64, epochs=1,
                    schedule="cosine", warmup_epochs=0.01),
@@ -42,6 +43,10 @@ RECIPES = {
                     schedule="cosine", warmup_epochs=0.01),
     "medium": Recipe(optimizer="adamw", lr=3e-4, weight_decay=0.1, batch_size=8, epochs=1,
                      schedule="cosine", warmup_epochs=0.01),
+    "large": Recipe(optimizer="adamw", lr=2.5e-4, weight_decay=0.1, batch_size=8, epochs=1,
+                    schedule="cosine", warmup_epochs=0.01),
+    "xl": Recipe(optimizer="adamw", lr=2e-4, weight_decay=0.1, batch_size=4, epochs=1,
+                 schedule="cosine", warmup_epochs=0.01),
 }
 
 
@@ -49,7 +54,7 @@ RECIPES = {
 class GPTConfig:
     model_size: str = "tiny"
     """tiny (2 layers, 2 heads, 64 wide, a block of 64 tokens: a CPU, the tests), small
-    (GPT-2's 124M) or medium (GPT-2's 350M)"""
+    (GPT-2's 124M), medium (350M), large (774M) or xl (1.5B)"""
     attention: str = "sdpa"
     """sdpa (torch.nn.functional.scaled_dot_product_attention, fused where the device has a
     kernel) or plain (matrix product, causal mask, softmax, matrix product)"""

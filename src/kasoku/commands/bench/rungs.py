@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields, replace
 
+from kasoku.accel.attention import CUDA_ONLY
 from kasoku.accel.compose import check_config
 from kasoku.accel.config import PRECISIONS, AccelConfig
 from kasoku.accel.float8 import has_torchao
@@ -272,9 +273,10 @@ def _applicable(config: AccelConfig, device_type: str, has_conv: bool, has_block
         if config.float8 != "none":
             config = replace(config, float8="none")
             dropped.append(("float8", f"float8 tensor cores (CUDA, 8.9+), not {device_type}"))
-        if config.sdpa_backend == "efficient":
+        if config.sdpa_backend in CUDA_ONLY:
+            dropped.append((f"sdpa_backend {config.sdpa_backend}",
+                            f"a CUDA kernel, not on {device_type}"))
             config = replace(config, sdpa_backend="auto")
-            dropped.append(("sdpa_backend efficient", f"a CUDA kernel, not on {device_type}"))
         if config.precision == "tf32":
             config = replace(config, precision="fp32")
             dropped.append(("tf32", f"a CUDA tensor-core mode, not on {device_type}"))
