@@ -22,7 +22,7 @@ import pytest
 
 from kasoku.accel.cpu_threads import default_threads
 from kasoku.perf.cpuinfo import core_cpus
-from kasoku.perf.noise import MachineWatch, Stability, free_cpus, spread
+from kasoku.perf.noise import MachineState, MachineWatch, Stability, free_cpus, spread
 
 HAS_PROC = os.path.exists("/proc/stat") and hasattr(os, "sched_getaffinity")
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -101,6 +101,13 @@ def assert_named_by_rank(state, pid: int, cores: float, among: int = 3) -> None:
     else:
         assert len(first) == among and all(p["cores"] >= cores - TOL_CORES for p in first), \
             (pid, cores, state.top_others)
+
+
+def test_a_many_core_runs_cpus_are_written_as_ranges():
+    # 64 CPUs were written out one by one in each unstable line of a 4-GPU host's bench
+    state = MachineState(wall_s=1.0, cpus=[*range(64), 66, 68, 69], others_cores=40.0)
+    (reason,) = state.reasons()
+    assert "(CPUs 0-63,66,68,69)" in reason
 
 
 @needs_two

@@ -173,7 +173,14 @@ def _who(proc: dict) -> str:
 
 
 def _cpu_list(cpus: Sequence[int]) -> str:
-    return ",".join(str(c) for c in cpus)
+    """``cpus`` as Linux writes a CPU list: runs of three or more as ranges (0-63,65)."""
+    runs: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)
 
 
 class MachineWatch:
