@@ -3,7 +3,7 @@ float8 was 0.92x the bf16 rung on GPT-2 small, 768 wide). A transformer's MLP (L
 GELU, Linear 4d->d, no bias) on 16 x 1024 tokens, forward and backward, compiled, in bf16 and
 under torchao's float8 training (tensorwise and rowwise scaling), for several widths d:
 
-    python research/probes/float8_shapes.py [--widths 768,1024,1280,1600,2048,4096,8192]
+    python benchmarks/float8_shapes.py [--widths 768,1024,1280,1600,2048,4096,8192]
 
 Prints ms per step (the median of 5 windows of 10 steps, CUDA events, after 5 warm-up steps
 that include the compilation) and float8's speed-up over bf16 at each width."""
