@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    variants = {"plain PyTorch (textbook DataLoader loop, Adam)": lambda: plain(args.data, args.epochs, False),
+    variants = {"plain PyTorch (textbook DataLoader loop, Adam)":
+                lambda: plain(args.data, args.epochs, False),
                 "plain PyTorch + Adam(fused=True)": lambda: plain(args.data, args.epochs, True),
                 "kasoku train mnist-mlp": lambda: kasoku(args.data, args.epochs)}
     results = {name: [] for name in variants}

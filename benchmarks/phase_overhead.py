@@ -101,7 +101,8 @@ def main() -> int:
         getattr(loader, "close", lambda: None)()
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     print(json.dumps({
-        "workload": args.workload, "device": str(device), "batch_size": trainer.run_info["batch_size"], "loader": args.loader,
+        "workload": args.workload, "device": str(device),
+        "batch_size": trainer.run_info["batch_size"], "loader": args.loader,
         "config": dataclasses.asdict(accel), "steps_per_round": args.steps,
         "sample_every": clock("on").sample_every,
         "sample_period_s": clock("on").sample_period_s,

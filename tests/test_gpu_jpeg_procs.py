@@ -71,7 +71,7 @@ def test_exact_mid_epoch_resume(folder):
             assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
 
-def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_folder):
+def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_folder):  # noqa: F811
     serial, procs = serial_and_procs(bad_folder, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -88,7 +88,7 @@ def test_bad_files_are_skipped_warned_once_counted_and_replaced_like_serial(bad_
     assert len(mine) == 1  # the first bad file, once over two epochs; the second is counted
 
 
-def test_strict_raises_naming_the_file(bad_folder):
+def test_strict_raises_naming_the_file(bad_folder):  # noqa: F811
     dataset = ImageFolder(bad_folder, train=True, image_size=SIZE, strict=True)
     with GpuJpegProcessLoader(dataset, 12, device="cpu", num_workers=1,
                               shuffle=False) as loader:

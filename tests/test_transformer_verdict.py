@@ -62,6 +62,9 @@ def test_unfused_attention_is_a_secondary_cause():
     assert f["attention_ms"]["fused"] == 0 and f["attention_ms"]["softmax"] > 0
     v = judge(f)
     assert v.rule == "device-bound (compute-bound)"
+    assert "in convolutions and matrix products" in v.reason  # has_conv unknown: both named
+    no_conv = judge({**f, "has_conv": False}).reason
+    assert "% of it in matrix products" in no_conv and "convolution" not in no_conv
     assert [s for s in v.secondary if s.startswith("attention-unfused")] == [
         "attention-unfused: attention runs unfused: softmax kernels take 22% of the device's "
         "time and no flash or memory-efficient attention kernel ran"]

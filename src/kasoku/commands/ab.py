@@ -110,8 +110,8 @@ def confirm(argv: list[str], result: dict, rounds: int = ROUNDS, measure=None,
     ``try_levers``): a row per side with the median ratio, what was predicted (``MIN_GAIN``:
     at least 10% faster, or less than that) and the outcome: confirmed, refuted, or
     inconclusive where the ratio is within the rounds' noise of ``MIN_GAIN``.
-    ``measure`` and ``say`` as ``try_levers``; ``command(args)``: the command line a row shows (default:
-    ``kasoku ARGV ARGS``)."""
+    ``measure`` and ``say`` as ``try_levers``; ``command(args)``: the command line a row
+    shows (default: ``kasoku ARGV ARGS``)."""
     verdict = result["verdict"]
     sides = [(e["label"], tuple(e["args"]), e["faster"], "the bound")
              for e in verdict["experiments"]]

@@ -17,11 +17,11 @@ kasoku's phase spans in the trace: a step starts at its first batch's wait (the
 ``kasoku/data`` span the analysis cuts steps at), or, for a script whose steps take no batch
 from a DataLoader, at the previous step's end (a zero-length data span); ``forward`` from the
 batch to the backward pass, ``backward`` in it, ``update`` from the optimizer's step (a global
-pre-hook; for a hand-written update, from the backward pass's end) to the next step. A measuring run (a
-side of the A/B runs) ends after the timed steps. When the window ends the patches are taken
-off and the script goes on at full speed (the optimizer hook stays, doing nothing, until the
-script ends: removing it while it runs would break the optimizer's loop over its hooks), or
-it is stopped (``stop_after_window``).
+pre-hook; for a hand-written update, from the backward pass's end) to the next step. A
+measuring run (a side of the A/B runs) ends after the timed steps. When the window ends the
+patches are taken off and the script goes on at full speed (the optimizer hook stays, doing
+nothing, until the script ends: removing it while it runs would break the optimizer's loop
+over its hooks), or it is stopped (``stop_after_window``).
 """
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ started before this epoch ends.
 The order, sharding and ``(epoch, position)`` resume state are ``SerialLoader``'s, and each
 sample's crop and flip are drawn exactly as ``ImageFolder`` draws them (the same counter-based
 draws keyed on ``(seed, epoch, index)``, computed for the whole batch at once), so a batch
-holds the same samples, labels, crop boxes and flips as the serial loader's. The pixels differ slightly: the resize is bilinear without antialiasing
-from the full decode, where Pillow filters (and may decode at reduced scale first).
+holds the same samples, labels, crop boxes and flips as the serial loader's. The pixels
+differ slightly: the resize is bilinear without antialiasing from the full decode, where
+Pillow filters (and may decode at reduced scale first).
 
 Bad files: every file passes the rule all loaders share (``kasoku.data.bad_files``: a truncated
 JPEG is skipped, though nvJPEG would decode it) before a decoder sees it; a file the GPU decoder

@@ -97,7 +97,8 @@ class GpuJpegProcessLoader(ProcessLoader):
     """``SerialLoader`` over an ``ImageFolder`` whose batches are read, decoded and cropped on
     ``device`` by ``num_workers`` worker processes (``default_workers``), each reading with
     ``num_threads`` threads. ``decoder`` (or ``KASOKU_GPU_JPEG_DECODER``): as
-    ``GpuJpegLoader``'s, except that ``auto`` tries nvImageCodec first. Batches are ``(float32 [B, 3, S, S], int64 [B])`` on ``device``,
+    ``GpuJpegLoader``'s, except that ``auto`` tries nvImageCodec first. Batches are
+    ``(float32 [B, 3, S, S], int64 [B])`` on ``device``,
     valid until ``close()``. Takes ``SerialLoader``'s keyword arguments and
     ``prefetch_batches`` (per worker)."""
 

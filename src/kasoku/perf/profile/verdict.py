@@ -134,6 +134,12 @@ def _peak(f: dict) -> str:
             if share is not None else "")
 
 
+def _products(f: dict) -> str:
+    """What the step's products are: a model with no convolution (a transformer) has only
+    matrix products; unknown (a user's script), both are named."""
+    return "matrix products" if f.get("has_conv") is False else "convolutions and matrix products"
+
+
 def _mfu(f: dict) -> str:
     return f", MFU {100 * f['mfu']:.0f}%" if f.get("mfu") else ""
 
@@ -288,8 +294,8 @@ RULES: list[Rule] = [
          lambda f, t: _gpu(f) and f.get("busy_pct", 0.0) >= t["busy_pct"]
          and f.get("by_kind_pct", {}).get("conv/matmul", 0.0) >= t["matmul_pct"],
          lambda f: (f"the GPU is busy {_pct(f['busy_pct'])} of the step, "
-                    f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in convolutions and "
-                    f"matrix products{_mfu(f)}"),
+                    f"{_pct(f['by_kind_pct']['conv/matmul'])} of it in "
+                    f"{_products(f)}{_mfu(f)}"),
          lv.gpu_compute_candidates, lambda f: lv.nothing_left("the step is in the math"),
          lambda f: [*_on_device(f), _batch(f, False)], "device-bound"),
     Rule("memory-bound", {"busy_pct": 75.0, "matmul_pct": MATMUL_SHARE},
@@ -361,7 +367,8 @@ SHARES = (("input-bound", "data_pct", "waiting for data"),
 def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
     levers as ``AccelConfig`` fields; ``loader`` and ``data_kind``; ``batch_size``; ``threads``;
-    ``mfu``; ``has_conv``; ``has_blocks``; ``card_gib``; ``cpu_bf16`` and ``cpu_bf16_isa``; ``peak_fraction``; ``kfac`` and
+    ``mfu``; ``has_conv``; ``has_blocks``; ``card_gib``; ``cpu_bf16`` and ``cpu_bf16_isa``;
+    ``peak_fraction``; ``kfac`` and
     ``kfac_pct``, from ``kfac_cost.kfac_figures``). Its lever is an estimate (the first
     candidate) until ``advice.advise`` replaces it by the best measured."""
     passed = [r for r in rules if r.test(figures, r.thresholds)]
