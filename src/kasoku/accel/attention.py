@@ -1,7 +1,8 @@
 """Which kernel ``scaled_dot_product_attention`` runs: PyTorch picks one per call (flash,
 memory-efficient, cuDNN, or the math fallback) by the inputs and the device, in an order of its
-own (cuDNN's kernel, FlashAttention-3-class on Hopper, is not its first choice); ``sdpa_backend``
-pins it with ``torch.nn.attention.sdpa_kernel`` so the ladder can measure each.
+own (torch's default order puts cuDNN's kernel after the math fallback, so it runs only where
+asked for); ``sdpa_backend`` pins it with ``torch.nn.attention.sdpa_kernel`` so the ladder can
+measure each.
 
 It is a lever of the step, not a setting of the model: the same weights and the same state
 dict, the same mathematics up to rounding, and any model that calls
