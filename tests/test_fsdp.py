@@ -127,6 +127,21 @@ def test_a_snapshot_of_two_sharded_workers_resumes_on_one(tmp_path, gpt64, half)
     assert {float(s["step"]) for s in state["optimizer"]["state"].values()} == {12.0}
 
 
+def test_clipped_sharded_workers_train_as_one_process(tmp_path, gpt64):
+    # FSDP2's gradients are shards: the clip must take the norm of the whole, as one process.
+    clip = [*RUN, "--grad-clip", "0.05", "--epochs", "0.5", "--log-interval", "1"]
+    kasoku("train", gpt64, *clip, "--batch-size", "8", "--out", tmp_path / "one")
+    kasoku("train", gpt64, *clip, "--procs", "2", "--shard", "--batch-size", "4", "--out",
+           tmp_path / "two")
+    norms = [[r["main/grad_norm"] for r in log_of(tmp_path / run) if "main/grad_norm" in r]
+             for run in ("two", "one")]
+    assert len(norms[1]) == 4 and min(norms[1]) > 0.05  # every step logged and clipped
+    assert norms[0] == pytest.approx(norms[1], rel=1e-9)
+    sharded = full_state(tmp_path / "two" / "snapshot_iter_4.dcp", tmp_path)["model"]
+    assert_same(sharded, load_snapshot(tmp_path / "one" / "snapshot_latest.pt")["model"],
+                rtol=0, atol=ATOL_FP64)
+
+
 def test_what_sharding_cannot_take_is_one_line(capsys, gpt64):
     for argv, words in ((["--optimizer", "kfac"], "kfac"),
                         (["--optimizer", "lars"], "trust ratio"),

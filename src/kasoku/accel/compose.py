@@ -29,6 +29,7 @@ from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.triton_adam import compile_early
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.core.errors import ConfigError
+from kasoku.train.step import ClippedUpdate
 
 DDP_WARMUP_STEPS = 11
 """Eager DDP steps before a step is captured, as PyTorch's CUDA-graph notes ask: DDP rebuilds
@@ -146,8 +147,8 @@ def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> No
 def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
                cfg: AccelConfig, device,
                make_optimizer: Callable[[list, str | None], torch.optim.Optimizer],
-               distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None
-               ) -> Accelerated:
+               distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+               grad_clip: float | None = None) -> Accelerated:
     """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
     it must update (fp32 masters for fp16-pure), the step function, the notes, and the
@@ -157,6 +158,9 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     ``distribute``: wraps the model for data-parallel training (``kasoku.distributed.ddp.wrap``),
     applied after the layout, dtype and kasoku's layers and before compilation, which then
     sees DDP's buckets (PyTorch's order: DDP first, then ``torch.compile``).
+
+    ``grad_clip``: the gradients' global norm clipped to it before each update
+    (``kasoku.train.step.ClippedUpdate``, around the precision's update); None: no clipping.
 
     This is the one place that reads ``cfg``: each lever gets only its own settings."""
     check_config(cfg)
@@ -223,6 +227,8 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         model = apply_compile(model, device, notes, **compile_options)
     optimizer = make_optimizer(params, cfg.optimizer_impl)
     step_fn = precision.make_step(loss_fn, metric_fn)
+    if grad_clip is not None:
+        step_fn.update = ClippedUpdate(step_fn.update, grad_clip)
     if cfg.channels_last and has_conv2d(model):
         step_fn = ChannelsLastInputs(step_fn)
     # Inside the graph and the multi-step loop: the pinned kernels are the ones captured.

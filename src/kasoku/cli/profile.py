@@ -51,7 +51,7 @@ PROFILE_DIST = ("gpus", "procs", "dist_timeout", "bucket_mb", "static_graph", "s
                 "allreduce_dtype", "sync_bn")
 """The data-parallel options a profile takes (one machine; no restarts)."""
 _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
-              if k in ("device", "batch_size", "lr", "optimizer", "seed", "threads")}
+              if k in ("device", "batch_size", "lr", "grad_clip", "optimizer", "seed", "threads")}
 SCRIPT_FLAGS = ("--skip", "--warmup", "--steps", "--measure-steps", "--out",
                 "--stop-after-window", "--with", "--estimate", "--confirm", "--rounds",
                 "--measure-only")

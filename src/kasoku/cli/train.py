@@ -34,7 +34,7 @@ WORKLOAD_HELP = ("a name from `kasoku list` (with a workload's settings: NAME:KE
 
 TRAIN_FLAGS = {
     "device": {"type": a.device, "metavar": "{auto,cpu,cuda,cuda:N}", "default": "auto"},
-    "epochs": None, "batch_size": None, "lr": None,
+    "epochs": None, "batch_size": None, "lr": None, "grad_clip": {"metavar": "NORM"},
     "optimizer": {"type": a.choice(OPTIMIZERS), "metavar": "{" + ",".join(OPTIMIZERS) + "}"},
     "seed": {"type": a.seed},
     "out": {"type": Path, "metavar": "DIR"},

@@ -70,6 +70,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     epochs = train.epochs if train.epochs is not None else recipe.epochs
     batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
     lr = train.lr if train.lr is not None else recipe.lr
+    grad_clip = train.grad_clip if train.grad_clip is not None else recipe.grad_clip
     optimizer = train.optimizer or recipe.optimizer
     check_optimizer(optimizer, accel, kfac)
     if optimizer != recipe.optimizer and train.lr is None:
@@ -118,7 +119,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                                 momentum=recipe.momentum,
                                                 weight_decay=recipe.weight_decay,
                                                 model=model, kfac=kfac),
-            distribute=fsdp.data_parallel(dist_cfg, device) if parallel else None)
+            distribute=fsdp.data_parallel(dist_cfg, device) if parallel else None,
+            grad_clip=grad_clip)
         model = accelerated.model
         _share_loss_scale(accelerated)
         shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}

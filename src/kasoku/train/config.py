@@ -20,6 +20,10 @@ class TrainConfig:
     """Samples per step (default: the workload's recipe)."""
     lr: float | None = None
     """Learning rate (default: the workload's recipe)."""
+    grad_clip: float | None = None
+    """Clip the gradients' global L2 norm to this before each update (GPT-2's recipe: 1.0);
+    the norm before clipping is logged as main/grad_norm (default: the workload's recipe,
+    none so far)."""
     optimizer: str | None = None
     """sgd | momentum | adam | lars | lamb | kfac (K-FAC preconditioning Linear and Conv2d
     layers in front of momentum SGD; see the --kfac-* settings) (default: the workload's
@@ -61,6 +65,8 @@ class TrainConfig:
             _positive_number("--epochs", self.epochs)
         if self.lr is not None:
             _positive_number("--lr", self.lr)
+        if self.grad_clip is not None:
+            _positive_number("--grad-clip", self.grad_clip)
         for flag, value in (("--batch-size", self.batch_size), ("--threads", self.threads),
                             ("--log-interval", self.log_interval),
                             ("--snapshot-interval", self.snapshot_interval),

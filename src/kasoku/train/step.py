@@ -25,7 +25,7 @@ class PlainUpdate:
     ``loss.backward()`` then ``optimizer.step()``.
 
     The protocol a replacement implements (``kasoku.accel.loss_scale.LossScaler`` does, for
-    fp16; a gradient all-reduce or clipping would wrap an inner one):
+    fp16; ``ClippedUpdate`` wraps an inner one):
     ``zero_grad(model, optimizer)``, ``backward(loss)``, ``step(optimizer)`` and
     ``observation() -> dict`` (0-dim tensors merged into the step's observations).
     """
@@ -44,6 +44,49 @@ class PlainUpdate:
 
     def __repr__(self) -> str:
         return "PlainUpdate()"
+
+
+class ClippedUpdate:
+    """``inner`` (``PlainUpdate``, or a loss scaler) with the gradients' global L2 norm
+    clipped to ``max_norm`` just before each optimizer step (GPT-2's recipe clips at 1.0):
+    after a loss scaler has unscaled them, so the true gradients are clipped. The clip is the
+    optimizer's step pre-hook, registered at the first step, so it runs wherever the step
+    does: inside a compiled optimizer step, a CUDA graph's capture, each step of several per
+    call. FSDP2's sharded gradients are clipped by the norm of the whole (torch's
+    ``clip_grad_norm_`` reduces over the shards). ``observation()`` adds ``main/grad_norm``,
+    the norm before clipping (0-dim, on the device)."""
+
+    def __init__(self, inner, max_norm: float):
+        self.inner, self.max_norm = inner, max_norm
+        self._hooked = None  # the optimizer the clip is registered on
+        self._norm: torch.Tensor | None = None
+
+    def zero_grad(self, model, optimizer) -> None:
+        self.inner.zero_grad(model, optimizer)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.inner.backward(loss)
+
+    def step(self, optimizer) -> None:
+        if self._hooked is not optimizer:
+            optimizer.register_step_pre_hook(self._clip)
+            self._hooked = optimizer
+        self.inner.step(optimizer)
+
+    def _clip(self, optimizer, args, kwargs) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+        # a sharded model's norm is a DTensor: the whole one, for the log
+        self._norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def observation(self) -> dict:
+        seen = dict(self.inner.observation())
+        if self._norm is not None:
+            seen["main/grad_norm"] = self._norm.detach().clone()
+        return seen
+
+    def __repr__(self) -> str:
+        return f"ClippedUpdate({self.inner!r}, max_norm={self.max_norm})"
 
 
 def _no_metric(output, targets) -> None:

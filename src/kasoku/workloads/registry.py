@@ -35,6 +35,8 @@ class Recipe:
     schedule: str = "none"
     """none | step | cosine (see kasoku.train.extensions.lr_schedule)"""
     warmup_epochs: float = 0.0
+    grad_clip: float | None = None
+    """The gradients' global norm clipped to this before each update (None: not clipped)."""
     eval_batch_size: int | None = None
     """Validation batch (None: at least the training batch; 1,000 with the device loader, 100
     otherwise). Evaluation keeps no activations for a backward pass, so a small model can
