@@ -129,7 +129,7 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
     if cfg.precision in ("fp16", "fp16-pure"):
         raise ConfigError(f"--shard with precision {cfg.precision}: the loss scaler would "
                           f"judge each worker's shard of the gradients alone; use --precision "
-                          f"bf16 (FSDP2 computes in bf16 on CUDA anyway) or fp32")
+                          f"bf16 (FSDP2's parameters in bf16, its reduction in fp32) or fp32")
     if cfg.optimizer_impl in ("triton", "compiled"):
         raise ConfigError(f"--shard with --optimizer-impl {cfg.optimizer_impl}: that update "
                           f"works on whole tensors, not DTensor shards; use foreach or fused")

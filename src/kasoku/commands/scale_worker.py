@@ -103,7 +103,8 @@ def measure(request: dict, device, world_size: int) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         wrapped, trained = _time_steps(request, wl, rung, device, batches, feed, notes,
-                                       distribute=fsdp.data_parallel(cfg, device))
+                                       distribute=fsdp.data_parallel(cfg, device,
+                                                                     rung.config.precision))
         if feed is not None:
             data = feed.describe()
             if os.environ.get(SAMPLES_ENV):
@@ -111,8 +112,10 @@ def measure(request: dict, device, world_size: int) -> dict:
     finally:
         if feed is not None:
             feed.close()
-    comm = _time_shard_comm(trained, device) if cfg.shard else _time_allreduce(
-        [p for p in trained.parameters() if p.requires_grad], cfg, device)
+    if cfg.shard:
+        comm = _time_shard_comm(trained, device, rung.config.precision)
+    else:
+        comm = _time_allreduce([p for p in trained.parameters() if p.requires_grad], cfg, device)
     step_ms, alone_ms = wrapped["step_ms"], alone["step_ms"]
     # With --data, what the data-parallel step waits for its batches beyond the step alone's
     # wait is the loaders' (sharing the host), not the all-reduce's.
@@ -254,16 +257,16 @@ def _time_allreduce(params: list, cfg, device) -> dict:
     return {"ms": _timed(exchange, device), "buckets": len(buffers), "bytes": total}
 
 
-def _time_shard_comm(model, device) -> dict:
+def _time_shard_comm(model, device, precision: str) -> dict:
     """FSDP2's communication with nothing to overlap with: for each unit of ``model`` its
-    parameters all-gathered in the dtype they are computed in (bf16 on CUDA, as
-    ``fsdp.shard``'s policy) twice, once for the units kept whole after their forward (the
-    last block, the root), and its fp32 gradients reduce-scattered; timed ``COMM_REPS``
-    times, the slowest rank's median, in ms."""
+    parameters all-gathered in the dtype ``fsdp.shard``'s policy gives them for ``precision``
+    (bf16 with bf16 on CUDA, else fp32) twice, once for the units kept whole after their
+    forward (the last block, the root), and its fp32 gradients reduce-scattered; timed
+    ``COMM_REPS`` times, the slowest rank's median, in ms."""
     import torch
     import torch.distributed as dist
     n = dist.get_world_size()
-    gather_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gather_dtype = fsdp.policy_dtypes(precision, device)[0] or torch.float32
     sizes = fsdp.unit_sizes(model)
     kept = {len(sizes) - 2, len(sizes) - 1}  # the last block and the root: gathered once
     plan = []

@@ -119,7 +119,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
                                                 momentum=recipe.momentum,
                                                 weight_decay=recipe.weight_decay,
                                                 model=model, kfac=kfac),
-            distribute=fsdp.data_parallel(dist_cfg, device) if parallel else None,
+            distribute=fsdp.data_parallel(dist_cfg, device, accel.precision) if parallel
+            else None,
             grad_clip=grad_clip)
         model = accelerated.model
         _share_loss_scale(accelerated)

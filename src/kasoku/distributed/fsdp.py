@@ -6,8 +6,9 @@ just before the block runs (forward and backward) and reduce-scatters its gradie
 ``sharder``): each transformer block a unit of its own, then the root
 (the embeddings, the final norm and the head, and any model without ``blocks``), so one
 block's parameters are whole at a time; the next block's all-gather is issued ahead
-(explicit forward and backward prefetching). On CUDA the parameters are computed in bf16 and
-the gradients reduced in fp32 (``MixedPrecisionPolicy``); on a CPU they stay fp32.
+(explicit forward and backward prefetching). With ``--precision bf16`` on CUDA the parameters
+are gathered and computed in bf16 and the gradients reduced in fp32 (``MixedPrecisionPolicy``,
+``policy``); in fp32 or tf32, and on a CPU, they stay fp32.
 
 Snapshots of a sharded model go through ``torch.distributed.checkpoint`` (DCP): each worker
 writes its own shards into one folder (``save_sharded``), which ``load_sharded`` reads into
@@ -34,16 +35,26 @@ MODEL_KEYS = ("model", "optimizer")
 """The entries of a trainer's state that DCP writes; the rest is a plain file beside them."""
 
 
-def shard(model: nn.Module, device: torch.device) -> nn.Module:
+def policy_dtypes(precision: str, device: torch.device) -> tuple:
+    """``(param_dtype, reduce_dtype)`` of FSDP2's ``MixedPrecisionPolicy`` for ``precision``
+    (``AccelConfig.precision``) on ``device``: ``(bf16, fp32)`` for bf16 on CUDA, the
+    parameters gathered in bf16 (half the all-gather's bytes) and the gradients summed in
+    fp32; ``(None, None)``, no cast, otherwise."""
+    if precision == "bf16" and device.type == "cuda":
+        return torch.bfloat16, torch.float32
+    return None, None
+
+
+def shard(model: nn.Module, device: torch.device, precision: str = "fp32") -> nn.Module:
     """``model`` (on ``device``, in the process group of the job) sharded over the workers,
-    in place: each module of ``model.blocks`` (a ``ModuleList``) then the root. Must run
-    before the optimizer is built: ``fully_shard`` replaces the parameters by DTensor
-    shards, and an optimizer built earlier would hold the old, whole ones."""
+    in place: each module of ``model.blocks`` (a ``ModuleList``) then the root, its
+    parameters in the dtype ``policy_dtypes`` gives ``precision``. Must run before the
+    optimizer is built: ``fully_shard`` replaces the parameters by DTensor shards, and an
+    optimizer built earlier would hold the old, whole ones."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # deferred: 1.5 s
-    policy = MixedPrecisionPolicy()
-    if device.type == "cuda":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    else:
+    param_dtype, reduce_dtype = policy_dtypes(precision, device)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    if precision == "bf16" and device.type != "cuda":
         warn_once("--shard on a CPU keeps the parameters fp32 (bf16 parameters with an fp32 "
                   "reduction are the CUDA policy; on a CPU bf16 matrix products are no faster "
                   "and lose precision)")
@@ -59,22 +70,23 @@ def shard(model: nn.Module, device: torch.device) -> nn.Module:
     return model
 
 
-def sharder(device: torch.device):
+def sharder(device: torch.device, precision: str = "fp32"):
     """``shard`` as the ``distribute`` step ``kasoku.accel.compose.accelerate`` takes; marked
     so that ``--compile`` compiles each block before the wrap, inside its own unit (as
     torchtitan does: FSDP2's hooks stay outside the compiled code) instead of the whole
     model after it."""
     def distribute(model: nn.Module) -> nn.Module:
-        return shard(model, device)
+        return shard(model, device, precision)
     distribute.compiles_blocks = True
     return distribute
 
 
-def data_parallel(dist_cfg, device: torch.device):
+def data_parallel(dist_cfg, device: torch.device, precision: str = "fp32"):
     """The ``distribute`` step of ``dist_cfg`` (a ``DistConfig``): FSDP2's ``sharder`` with
-    ``shard``, else DDP's wrap (``kasoku.distributed.ddp.wrap``) in its settings."""
+    ``shard`` (its parameters' dtype from ``precision``, ``AccelConfig.precision``), else DDP's
+    wrap (``kasoku.distributed.ddp.wrap``) in its settings."""
     if dist_cfg.shard:
-        return sharder(device)
+        return sharder(device, precision)
     from kasoku.distributed import ddp  # beside this module: its process group, its wrap
     return lambda model: ddp.wrap(model, dist_cfg, device)
 
