@@ -150,6 +150,29 @@ def test_the_sharded_parameters_dtype_follows_the_precision():
         assert fsdp.policy_dtypes(precision, device) == (None, None), (precision, device)
 
 
+def test_shard_wraps_each_block_then_the_root_in_the_precisions_policy(monkeypatch):
+    # fully_shard recorded, not run (it needs a process group): what shard asks of it.
+    import torch.distributed.fsdp as fsdp2
+    calls = []
+
+    def fully_shard(module, mp_policy, reshard_after_forward=True):
+        calls.append((module, mp_policy.param_dtype, mp_policy.reduce_dtype,
+                      reshard_after_forward))
+        module.set_modules_to_forward_prefetch = module.set_modules_to_backward_prefetch = \
+            lambda modules: None
+        return module
+    monkeypatch.setattr(fsdp2, "fully_shard", fully_shard)
+    model = create_workload("gpt").build_model()  # tiny: 2 blocks
+    fsdp.shard(model, torch.device("cuda"), "bf16")  # nothing moves to the device
+    assert [(m, p, r, keep) for m, p, r, keep in calls] == [
+        (model.blocks[0], torch.bfloat16, torch.float32, True),
+        (model.blocks[1], torch.bfloat16, torch.float32, False),  # the last block stays whole
+        (model, torch.bfloat16, torch.float32, True)]
+    calls.clear()
+    fsdp.shard(model, torch.device("cuda"), "fp32")
+    assert {(p, r) for _, p, r, _ in calls} == {(None, None)}
+
+
 def test_what_sharding_cannot_take_is_one_line(capsys, gpt64):
     for argv, words in ((["--optimizer", "kfac"], "kfac"),
                         (["--optimizer", "lars"], "trust ratio"),

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kasoku.accel.loss_scale import LossScaler
+from kasoku.core.errors import ConfigError
 from kasoku.optim import compile_step
 from kasoku.train.step import ClippedUpdate, PlainUpdate, StandardStep
 
@@ -57,10 +58,25 @@ def test_the_clipped_update_is_torchs_clip_then_the_step(inner):
     assert len(optimizer._optimizer_step_pre_hooks) == 1  # registered once, not per step
 
 
-def test_no_clip_no_norm_and_the_flag_refuses_a_bad_value(capsys):
+def test_a_step_the_scaler_skips_is_not_clipped_and_its_norm_is_nan():
+    model, batch = model_and_batch()
+    before = copy.deepcopy(model.state_dict())
+    # A loss 1e6 times larger under a scale of 2^127 overflows the gradients: the scaler skips
+    # the update on the host (the loop SGD cannot skip it on the device), so no clip runs.
+    step = StandardStep(lambda out, y: 1e6 * F.cross_entropy(out, y),
+                        update=ClippedUpdate(LossScaler("cpu", 2.0 ** 127), MAX_NORM))
+    seen = step(model, batch, torch.optim.SGD(model.parameters(), lr=LR))
+    assert seen["main/skipped_steps"] == 1 and torch.isnan(seen["main/grad_norm"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_no_clip_no_norm_and_bad_norms_are_refused(capsys):
     model, batch = model_and_batch()
     seen = StandardStep(F.cross_entropy)(model, batch, torch.optim.SGD(model.parameters(), LR))
     assert "main/grad_norm" not in seen
+    for bad in (0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ConfigError, match="positive, finite"):
+            ClippedUpdate(PlainUpdate(), bad)
     from kasoku.cli import main
     assert main(["train", "mnist-mlp", "--synthetic", "--grad-clip", "0"]) == 2
     err = capsys.readouterr().err

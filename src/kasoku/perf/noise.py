@@ -173,7 +173,7 @@ def _who(proc: dict) -> str:
 
 
 def _cpu_list(cpus: Sequence[int]) -> str:
-    """``cpus`` as Linux writes a CPU list: runs of three or more as ranges (0-63,65)."""
+    """``cpus`` as a CPU list with runs of three or more as ranges (0-63,65,68,69)."""
     runs: list[list[int]] = []
     for c in sorted(set(cpus)):
         if runs and c == runs[-1][-1] + 1:

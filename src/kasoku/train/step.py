@@ -8,11 +8,13 @@ observations are detached 0-dim tensors: converting them to floats would be a ho
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Callable
 
 import torch
 
+from kasoku.core.errors import ConfigError
 from kasoku.core.phases import NoClock, PhaseClock, markable, no_mark
 from kasoku.train.reporter import Reporter
 
@@ -53,13 +55,19 @@ class ClippedUpdate:
     optimizer's step pre-hook, registered at the first step, so it runs wherever the step
     does: inside a compiled optimizer step, a CUDA graph's capture, each step of several per
     call. FSDP2's sharded gradients are clipped by the norm of the whole (torch's
-    ``clip_grad_norm_`` reduces over the shards). ``observation()`` adds ``main/grad_norm``,
-    the norm before clipping (0-dim, on the device)."""
+    ``clip_grad_norm_`` reduces over the shards); K-FAC's raw gradients, before its
+    preconditioning. ``observation()`` adds ``main/grad_norm``, the norm before clipping
+    (0-dim, on the device): NaN on a step a loss scaler skipped without calling the optimizer,
+    inf where the optimizer skips it itself (the gradients overflowed)."""
 
     def __init__(self, inner, max_norm: float):
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
+                or not math.isfinite(max_norm) or max_norm <= 0:
+            raise ConfigError(f"gradient clipping needs a positive, finite norm, got "
+                              f"{max_norm!r}")
         self.inner, self.max_norm = inner, max_norm
         self._hooked = None  # the optimizer the clip is registered on
-        self._norm: torch.Tensor | None = None
+        self._norm: torch.Tensor | None = None  # written in place: a graph replays it
 
     def zero_grad(self, model, optimizer) -> None:
         self.inner.zero_grad(model, optimizer)
@@ -71,18 +79,21 @@ class ClippedUpdate:
         if self._hooked is not optimizer:
             optimizer.register_step_pre_hook(self._clip)
             self._hooked = optimizer
+            first = optimizer.param_groups[0]["params"][0]
+            self._norm = torch.zeros((), dtype=torch.float32, device=first.device)
+        self._norm.fill_(math.nan)  # stays NaN if the optimizer's step does not run
         self.inner.step(optimizer)
 
     def _clip(self, optimizer, args, kwargs) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
         # a sharded model's norm is a DTensor: the whole one, for the log
-        self._norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self._norm.copy_(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def observation(self) -> dict:
         seen = dict(self.inner.observation())
         if self._norm is not None:
-            seen["main/grad_norm"] = self._norm.detach().clone()
+            seen["main/grad_norm"] = self._norm.clone()
         return seen
 
     def __repr__(self) -> str:

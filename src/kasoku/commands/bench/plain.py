@@ -29,12 +29,16 @@ def make_optimizer(recipe: Recipe, params, lr: float | None = None) -> torch.opt
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=recipe.weight_decay)
 
 
-def train_steps(model, optimizer, batches, loss_fn=F.cross_entropy) -> torch.Tensor:
-    """The textbook loop over ``batches``; returns the last loss (detached, no host sync)."""
+def train_steps(model, optimizer, batches, loss_fn=F.cross_entropy,
+                grad_clip: float | None = None) -> torch.Tensor:
+    """The textbook loop over ``batches``, with torch's ``clip_grad_norm_`` before each step
+    where the recipe clips (``grad_clip``); returns the last loss (detached, no host sync)."""
     model.train()
     for x, y in batches:
         optimizer.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
     return loss.detach()

@@ -24,7 +24,8 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], dist
     if rung.is_plain:
         plain.setup_backends()
         optimizer = plain.make_optimizer(r, model.parameters(), lr)
-        return functools.partial(plain.train_steps, model, optimizer, loss_fn=wl.loss_fn)
+        return functools.partial(plain.train_steps, model, optimizer, loss_fn=wl.loss_fn,
+                                 grad_clip=r.grad_clip)
 
     def build_optimizer(params, impl):
         return make_optimizer(r.optimizer, params, lr, momentum=r.momentum,
@@ -33,8 +34,9 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], dist
     # No metric: the plain rung computes none, and each rung must do the same arithmetic for
     # its rate to be read against plain's (the accuracy is the trainer's reporting, not part
     # of the training step being timed).
+    # The recipe's clipping too: every rung, plain's included, times the step train runs.
     acc = accelerate(model, wl.loss_fn, None, rung.config, device, build_optimizer,
-                     distribute=distribute)
+                     distribute=distribute, grad_clip=r.grad_clip)
     notes.extend(acc.notes)
     acc.model.train()
     step_fn, acc_model, optimizer = acc.step_fn, acc.model, acc.optimizer

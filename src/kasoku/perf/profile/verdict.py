@@ -368,9 +368,9 @@ def judge(figures: dict, rules: list[Rule] = RULES) -> Verdict:
     """The verdict for ``figures`` (``analyse``'s dict plus context keys: ``config``, the
     levers as ``AccelConfig`` fields; ``loader`` and ``data_kind``; ``batch_size``; ``threads``;
     ``mfu``; ``has_conv``; ``has_blocks``; ``card_gib``; ``cpu_bf16`` and ``cpu_bf16_isa``;
-    ``peak_fraction``; ``kfac`` and
-    ``kfac_pct``, from ``kfac_cost.kfac_figures``). Its lever is an estimate (the first
-    candidate) until ``advice.advise`` replaces it by the best measured."""
+    ``peak_fraction``; ``kfac`` and ``kfac_pct``, from ``kfac_cost.kfac_figures``). Its lever
+    is an estimate (the first candidate) until ``advice.advise`` replaces it by the best
+    measured."""
     passed = [r for r in rules if r.test(figures, r.thresholds)]
     if not passed:
         busy = (f"the GPU is busy {figures.get('busy_pct', 0):.0f}% of the step"
