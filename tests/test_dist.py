@@ -132,6 +132,7 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path, mlp64, on
 # resume command ends bit-identical to an uninterrupted run).
 
 
+@pytest.mark.slow  # three runs of 2 and 3 workers: about 14 s on 2 cores
 def test_resume_on_another_number_of_workers_goes_on_from_the_same_samples(tmp_path):
     kasoku("train", *MNIST, "--procs", "2", "--batch-size", "20", "--epochs", "0.5",
            "--out", tmp_path / "run")

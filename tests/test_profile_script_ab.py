@@ -46,6 +46,7 @@ for x in loader:
 """
 
 
+@pytest.mark.slow  # the script run on each side of the A/B rounds: about 14 s on 2 cores
 def test_the_replay_proves_a_textbook_loop_input_bound(tmp_path):
     write(tmp_path, "train.py", MNIST)
     run = kasoku("profile", "--skip", "3", "--measure-steps", "10", "--warmup", "1",

@@ -31,6 +31,7 @@ def test_train_the_example_learns_and_resumes(tmp_path, capsys):
     assert "# StripesCNN" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a bench sweep of the example: about 15 s on 2 cores
 def test_bench_the_example_on_the_cpu(tmp_path, capsys):
     out = tmp_path / "bench"
     assert main(["bench", f"{EXAMPLE}:StripesCNN", "--device", "cpu", "--batch-size", "16",
