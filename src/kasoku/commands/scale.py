@@ -317,19 +317,20 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     alone = [by_n[n]["alone_step_ms"] for n in ns]
     exposed = [by_n[n]["exposed_allreduce_ms"] for n in ns]
     labels = [str(n) for n in ns]
+    wrapper = _wrapper(records[0])
     waits = [by_n[n].get("alone_data_wait_ms") for n in ns]
     if all(w is not None for w in waits):  # --data: the step alone's wait for its batches
         rest = [a - w for a, w in zip(alone, waits)]
-        bx.bar(labels, rest, color="C0", label=f"step alone (no {_wrapper(records[0])}): the rest")
+        bx.bar(labels, rest, color="C0", label=f"step alone (no {wrapper}): the rest")
         bx.bar(labels, waits, bottom=rest, color="C1", label="step alone: waiting for data")
     else:
-        bx.bar(labels, alone, color="C0", label=f"step alone (no {_wrapper(records[0])})")
+        bx.bar(labels, alone, color="C0", label=f"step alone (no {wrapper})")
     more = [by_n[n].get("more_data_wait_ms") or 0.0 for n in ns]
     if any(more):  # --data: the data-parallel step's longer wait for its batches
         bx.bar(labels, more, bottom=alone, color="C1", hatch="//", edgecolor="white",
                label="data-parallel: waiting longer for data")
     bx.bar(labels, exposed, bottom=[a + m for a, m in zip(alone, more)], color="C3",
-           label="exposed all-reduce" if _wrapper(records[0]) == "DDP"
+           label="exposed all-reduce" if wrapper == "DDP"
            else "exposed exchange + FSDP2's own work")
     bx.set_ylim(0, 1.45 * max(a + m + e for a, m, e in zip(alone, more, exposed)))  # legend
     bx.set_xlabel("workers")

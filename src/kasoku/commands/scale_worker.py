@@ -268,11 +268,10 @@ def _time_shard_comm(model, device, precision: str) -> dict:
     n = dist.get_world_size()
     gather_dtype = fsdp.policy_dtypes(precision, device)[0] or torch.float32
     sizes = fsdp.unit_sizes(model)
-    kept = {len(sizes) - 2, len(sizes) - 1}  # the last block and the root: gathered once
     plan = []
     for i, size in enumerate(sizes):
         per_rank = -(-size // n)  # FSDP2 pads each shard to the same size
-        for _ in range(1 if i in kept else 2):
+        for _ in range(1 if fsdp.kept_whole(i, len(sizes)) else 2):
             plan.append(("gather", torch.empty(per_rank, dtype=gather_dtype, device=device),
                          torch.empty(per_rank * n, dtype=gather_dtype, device=device)))
         plan.append(("scatter", torch.ones(per_rank * n, dtype=torch.float32, device=device),

@@ -60,10 +60,9 @@ def shard(model: nn.Module, device: torch.device, precision: str = "fp32") -> nn
                   "and lose precision)")
     blocks = list(getattr(model, "blocks", None) or ())
     for i, block in enumerate(blocks):
-        # The last block's parameters are needed again at once by the backward pass, which
-        # starts there: kept whole after its forward (torchtitan does the same).
-        fully_shard(block, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mp_policy=policy,
+                    reshard_after_forward=not kept_whole(i, len(blocks) + 1))
+    fully_shard(model, mp_policy=policy)  # FSDP2 keeps the root whole after its forward
     for first, then in zip(blocks, blocks[1:]):
         first.set_modules_to_forward_prefetch([then])  # the next block's all-gather ahead
         then.set_modules_to_backward_prefetch([first])
@@ -91,17 +90,29 @@ def data_parallel(dist_cfg, device: torch.device, precision: str = "fp32"):
     return lambda model: ddp.wrap(model, dist_cfg, device)
 
 
+def kept_whole(index: int, count: int) -> bool:
+    """Whether unit ``index`` of ``count`` in ``shard``'s order stays whole after its forward
+    (gathered once a step, not again for the backward): the last block, whose parameters the
+    backward pass needs first (torchtitan does the same), and the root (FSDP2's own rule)."""
+    return index >= count - 2
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The FSDP units of ``model`` in ``shard``'s order: the blocks, then the root."""
+    found = [m for m in model.modules() if is_sharded(m)]
+    return found[1:] + found[:1]  # modules() lists the root first
+
+
 def unit_sizes(model: nn.Module) -> list[int]:
     """The whole (unsharded) element count of each FSDP unit's own parameters, those of no
     unit inside it: what one all-gather of that unit brings and one reduce-scatter of its
-    gradients sends, in ``shard``'s order (the blocks, then the root)."""
-    units = [m for m in model.modules() if is_sharded(m)]
+    gradients sends, in ``shard``'s order (``units``)."""
     sizes = []
-    for unit in units:
+    for unit in units(model):
         inner = {id(p) for sub in unit.modules() if sub is not unit and is_sharded(sub)
                  for p in sub.parameters()}
         sizes.append(sum(p.numel() for p in unit.parameters() if id(p) not in inner))
-    return sizes[1:] + sizes[:1]  # modules() lists the root first
+    return sizes
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -120,20 +131,17 @@ def gathered(model: nn.Module):
     if not is_sharded(model):
         yield
         return
-    units = [m for m in model.modules() if is_sharded(m)]
-    for unit in units:
+    ordered = units(model)
+    for unit in ordered:
         unit.set_reshard_after_forward(False, recurse=False)
     try:
-        for unit in units:
+        for unit in ordered:
             unit.unshard()
         yield
     finally:
-        for unit in units:
+        for i, unit in enumerate(ordered):
             unit.reshard()
-        for i, unit in enumerate(units):
-            # as shard set them: the root and the last block stay whole after their forward
-            unit.set_reshard_after_forward(unit is not model and i < len(units) - 1,
-                                           recurse=False)
+            unit.set_reshard_after_forward(not kept_whole(i, len(ordered)), recurse=False)
 
 
 def state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
