@@ -5,6 +5,7 @@ and what kasoku around a script costs the steps after its window.
     PYTHONPATH=src python benchmarks/profile_script.py overhead --data .data/mnist --out OUT
     PYTHONPATH=src python benchmarks/profile_script.py mnist --data .data/mnist --out OUT
     PYTHONPATH=src python benchmarks/profile_script.py resnet --out OUT
+    PYTHONPATH=src python benchmarks/profile_script.py bf16 --out OUT
 
 overhead: ``--pairs`` rounds, in turn, of the MNIST script alone and under ``kasoku profile
 --estimate`` (its window ends at step 44; ``--arms`` adds runs that isolate a cause: no window,
@@ -12,7 +13,11 @@ CUPTI kept, kasoku's hardware queues), each printing the rate of its own steps 1
 ratio per round and their median; and the cost per step of what kasoku leaves in the
 script after its window (``residue_us``). mnist: the MNIST script's profile with its levers tried
 and ``--confirm``, then ``kasoku profile mnist-mlp`` on the same files. resnet: the ResNet-50
-script's. Each profile's ``profile.json`` and kasoku's lines are copied to OUT.
+script's. bf16: the ResNet-50 script's own rate (its steps 50-200) and first 10 losses,
+``--rounds`` times in turn, as given, with bf16 autocast written into it (``--autocast``), and
+under ``kasoku profile --estimate --with bf16`` (the lever from outside; the window ends before
+step 50); then ``kasoku bench`` of kasoku's ResNet-50 at the same batch, rungs plain, fp32, tf32
+and amp. Each profile's ``profile.json`` and kasoku's lines are copied to OUT.
 """
 from __future__ import annotations
 
@@ -108,9 +113,45 @@ def profile(name: str, cmd: list[str], out: Path, log: Path, work: Path) -> dict
     return result
 
 
+def losses(proc: subprocess.CompletedProcess) -> list[float]:
+    return [float(ln.split()[2]) for ln in proc.stdout.splitlines() if ln.startswith("loss ")]
+
+
+def bf16(args, out: Path, log: Path) -> dict:
+    script = [sys.executable, str(SCRIPTS / "resnet_textbook.py"), "--print-losses", "10"]
+    arms = {"as_given": script, "written": [*script, "--autocast"],
+            "lever": [sys.executable, "-m", "kasoku", "profile", "--estimate", "--with", "bf16",
+                      "--out", str(args.work / "bf16_lever"), "--", *script]}
+    rates = {arm: [] for arm in arms}
+    seen = {}
+    for i in range(args.rounds):
+        for arm, cmd in arms.items():
+            shutil.rmtree(args.work / "bf16_lever", ignore_errors=True)
+            proc = run(cmd, log)
+            rates[arm].append(rate(proc))
+            seen[arm] = losses(proc)
+    diff = {arm: max(abs(a - b) / abs(b) for a, b in zip(seen[arm], seen["written"]))
+            for arm in ("as_given", "lever")}
+    ladder = out / "bench_bs64"
+    subprocess.run([sys.executable, "-m", "kasoku", "bench", "imagenet-resnet50", "--device",
+                    "cuda", "--batch-size", "64", "--config", "tf32", "--config", "amp",
+                    "--out", str(ladder), "--timeout", "200"], check=False)
+    rungs = {}
+    if (ladder / "results.jsonl").is_file():
+        for line in (ladder / "results.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            rungs[row["rung"]] = (row.get("figures") or {}).get("samples_per_s")
+    return {"figure": "bf16", "rates": rates,
+            "median": {arm: statistics.median(r) for arm, r in rates.items()},
+            "over_as_given": {arm: statistics.median(r) / statistics.median(rates["as_given"])
+                              for arm, r in rates.items()},
+            "losses": seen, "max_rel_loss_diff_vs_written": diff, "ladder_bs64": rungs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["overhead", "mnist", "resnet"], nargs="+")
+    ap.add_argument("what", choices=["overhead", "mnist", "resnet", "bf16"], nargs="+")
+    ap.add_argument("--rounds", type=int, default=3, help="bf16: the rounds of its three runs")
     ap.add_argument("--data", type=Path, default=Path(".data/mnist"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--pairs", type=int, default=5)
@@ -133,6 +174,8 @@ def main() -> None:
                                                      *script], args.out, log, args.work))
             figures.append(profile("mnist_workload", ["mnist-mlp", "--data", str(args.data),
                                                        "--confirm"], args.out, log, args.work))
+        elif what == "bf16":
+            figures.append(bf16(args, args.out, log))
         else:
             script = ["python", str(SCRIPTS / "resnet_textbook.py"), "--steps", "100000"]
             figures.append(profile("resnet_script", ["--confirm", "--stop-after-window", "--",

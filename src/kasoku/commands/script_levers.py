@@ -7,9 +7,9 @@ Set before the script starts (``ScriptLevers.applied``):
 - ``tf32``: fp32 matrix products and convolutions on TF32 tensor cores (CUDA);
 - ``cudnn-benchmark``: cuDNN tries its algorithms for each new shape and keeps the fastest;
 - ``threads=N``: PyTorch's CPU threads;
-- ``bf16``: the script's main thread under ``torch.autocast(dtype=torch.bfloat16)`` (on the
-  GPU where there is one, else on the CPU): the forward and the loss in bf16 where autocast
-  casts, as an autocast block around them would; the backward follows the forward's dtypes.
+- ``bf16``: bf16 autocast (on the GPU where there is one, else on the CPU) for the script's
+  main thread, outside its backward passes (``bf16_autocast``): the forward and the loss in bf16
+  where autocast casts, as ``torch.autocast`` blocks around them would compute them.
 
 Set on the script's objects as it makes them (``kasoku.commands.script_watch``):
 
@@ -36,6 +36,31 @@ from kasoku.perf.cpu import usable_cores
 from kasoku.perf.profile.levers import Lever, estimate, idle_speedup
 
 NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16", "pin-memory")
+
+
+NUMERICS = {
+    "bf16": "the forward and the loss in bf16 where autocast casts (8 significant bits): the "
+            "losses differ from the run as given, as with autocast written into the script",
+    "tf32": "fp32 products on the GPU with TF32's 10-bit mantissa: the losses differ from the "
+            "run as given in their third or fourth digit",
+    "threads": "the CPU's products may sum in another order: the losses can differ in their "
+               "last digits",
+    "cudnn-benchmark": "cuDNN may pick other convolution algorithms: the losses can differ in "
+                       "their last digits",
+    "workers": "a dataset that draws random numbers draws them in the worker processes, each "
+               "seeded apart: other random samples, the same data otherwise",
+    "replay": "the steps train on the DataLoader's first batches again and again: a measure "
+              "of the step without its wait for data, not a way to train",
+}
+"""What each lever changes in what the script computes (``pin-memory`` changes nothing):
+said when a person asks for it, and the caveat of the advice that pulls it.
+tests/test_script_numerics.py holds each to it."""
+
+
+def numerics(value: str) -> str:
+    """What the ``--with`` lever ``value`` (``workers=2``) changes in what the script computes,
+    or ""."""
+    return NUMERICS.get(value.partition("=")[0], "")
 
 
 def default_workers() -> int:
@@ -89,13 +114,57 @@ class ScriptLevers:
                 torch.backends.cudnn.benchmark = True
             if self.bf16:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-                stack.enter_context(torch.autocast(device, dtype=torch.bfloat16))
+                stack.enter_context(bf16_autocast(device))
             try:
                 yield self
             finally:
                 torch.set_num_threads(saved[0])
                 (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
                  torch.backends.cudnn.benchmark) = saved[1:]
+
+
+@contextlib.contextmanager
+def bf16_autocast(device: str):
+    """bf16 autocast on ``device`` for the calling thread while the block runs, computing what
+    ``torch.autocast`` blocks around each forward and loss compute, with the block left open.
+
+    One ``torch.autocast`` block around the whole script would train on stale weights:
+    autocast keeps the bf16 copy of each weight it casts and drops those copies only when its
+    outermost block exits, so every forward after the first would use the first one's weights
+    while the optimizer updates the fp32 ones. Here the autocast state is set, not entered as a
+    block, with its weight cache off: each forward casts the weights as they are, and a block
+    the script enters itself stays the outermost one (its exit clears its cache as it would).
+    The backward passes (``torch.Tensor.backward``, ``torch.autograd.backward``) run with
+    autocast off, as after a block's exit; the optimizer's step casts nothing either way. The
+    cost of the cache's absence: a weight used twice in one forward is cast twice."""
+    saved = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
+             torch.is_autocast_cache_enabled())
+    patched = [(torch.Tensor, "backward", torch.Tensor.backward),
+               (torch.autograd, "backward", torch.autograd.backward)]
+    for owner, name, original in patched:
+        setattr(owner, name, _without_autocast(original, device))
+    torch.set_autocast_enabled(device, True)
+    torch.set_autocast_dtype(device, torch.bfloat16)
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled(device, saved[0])
+        torch.set_autocast_dtype(device, saved[1])
+        torch.set_autocast_cache_enabled(saved[2])
+        for owner, name, original in patched:
+            setattr(owner, name, original)
+
+
+def _without_autocast(backward, device: str):
+    def run(*args, **kwargs):
+        enabled = torch.is_autocast_enabled(device)
+        torch.set_autocast_enabled(device, False)
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            torch.set_autocast_enabled(device, enabled)
+    return run
 
 
 # --- where in the script --------------------------------------------------------------------
@@ -197,7 +266,8 @@ EDITS = {
 
 
 def _as(lever: Lever, text: str, args: tuple[str, ...]) -> Lever:
-    return Lever(text, lever.expect, args, lever.speedup, lever.caveat)
+    caveat = numerics(args[1]) if args else ""
+    return Lever(text, lever.expect, args, lever.speedup, lever.caveat or caveat)
 
 
 H2D_PCT = 5.0
@@ -230,16 +300,18 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str, figures: dict | Non
         out.append(Lever(f"load in {n} worker processes: DataLoader(..., num_workers={n})"
                          f"{_at(facts.loader_site)} (the step waits {data_pct:.0f}% for its "
                          f"batches)", estimate(idle_speedup(data_pct), "up to"),
-                         ("--with", f"workers={n}"), idle_speedup(data_pct)))
+                         ("--with", f"workers={n}"), idle_speedup(data_pct), NUMERICS["workers"]))
     if device != "cuda" or "device-bound" not in rule:
         return out
     if not facts.tf32 and facts.autocast is None:
         out.append(Lever("fp32 products on TF32 tensor cores: torch.backends.cuda.matmul."
                          "allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
-                         "estimate: up to the TF32/fp32 peak ratio", ("--with", "tf32")))
+                         "estimate: up to the TF32/fp32 peak ratio", ("--with", "tf32"),
+                         caveat=NUMERICS["tf32"]))
     if facts.has_conv and not facts.cudnn_benchmark:
         out.append(Lever("let cuDNN pick the fastest convolutions: torch.backends.cudnn."
-                         "benchmark = True", "estimate: unknown", ("--with", "cudnn-benchmark")))
+                         "benchmark = True", "estimate: unknown", ("--with", "cudnn-benchmark"),
+                         caveat=NUMERICS["cudnn-benchmark"]))
     return out
 
 

@@ -20,12 +20,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kasoku.commands import script_watch
+from kasoku.commands import script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
 from kasoku.commands.profile import ProfileConfig, unprofiled_shares, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
-from kasoku.commands.script_levers import ScriptLevers
+from kasoku.commands.script_levers import ScriptLevers, numerics
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch, check_window
 from kasoku.core.errors import ConfigError
@@ -59,16 +59,22 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         out = out_or_new(out, Path(command.name).stem, "profile", "the profile")
     else:  # a worker of the script's own DDP under torchrun (kasoku.commands.script_launch)
         out = make_out_dir(Path(out) / f"worker{rank}", "a worker's trace")
+    if rank == 0 and not measure_only:
+        for value in levers.given:
+            if numerics(value):
+                say(f"--with {value} changes what the script computes: {numerics(value)}")
     watch = StepWatch(cfg, out, levers, roots=(script_root(command),),
                       measure_only=measure_only)
-    watch.install()
-    try:
-        with levers.applied():
-            end = run_script(command, hidden=(__file__, script_watch.__file__))
-    finally:
-        watch.uninstall()
-        if watch.window is not None and not watch.done:
-            watch.window.stop()
+    # the levers' patches first: the watch takes its own off when its window ends, theirs stay
+    with levers.applied():
+        watch.install()
+        try:
+            end = run_script(command, hidden=(__file__, script_watch.__file__,
+                                                  script_levers.__file__))
+        finally:
+            watch.uninstall()
+            if watch.window is not None and not watch.done:
+                watch.window.stop()
     if watch.steps == 0:
         return _say_nothing(end) if rank == 0 else end.code or EXIT_USAGE
     speak = say if rank == 0 else (lambda line: None)

@@ -311,6 +311,8 @@ class StepWatch:
     def _start(self, took_batch: bool) -> None:
         device = script_device()
         self.facts.tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+        if self.levers.bf16 and self.facts.autocast is None:
+            self.facts.autocast = "bfloat16"  # the lever's autocast is set, not entered
         self.facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
