@@ -11,6 +11,7 @@ from test_profile_script import write
 
 from kasoku.cli import main
 from kasoku.commands.script_levers import NUMERICS, ScriptFacts, numerics, script_lever
+from kasoku.commands.script_profile import verdict_lines
 from kasoku.perf.profile.levers import Lever
 
 TRAIN = """
@@ -163,3 +164,7 @@ def test_advice_that_changes_the_arithmetic_carries_its_note():
     threads = script_lever(Lever("one thread: --threads 1", "estimate: unknown",
                                  ("--threads", "1")), facts, "cpu")
     assert threads.caveat == NUMERICS["threads"]
+    # the advice says it under the verdict
+    result = {"verdict": {"line": "device-bound -> bf16", "lever": bf16.to_dict(),
+                          "measured": True}, "out": "prof", "report": "prof/report.html"}
+    assert f"  note: {NUMERICS['bf16']}" in verdict_lines(result)

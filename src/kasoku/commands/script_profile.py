@@ -198,6 +198,8 @@ def verdict_lines(result: dict) -> list[str]:
     label = "verdict" if v.get("measured") else "verdict (estimate: no lever measured)"
     lines = [f"{label}: {v['line']}"]
     lines += tried_lines(v)
+    if v["lever"].get("caveat"):
+        lines.append(f"  note: {v['lever']['caveat']}")
     for edit in v.get("edits") or []:
         if edit["text"] != v["lever"]["text"]:
             lines.append(f"  also (an edit, not measured): {edit['text']}")
