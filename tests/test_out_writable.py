@@ -29,14 +29,16 @@ COMMANDS = {
                        "--resolution", "16x16"],
     "data download": ["data", "download", "mnist"],
 }
-ENGINES = [("kasoku.cli.train", "train_workload"), ("kasoku.cli.train", "launch"),
-           ("kasoku.cli.profile", "profile_workload"), ("kasoku.cli.profile", "launch"),
-           ("kasoku.cli.bench", "run_sweep"), ("kasoku.cli.compare", "run_compare"),
-           ("kasoku.cli.compare", "train_on_devices"),
+# Where each command looks its engine up when it runs (most import it then, from its module).
+ENGINES = [("kasoku.commands.train", "train_workload"), ("kasoku.cli.train", "launch"),
+           ("kasoku.commands.profile", "profile_workload"), ("kasoku.cli.profile", "launch"),
+           ("kasoku.commands.bench.sweep", "run_sweep"),
+           ("kasoku.commands.bench.compare", "run_compare"),
+           ("kasoku.commands.bench.compare_train", "train_on_devices"),
            ("kasoku.commands.bench.data_bench", "run_data_bench"),
            ("kasoku.cli.allreduce_bench", "run_allreduce_bench"),
-           ("kasoku.cli.scale", "run_scale"), ("kasoku.cli.data", "make_jpeg_folder"),
-           ("kasoku.cli.data", "fetch_dataset")]
+           ("kasoku.commands.scale", "run_scale"), ("kasoku.data.jpeg_synth", "make_jpeg_folder"),
+           ("kasoku.data.download", "fetch_dataset")]
 
 
 def _writes(folder) -> bool:

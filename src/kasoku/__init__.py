@@ -5,8 +5,7 @@ The public API below is imported on first use (PEP 562): ``import kasoku`` and `
 names."""
 from __future__ import annotations
 
-import importlib
-
+from kasoku.core.lazy_exports import lazy_exports
 from kasoku.core.version import __version__  # noqa: F401  (kasoku.__version__)
 
 _EXPORTS = {
@@ -29,16 +28,4 @@ _EXPORTS = {
     "register_workload": "kasoku.workloads.registry",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kasoku' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

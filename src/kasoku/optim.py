@@ -12,8 +12,8 @@ from kasoku.accel.notes import warn_once
 from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
 from kasoku.core.errors import ConfigError
 from kasoku.kfac import KFAC, KFACConfig
+from kasoku.train.config import OPTIMIZERS
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lars", "lamb", "kfac")
 IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
 """loop: one kernel per tensor per op; foreach: multi-tensor kernels; fused: one kernel for all
 weights (torch's ``fused=True``; SGD, momentum, Adam and AdamW only); compiled: the foreach

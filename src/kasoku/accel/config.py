@@ -8,6 +8,12 @@ from dataclasses import dataclass
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16-pure")
 OPTIMIZER_IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
+# The values of the levers' other choices, here rather than in the levers' modules (which
+# import torch), so that the command line builds its flags without torch.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CHECKPOINTING_MODES = ("none", "full", "selective")
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ One set of conventions across sub-commands: ``--device auto`` (cuda when availab
 DIR`` for what a command writes (by default under ``runs/``), comma lists for what a sweep
 varies (``--batch-size 32,64``). A user's mistake ends in one line, ``kasoku: error: ...``,
 saying what to do, and exit code 2; a warning is one line, ``kasoku: warning: ...``.
+
+The parser is built from modules that do not import torch (configs, their choices, the
+registries' names), and each command's ``run`` imports its engine when it runs: ``--version``,
+``--help``, ``list`` and every mistake in the arguments answer without loading torch
+(``tests/test_cli_startup.py``).
 """
 from __future__ import annotations
 
@@ -25,12 +30,10 @@ from kasoku.cli import args as a
 from kasoku.core.errors import ConfigError, DataError, KasokuWarning, NonFiniteError
 from kasoku.core.queues import request_queues
 from kasoku.core.version import __version__
-from kasoku.distributed.ddp import describe_failure
 from kasoku.distributed.failures import note, peer_lost
 from kasoku.distributed.launch import exit_worker, under_launcher
 from kasoku.distributed.world import World
-from kasoku.train import SnapshotError
-from kasoku.train.run_dir import AUTO, OUTPUT_ROOT, check_writable, find_snapshot
+from kasoku.train.run_dir import AUTO, OUTPUT_ROOT, SnapshotError, check_writable, find_snapshot
 
 EXIT_USAGE = 2
 """A user's mistake: a bad value, a missing file, an incompatible snapshot."""
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     the command or its inputs, 128 + N stopped by signal N). No arguments print the help (on
     stdout) and return 2, as a missing command does in argparse tools."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv == ["--version"]:  # answered before the parser, whose flags need torch (~1.5 s)
+    if argv == ["--version"]:  # as the parser would answer it, without building the parser
         print(f"kasoku {__version__}")
         return 0
     argv, script = profile.split_script(argv)  # the script's words are not kasoku's
@@ -108,6 +111,7 @@ def _run(args) -> int:
     except Exception as exc:
         if not under_launcher():
             raise
+        from kasoku.distributed.ddp import describe_failure  # deferred: torch (module doc)
         # A worker of a data-parallel run: one line naming it, not a traceback from each.
         timeout = getattr(args, "dist_timeout", None) or 300.0
         line, lost = describe_failure(exc, World.from_env().rank, timeout), peer_lost(exc)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from kasoku.accel.attention import SDPA_BACKENDS
-from kasoku.accel.checkpointing import CHECKPOINTING_MODES
-from kasoku.accel.compile import COMPILE_MODES
-from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
-from kasoku.accel.float8 import FLOAT8_RECIPES
+from kasoku.accel.config import (
+    CHECKPOINTING_MODES,
+    COMPILE_MODES,
+    FLOAT8_RECIPES,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    SDPA_BACKENDS,
+    AccelConfig,
+)
 from kasoku.cli.args import add_fields, choice, config_from, field_docs
 
 _FLAGS = {

@@ -2,6 +2,9 @@
 
     kasoku bench imagenet-resnet50 --batch-size 32,64,128,256 --ladder
     kasoku bench mnist-mlp --device cpu --config precision=bf16,compile=max-autotune
+
+The engine is imported where the command runs, and the rungs where a ``--config`` is checked:
+the parser loads no torch.
 """
 from __future__ import annotations
 
@@ -10,17 +13,6 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
-from kasoku.commands.bench.fed import check_data
-from kasoku.commands.bench.report import report_results
-from kasoku.commands.bench.rungs import (
-    cpu_ladder,
-    gpu_ladder,
-    ladder_or_specs,
-    parse_config,
-    transformer_gpu_ladder,
-)
-from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
-from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import OUTPUT_ROOT
@@ -112,6 +104,12 @@ def _to_scale(text: str):
 def _rung_spec(text: str) -> str:
     """A ``--config`` value, checked where it is parsed: a rung label of either ladder, or
     lever settings ``parse_config`` takes (the device's ladder resolves labels later)."""
+    from kasoku.commands.bench.rungs import (  # deferred: torch, only for a --config
+        cpu_ladder,
+        gpu_ladder,
+        parse_config,
+        transformer_gpu_ladder,
+    )
     spec = text.strip()
     if spec in {r.label for r in gpu_ladder() + transformer_gpu_ladder() + cpu_ladder()}:
         return spec
@@ -130,6 +128,8 @@ def run(args) -> int:
     """Run the sweep the arguments describe (or, with ``--report``, only redraw its table and
     chart). Returns the exit code: 0, or 1 when a rung breaks training or a run crashes or
     times out. Bad settings raise ``ConfigError``."""
+    from kasoku.commands.bench.report import report_results  # deferred: torch (module doc)
+    from kasoku.commands.device import resolve_device  # deferred: torch (module doc)
 
     require_single_process(World.from_env(), "kasoku bench")
     # --report measures nothing, so it may redraw a GPU sweep's results on any machine.
@@ -147,11 +147,15 @@ def run(args) -> int:
                               f"(without --report), or give its --out") from None
         print(f"chart: {chart}" if chart else "nothing was measured: no chart")
         return 0
+    from kasoku.commands.bench.sweep import run_sweep  # deferred: torch (module doc)
     return run_sweep(sweep_config(args, wl, device, out)).exit_code
 
 
 def sweep_config(args, wl, device, out: Path):
     """The ``SweepConfig`` of parsed arguments, with the device's defaults filled in."""
+    from kasoku.commands.bench.fed import check_data  # deferred: torch (module doc)
+    from kasoku.commands.bench.rungs import ladder_or_specs  # deferred: torch (module doc)
+    from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig  # deferred: torch
 
     defaults = WINDOW_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     rungs = ladder_or_specs(device.type, args.config, wl.ladder)

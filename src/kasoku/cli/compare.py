@@ -4,20 +4,16 @@
 
     kasoku compare mnist-mlp,cifar10-lenet5 --devices cpu,cuda
     kasoku compare mnist-mlp --epochs 20 --data ~/data/mnist --devices cpu,cuda
+
+The engines (and torch) are imported where the command runs: the parser loads no torch.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
 from kasoku.cli.train import add_data_arguments
-from kasoku.commands.bench.compare import CHART_FILE, RESULTS_FILE, CompareConfig, run_compare
-from kasoku.commands.bench.compare_report import latest_lines, plot_compare, print_compare
-from kasoku.commands.bench.compare_train import train_on_devices
-from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.data.config import DataConfig
 from kasoku.distributed import World, require_single_process
@@ -109,6 +105,9 @@ def add_parser(sub) -> None:
 def resolve_devices(names: list[str] | None) -> tuple[str, ...]:
     """The devices asked for, each one this machine has (a missing CUDA is a ``ConfigError``
     saying what to do); by default cpu, and cuda where available."""
+    import torch  # deferred: torch (module doc)
+
+    from kasoku.commands.device import resolve_device  # deferred: torch (module doc)
     if names is None:
         return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     for name in names:
@@ -124,6 +123,13 @@ def run(args) -> int:
     """Measure (or train), report. Returns 0, or 1 when a run failed or a rung broke
     training; a request this machine cannot run raises ``ConfigError`` before any folder is
     made."""
+    from kasoku.commands.bench.compare import (  # deferred: torch (module doc)
+        CHART_FILE,
+        RESULTS_FILE,
+        CompareConfig,
+        run_compare,
+    )
+    from kasoku.commands.bench.compare_report import plot_compare, print_compare  # deferred
 
     require_single_process(World.from_env(), "kasoku compare")
     workloads = [create_workload(w) for w in args.workloads]  # unknown: a ConfigError
@@ -153,6 +159,12 @@ def run(args) -> int:
 
 
 def _report(out: Path | None, names: list[str], chart: bool) -> int:
+    from kasoku.commands.bench.compare import CHART_FILE, RESULTS_FILE  # deferred: torch
+    from kasoku.commands.bench.compare_report import (  # deferred: torch (module doc)
+        latest_lines,
+        plot_compare,
+        print_compare,
+    )
     if out is None or not (out / RESULTS_FILE).is_file():
         raise ConfigError(f"--report redraws the results of earlier comparisons: give their "
                           f"--out folder (it holds {RESULTS_FILE})")
@@ -177,6 +189,7 @@ def _scale_results(path: Path | None) -> Path | None:
 
 
 def _time_to_accuracy(args, devices, workloads, specs) -> int:
+    from kasoku.commands.bench.compare_train import train_on_devices  # deferred: torch
     if len(workloads) != 1:
         raise ConfigError("--epochs trains one workload on each device; give one workload "
                           "(without --epochs, several are compared by their ladders)")

@@ -1,4 +1,5 @@
-"""``kasoku data``: make-jpeg, download, bench."""
+"""``kasoku data``: make-jpeg, download, bench. Each imports its engine where it runs: the
+parser loads no torch (nor numpy, PIL or urllib)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +8,9 @@ from kasoku.accel.config import AccelConfig
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.train import add_data_arguments
-from kasoku.commands.bench import data_bench
-from kasoku.commands.bench.data_bench import expand_loaders
-from kasoku.commands.bench.data_report import report_data_bench
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
-from kasoku.data.download import fetch_dataset
-from kasoku.data.jpeg_synth import make_jpeg_folder
+from kasoku.data.registry import expand_loaders
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import OUTPUT_ROOT, make_out_dir
 
@@ -128,6 +125,7 @@ def _image_size(text: str) -> int:
 
 
 def _make_jpeg(args) -> int:
+    from kasoku.data.jpeg_synth import make_jpeg_folder  # deferred: numpy, PIL (module doc)
     w, h = args.resolution
     stats = make_jpeg_folder(args.out, args.count, w, h, num_classes=args.classes,
                              quality=args.quality, seed=args.seed, workers=args.workers)
@@ -138,12 +136,15 @@ def _make_jpeg(args) -> int:
 
 
 def _download(args) -> int:
+    from kasoku.data.download import fetch_dataset  # deferred: urllib (module doc)
     path = fetch_dataset(args.dataset, make_out_dir(args.out, f"the {args.dataset} files"))
     print(f"{args.dataset} is ready in {path}")
     return 0
 
 
 def _bench(args) -> int:
+    from kasoku.commands.bench import data_bench  # deferred: torch (module doc)
+    from kasoku.commands.bench.data_report import report_data_bench  # deferred: torch
     out = args.out or OUTPUT_ROOT / "data-bench"
     if args.report:
         chart = report_data_bench(out)

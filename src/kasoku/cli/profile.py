@@ -1,14 +1,14 @@
 """``kasoku profile``: argv -> the ``kasoku train`` configs plus ``ProfileConfig`` ->
 ``kasoku.commands.profile.profile_workload``; prints the figures and the verdict. With ``--``,
 what follows is a training script's command (``kasoku profile --skip 5 -- python train.py
-ARGS``) -> ``kasoku.commands.script_profile.profile_script``."""
+ARGS``) -> ``kasoku.commands.script_profile.profile_script``. The engines are imported where
+the command runs: the parser loads no torch."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-from kasoku.accel.compose import check_config
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import DIST_FLAGS, dist_config_from_args
@@ -22,19 +22,13 @@ from kasoku.cli.train import (
     kfac_config_from_args,
     workload_spec,
 )
-from kasoku.commands.ab import ladder_lines, tried_lines, without_own
-from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
-from kasoku.commands.script_launch import parse_launched, profile_launched
-from kasoku.commands.script_profile import profile_script, say, verdict_lines
-from kasoku.commands.script_run import parse_command
+from kasoku.commands.profile_config import ProfileConfig
 from kasoku.core.errors import ConfigError
-from kasoku.core.phases import format_phases
 from kasoku.data.config import DataConfig
 from kasoku.distributed import World
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
-from kasoku.perf.profile.kfac_cost import format_kfac
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import out_or_new
 from kasoku.workloads import create_workload
@@ -113,6 +107,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def run(args) -> int:
     if args.script is not None or args.workload is None:
         return run_script(args)
+    from kasoku.commands.profile import profile_workload  # deferred: torch (module doc)
     for flag, given in (("--stop-after-window", args.stop_after_window),
                         ("--with", args.with_levers)):
         if given:
@@ -154,6 +149,10 @@ def run_script(args) -> int:
         if flag.startswith("--") and flag not in SCRIPT_FLAGS:
             raise ConfigError(f"{flag} is not yet for a script (a script's profile takes "
                               f"{', '.join(SCRIPT_FLAGS[:-1])})")
+    from kasoku.commands.ab import without_own  # deferred: torch (module doc)
+    from kasoku.commands.script_launch import parse_launched, profile_launched  # deferred
+    from kasoku.commands.script_profile import profile_script, say, verdict_lines  # deferred
+    from kasoku.commands.script_run import parse_command  # deferred: torch (module doc)
     cfg = a.config_from(args, ProfileConfig)
     launched = parse_launched(args.script)
     if launched is not None:
@@ -171,6 +170,9 @@ def run_script(args) -> int:
 def _launch(args, dist, cfg) -> int:
     """Start the workers (each runs this command as one of them), then, with ``--confirm``,
     run the A/B from here: each side launches its own workers."""
+    from kasoku.accel.compose import check_config  # deferred: torch (module doc)
+    from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
+    from kasoku.commands.profile import ab_saved  # deferred: torch (module doc)
     check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
     wl = create_workload(workload_spec(args))
     if args.measure_only:
@@ -189,6 +191,9 @@ def _launch(args, dist, cfg) -> int:
 
 def summary(result: dict) -> str:
     """The figures, the verdict and the ladder as a few lines of text."""
+    from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
+    from kasoku.core.phases import format_phases  # deferred: torch (module doc)
+    from kasoku.perf.profile.kfac_cost import format_kfac  # deferred: torch (module doc)
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
     if f.get("kfac"):

@@ -4,36 +4,29 @@
     kasoku scale imagenet-resnet50 --gpus 1,2,4 --batch-size 256
     kasoku scale mnist-mlp --procs 1,2
     kasoku scale mnist-mlp --procs 1,2 --data ../shared/data/mnist --loader multiprocess
+
+The engine is imported where the command runs: the parser loads no torch.
 """
 from __future__ import annotations
 
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kasoku.accel.checkpointing import checkpointable_blocks
-from kasoku.accel.compose import check_sharding
-from kasoku.accel.memory_format import has_conv2d
 from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
 from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
-from kasoku.commands.bench.rungs import Rung, default_ladder, resolve, rung_from_spec
-from kasoku.commands.scale import (
-    CHART_FILE,
-    RESULTS_FILE,
-    ScaleConfig,
-    WorkersFailed,
-    plot_scale,
-    print_results,
-    run_scale,
-)
-from kasoku.commands.scale_feed import DEFAULT_LOADER, check_data
 from kasoku.core.errors import ConfigError
+from kasoku.data.registry import DEFAULT_LOADER
 from kasoku.distributed import World, require_single_process
 from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
 from kasoku.distributed.plan import plan_worlds
 from kasoku.train.run_dir import out_or_new
 from kasoku.workloads import create_workload
+
+if TYPE_CHECKING:
+    from kasoku.commands.bench.rungs import Rung
 
 GPU_DEFAULTS = {"steps": 20, "warmup": 15}
 CPU_DEFAULTS = {"steps": 20, "warmup": 5}
@@ -102,6 +95,15 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Plan, measure, report. Returns 0, or 1 when a worker failed; a request this machine
     cannot run raises ``ConfigError`` before any folder is made."""
+    from kasoku.commands.scale import (  # deferred: torch (module doc)
+        CHART_FILE,
+        RESULTS_FILE,
+        WorkersFailed,
+        plot_scale,
+        print_results,
+        run_scale,
+    )
+    from kasoku.commands.scale_feed import check_data  # deferred: torch (module doc)
 
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku scale")
@@ -130,6 +132,7 @@ def run(args) -> int:
 
 def _shardable(rung: Rung, wl) -> bool:
     """Whether FSDP2 can take ``rung``'s step (``check_sharding``: no graph, ...)."""
+    from kasoku.accel.compose import check_sharding  # deferred: torch (module doc)
     if rung.is_plain:
         return True
     try:
@@ -141,6 +144,15 @@ def _shardable(rung: Rung, wl) -> bool:
 
 def scale_config(args, wl, device_type: str):
     """The ``ScaleConfig`` of parsed arguments (the batch size set per run)."""
+    from kasoku.accel.checkpointing import checkpointable_blocks  # deferred: torch
+    from kasoku.accel.compose import check_sharding  # deferred: torch (module doc)
+    from kasoku.accel.memory_format import has_conv2d  # deferred: torch (module doc)
+    from kasoku.commands.bench.rungs import (  # deferred: torch (module doc)
+        default_ladder,
+        resolve,
+        rung_from_spec,
+    )
+    from kasoku.commands.scale import ScaleConfig  # deferred: torch (module doc)
 
     dist = a.config_from(args, DistConfig, gpus=None, procs=None)  # the counts are lists here
     dist.check()

@@ -1,30 +1,29 @@
 """``kasoku train``: argv -> ``DataConfig``, ``TrainConfig``, ``AccelConfig`` ->
-``kasoku.commands.train.train_workload``."""
+``kasoku.commands.train.train_workload`` (imported by ``run``: the parser loads no torch)."""
 from __future__ import annotations
 
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from kasoku.accel.compose import check_sharding
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
-from kasoku.commands.train import train_workload
 from kasoku.core.errors import warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import list_loaders, loader_kind
 from kasoku.distributed import World
 from kasoku.distributed.failures import note
 from kasoku.distributed.launch import launch, under_launcher
-from kasoku.kfac import check_levers
-from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFAC_METHODS, KFACConfig
-from kasoku.kfac.factors import FACTOR_PRECISIONS
-from kasoku.optim import OPTIMIZERS
-from kasoku.train import TrainingInterrupted
-from kasoku.train.config import TrainConfig
-from kasoku.train.run_dir import default_out, find_snapshot
-from kasoku.train.snapshot import SnapshotError
+from kasoku.kfac.config import (
+    FACTOR_PRECISIONS,
+    KFAC_BASES,
+    KFAC_COMM_DTYPES,
+    KFAC_METHODS,
+    KFACConfig,
+)
+from kasoku.train.config import OPTIMIZERS, TrainConfig
+from kasoku.train.run_dir import SnapshotError, default_out, find_snapshot
 from kasoku.workloads import create_workload
 from kasoku.workloads.registry import with_settings, workload_configs
 
@@ -139,6 +138,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from kasoku.accel.compose import check_sharding  # deferred: torch (module doc)
+    from kasoku.commands.train import train_workload  # deferred: torch (module doc)
+    from kasoku.kfac import check_levers  # deferred: torch (module doc)
+    from kasoku.train import TrainingInterrupted  # deferred: torch (module doc)
     data = a.config_from(args, DataConfig)
     train = a.config_from(args, TrainConfig)
     dist = dist_config_from_args(args)

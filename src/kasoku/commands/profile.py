@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
+from kasoku.commands.profile_config import ProfileConfig
 from kasoku.commands.profile_steps import sync, time_steps
 from kasoku.commands.train import build_trainer, close_run
 from kasoku.core.errors import ConfigError
@@ -52,40 +52,6 @@ from kasoku.perf.profile.verdict import Verdict, judge
 from kasoku.perf.profile.window import machine_facts, profile_updater
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
-
-
-@dataclass
-class ProfileConfig:
-    steps: int = 10
-    """Steps recorded by the profiler (after its warm-up steps)."""
-    warmup: int = 3
-    """Profiler warm-up steps before the recorded ones."""
-    skip: int = 10
-    """Steps run first and not timed (compilation, graph capture, autotuning), at least:
-    blocks of as many follow until two agree on the step time and nothing recompiles (a
-    script's: exactly this many)."""
-    measure_steps: int = 20
-    """Steps timed without the profiler (the throughput beside the profiled figures), at
-    least; more where they would take under --measure-seconds; with --optimizer kfac,
-    rounded up to whole cycles of its factor and inverse steps (a script's: exactly this
-    many)."""
-    measure_seconds: float = 1.0
-    """The unprofiled steps last at least this long (20 steps of a 2 ms step are 40 ms, at
-    the mercy of one interruption; K-FAC's whole cycles are kept as --measure-steps asks)."""
-    confirm: bool = False
-    """Run the A/B runs that prove the bound (each side a fresh process), and the advised
-    lever once more, and print them."""
-    estimate: bool = False
-    """Skip the A/B runs of the candidate levers (a minute or so): advise from the rule's
-    estimate, labelled as one."""
-    rounds: int = 3
-    """Rounds of the candidate levers' A/B runs (each round: the run as given, then each
-    lever, fresh processes); fewer are faster and noisier. Stopped early past a minute."""
-    python: bool = False
-    """Add a host-side sampling profile of the step (pyinstrument; pip install pyinstrument)."""
-    stop_after_window: bool = False
-    """A script's profile (kasoku profile -- python SCRIPT.py): stop the script cleanly after
-    the profiled window instead of letting it run to its end."""
 
 
 def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Path | None = None,

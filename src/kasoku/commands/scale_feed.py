@@ -33,6 +33,7 @@ from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import (
+    DEFAULT_LOADER,
     accepts,
     create_loader,
     dataset_kind,
@@ -43,8 +44,6 @@ from kasoku.data.registry import (
 )
 from kasoku.perf.profile.levers import input_candidates, input_fallback
 
-DEFAULT_LOADER = "serial"
-"""As ``kasoku train``'s ``--loader``."""
 SAMPLES_ENV = "KASOKU_SCALE_RECORD_SAMPLES"
 INPUT_PCT = 15.0
 """A step waiting at least this share of its time for its batch names the loader as a limit

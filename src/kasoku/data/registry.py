@@ -4,23 +4,20 @@ are registered.
 A loader is named by a spec, ``KIND`` or ``KIND:N`` (``threads:8``: N threads), as
 ``--loader`` takes it. Every registered kind is ``SerialLoader`` with the fetching moved
 elsewhere, so all of them yield the same samples and resume from the same state; the tests
-sweep the registry. A kind's builder imports its module when it is first used, so listing the
-kinds or parsing a spec loads nothing heavy (the GPU decoders stay unimported on a CPU).
+sweep the registry. This module imports no torch: a kind's builder imports its module when it
+is first used, so listing the kinds or parsing a spec (the command line's help and its checks
+of ``--loader``) loads nothing heavy, and the GPU decoders stay unimported on a CPU.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from kasoku.core.errors import ConfigError
-from kasoku.data.device_loader import ChunkedLoader, DeviceLoader
-from kasoku.data.gpu_jpeg import GpuJpegLoader
-from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
-from kasoku.data.imagefolder import ImageFolder
-from kasoku.data.loader import SerialLoader
-from kasoku.data.parallel_loader import ProcessLoader, ThreadLoader
+
+DEFAULT_LOADER = "serial"
+"""The loader of a run that names none (``TrainConfig.loader``'s default, ``kasoku scale
+--data``'s)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +96,26 @@ def parse_loader_spec(spec: str) -> tuple[LoaderKind, int | None]:
     return kind, int(count)
 
 
+def expand_loaders(text: str) -> list[str]:
+    """``"serial,multiprocess:1,2,4"`` -> ``["serial", "multiprocess:1", "multiprocess:2",
+    "multiprocess:4"]``: a bare number continues the kind before it. Each spec is checked as
+    ``--loader`` checks it (``ConfigError``)."""
+    specs: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if item.isdigit():
+            if not specs:
+                raise ConfigError(f"--loader {text}: {item} continues no loader kind; write "
+                                  f"the kind first, e.g. multiprocess:1,2,4")
+            item = f"{specs[-1].partition(':')[0]}:{item}"
+        parse_loader_spec(item)
+        specs.append(item)
+    if not specs:
+        raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
+    return specs
+
+
 def check_loader_settings(spec: str, batches_per_call: int = 1, prefetch: int | None = None
                           ) -> tuple[LoaderKind, int | None]:
     """``parse_loader_spec(spec)``, and a ``ConfigError`` for settings the kind cannot take:
@@ -149,6 +166,7 @@ def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
     if batches_per_call > 1:
         kwargs["batches_per_call"] = batches_per_call
     _check_dataset(kind, dataset)
+    import torch  # deferred: this module loads without torch (see above)
     try:
         return kind.build(dataset, batch_size, torch.device(device), count, **kwargs)
     except ConfigError:
@@ -159,6 +177,9 @@ def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
 
 def accepts(kind: LoaderKind, dataset) -> bool:
     """Whether ``kind`` can read ``dataset`` (see ``LoaderKind.needs``)."""
+    import torch  # deferred: this module loads without torch (see above)
+
+    from kasoku.data.imagefolder import ImageFolder  # deferred: torch
     if kind.needs == "in-memory":
         if hasattr(dataset, "in_memory"):  # synthetic sets, held whole when small enough
             return bool(getattr(dataset, "held_in_memory", False))
@@ -190,10 +211,12 @@ def _check_dataset(kind: LoaderKind, dataset) -> None:
                       f"{others or 'serial'}")
 
 
-# The built-in kinds. Builders import their module on first use.
+# The built-in kinds. Builders import their module on first use (torch with it).
 
 @register_loader("serial", "batches made in the training process", chunks=True)
 def _serial(dataset, batch_size, device, count, batches_per_call=1, **kwargs):
+    from kasoku.data.device_loader import ChunkedLoader  # deferred: torch, on first use
+    from kasoku.data.loader import SerialLoader  # deferred: torch, on first use
     if batches_per_call > 1:
         return ChunkedLoader(dataset, batch_size, batches_per_call=batches_per_call, **kwargs)
     return SerialLoader(dataset, batch_size, **kwargs)
@@ -202,26 +225,31 @@ def _serial(dataset, batch_size, device, count, batches_per_call=1, **kwargs):
 @register_loader("device", "the whole dataset resident on the training device; in-memory "
                  "datasets (MNIST, CIFAR-10)", chunks=True, needs="in-memory")
 def _device(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.device_loader import DeviceLoader  # deferred: torch, on first use
     return DeviceLoader(dataset, batch_size, device=device, **kwargs)
 
 
 def _thread_count(count: int | None) -> int:
+    from kasoku.data.parallel_loader import ThreadLoader  # deferred: torch, on first use
     return count or ThreadLoader.default_threads()
 
 
 def _process_count(count: int | None) -> int:
+    from kasoku.data.parallel_loader import ProcessLoader  # deferred: torch, on first use
     return count or ProcessLoader.default_workers()
 
 
 @register_loader("threads", "samples decoded by N threads", count="threads", prefetching=True,
                  host_workers=_thread_count)
 def _threads(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.parallel_loader import ThreadLoader  # deferred: torch, on first use
     return ThreadLoader(dataset, batch_size, num_threads=count, **kwargs)
 
 
 @register_loader("multiprocess", "batches made by N worker processes", count="processes",
                  prefetching=True, host_workers=_process_count)
 def _multiprocess(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.parallel_loader import ProcessLoader  # deferred: torch, on first use
     return ProcessLoader(dataset, batch_size, num_workers=count,
                          pin_memory=device.type == "cuda", **kwargs)
 
@@ -231,6 +259,7 @@ def _multiprocess(dataset, batch_size, device, count, **kwargs):
                  "KASOKU_GPU_JPEG_DECODER=torchvision|nvimgcodec|pillow chooses)",
                  count="reading threads", prefetching=True, needs="image-folder")
 def _gpu_jpeg(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.gpu_jpeg import GpuJpegLoader  # deferred: torch, on first use
     return GpuJpegLoader(dataset, batch_size, device=device, num_threads=count, **kwargs)
 
 
@@ -238,5 +267,6 @@ def _gpu_jpeg(dataset, batch_size, device, count, **kwargs):
                  "half the cores), batches handed over in GPU memory",
                  count="decoding processes", prefetching=True, needs="image-folder")
 def _gpu_jpeg_procs(dataset, batch_size, device, count, **kwargs):
+    from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader  # deferred: torch, on first use
     return GpuJpegProcessLoader(dataset, batch_size, device=device, num_workers=count,
                                 **kwargs)

@@ -13,9 +13,16 @@ Linear and Conv2d layers in front of a base optimizer (``--optimizer kfac``).
 
 kasoku's own code: kfac-pytorch (KAISA, MIT), the reference for the design and the numerics,
 is not published on PyPI, and ASDL's package is an alpha tested on PyTorch 1.13 only.
+
+The names below are imported on first use (PEP 562): ``config`` loads without torch, for the
+command line's ``--kfac-*`` flags.
 """
-from kasoku.kfac.config import KFAC_BASES, KFACConfig
-from kasoku.kfac.optimizer import KFAC, check_levers
-from kasoku.kfac.preconditioner import KFACPreconditioner
+from __future__ import annotations
+
+from kasoku.core.lazy_exports import lazy_exports
 
 __all__ = ["KFAC", "KFACConfig", "KFACPreconditioner", "KFAC_BASES", "check_levers"]
+__getattr__, __dir__ = lazy_exports(globals(), {
+    "KFAC": "kasoku.kfac.optimizer", "KFACConfig": "kasoku.kfac.config",
+    "KFACPreconditioner": "kasoku.kfac.preconditioner", "KFAC_BASES": "kasoku.kfac.config",
+    "check_levers": "kasoku.kfac.optimizer"})

@@ -10,8 +10,10 @@ import math
 from dataclasses import dataclass
 
 from kasoku.core.errors import ConfigError
-from kasoku.kfac.factors import FACTOR_PRECISIONS
 
+FACTOR_PRECISIONS = ("fp32", "tf32", "bf16")
+"""How the factors' products are made (``kasoku.kfac.factors``; ``KFACConfig.factor_precision``).
+Here, not there, so that the settings load without torch."""
 KFAC_BASES = ("momentum", "sgd", "adam")
 """The optimizers K-FAC can feed its preconditioned gradients to (``KFACConfig.base``)."""
 

@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FACTOR_PRECISIONS = ("fp32", "tf32", "bf16")
-"""How the factors' products are made (module doc)."""
+from kasoku.kfac.config import FACTOR_PRECISIONS
 
 
 def supported(module: nn.Module) -> bool:

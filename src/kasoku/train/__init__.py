@@ -1,30 +1,11 @@
-"""Chainer-style training: ``Trainer`` + extensions + stateless triggers + atomic snapshots."""
-from kasoku.train import extensions
-from kasoku.train.extensions import (
-                                     CosineLR,
-                                     Evaluator,
-                                     FailOnNonNumber,
-                                     LinearWarmup,
-                                     LogReport,
-                                     PlotReport,
-                                     PrintReport,
-                                     ProgressBar,
-                                     Snapshot,
-                                     StepLR,
-)
-from kasoku.train.reporter import (
-                                     PRIORITY_EDITOR,
-                                     PRIORITY_LOG,
-                                     PRIORITY_READER,
-                                     PRIORITY_SNAPSHOT,
-                                     PRIORITY_WRITER,
-                                     DictSummary,
-                                     Reporter,
-)
-from kasoku.train.snapshot import SnapshotError, load_snapshot, save_snapshot
-from kasoku.train.step import PlainUpdate, StandardStep, Updater
-from kasoku.train.trainer import Trainer, TrainingInterrupted
-from kasoku.train.triggers import IntervalTrigger, ManualScheduleTrigger, get_trigger
+"""Chainer-style training: ``Trainer`` + extensions + stateless triggers + atomic snapshots.
+
+The names below are imported on first use (PEP 562), as ``kasoku``'s are: the package's
+torch-free modules (``config``, ``run_dir``) load without torch, so the command line can build
+its parser from them."""
+from __future__ import annotations
+
+from kasoku.core.lazy_exports import lazy_exports
 
 __all__ = ["CosineLR", "DictSummary", "Evaluator", "FailOnNonNumber", "IntervalTrigger",
            "LinearWarmup", "LogReport", "ManualScheduleTrigger", "PRIORITY_EDITOR",
@@ -32,3 +13,16 @@ __all__ = ["CosineLR", "DictSummary", "Evaluator", "FailOnNonNumber", "IntervalT
            "PlotReport", "PrintReport", "ProgressBar", "Reporter", "Snapshot", "SnapshotError",
            "StandardStep", "StepLR", "Trainer", "TrainingInterrupted", "Updater", "extensions",
            "get_trigger", "load_snapshot", "save_snapshot"]
+__getattr__, __dir__ = lazy_exports(globals(), {
+    **dict.fromkeys(["CosineLR", "Evaluator", "FailOnNonNumber", "LinearWarmup", "LogReport",
+                     "PlotReport", "PrintReport", "ProgressBar", "Snapshot", "StepLR"],
+                    "kasoku.train.extensions"),
+    **dict.fromkeys(["PRIORITY_EDITOR", "PRIORITY_LOG", "PRIORITY_READER", "PRIORITY_SNAPSHOT",
+                     "PRIORITY_WRITER", "DictSummary", "Reporter"], "kasoku.train.reporter"),
+    **dict.fromkeys(["SnapshotError", "load_snapshot", "save_snapshot"],
+                    "kasoku.train.snapshot"),
+    **dict.fromkeys(["PlainUpdate", "StandardStep", "Updater"], "kasoku.train.step"),
+    **dict.fromkeys(["Trainer", "TrainingInterrupted"], "kasoku.train.trainer"),
+    **dict.fromkeys(["IntervalTrigger", "ManualScheduleTrigger", "get_trigger"],
+                    "kasoku.train.triggers"),
+})

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from kasoku.core.errors import ConfigError
 
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lars", "lamb", "kfac")
+"""The optimizers a run can name (``TrainConfig.optimizer``; ``kasoku.optim.make_optimizer``
+builds them), here rather than in ``optim`` (which imports torch) for the command line."""
+
 
 @dataclass
 class TrainConfig:

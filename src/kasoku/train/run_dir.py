@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 from kasoku.core.errors import ConfigError, warn_once
-from kasoku.train.snapshot import SnapshotError, is_sharded_snapshot
 
 AUTO = "auto"
 """``--resume auto``: resume from the output folder's snapshot when it has one, else start
@@ -29,6 +28,18 @@ RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "snapshot_*.dcp",
 """What a training run writes into its folder (glob patterns; ``snapshot_*.dcp`` are folders,
 a sharded run's snapshots): what marks a folder as holding a run, and what ``overwrite``
 removes (nothing else in the folder is touched)."""
+TRAINER_FILE = "trainer.pt"
+"""In a sharded snapshot's folder: the trainer's state but the model and the optimizer."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot file is missing, truncated or not a kasoku snapshot. (Here, beside the run
+    folder's files, rather than in ``snapshot``: this module loads without torch.)"""
+
+
+def is_sharded_snapshot(path) -> bool:
+    """Whether ``path`` is a sharded snapshot's folder (``snapshot.save_sharded_snapshot``)."""
+    return (Path(path) / TRAINER_FILE).is_file()
 
 
 def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = None,

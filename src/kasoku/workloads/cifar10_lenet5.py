@@ -2,12 +2,14 @@
 in 50 epochs)."""
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from kasoku.data.config import DataConfig
-from kasoku.models import LeNet5
-from kasoku.workloads.common import CIFAR10_HOLDOUT_TRAIN, cifar10_holdout
+from kasoku.workloads.dataset_facts import CIFAR10_HOLDOUT_TRAIN
 from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+if TYPE_CHECKING:
+    from torch import nn
 
 SYNTHETIC_SIZES = (10000, 1000)
 """Default synthetic (train, val) sizes."""
@@ -24,7 +26,9 @@ class Cifar10LeNet5(Workload):
     epoch_samples = CIFAR10_HOLDOUT_TRAIN
 
     def build_model(self) -> nn.Module:
+        from kasoku.models import LeNet5  # deferred: torch (workloads.registry's doc)
         return LeNet5(in_channels=3, num_classes=10)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
+        from kasoku.workloads.common import cifar10_holdout  # deferred: torch
         return cifar10_holdout(data, self.name, SYNTHETIC_SIZES, seed, augment=False)

@@ -1,12 +1,14 @@
 """``cifar10-resnet152``: seed 001's large model, the one where two GPUs beat one."""
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from kasoku.data.config import DataConfig
-from kasoku.models import resnet152
-from kasoku.workloads.common import CIFAR10_HOLDOUT_TRAIN, cifar10_holdout
+from kasoku.workloads.dataset_facts import CIFAR10_HOLDOUT_TRAIN
 from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+if TYPE_CHECKING:
+    from torch import nn
 
 SYNTHETIC_SIZES = (20480, 2048)
 """Default synthetic (train, val) sizes: 10 steps per epoch at the recipe's batch of 2048."""
@@ -25,9 +27,11 @@ class Cifar10ResNet152(Workload):
     epoch_samples = CIFAR10_HOLDOUT_TRAIN
 
     def build_model(self) -> nn.Module:
+        from kasoku.models import resnet152  # deferred: torch (workloads.registry's doc)
         return resnet152(num_classes=10, cifar_stem=True)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
+        from kasoku.workloads.common import cifar10_holdout  # deferred: torch
         # Random crop + flip on the training batches: a 60M-parameter net memorizes 40k
         # images without it (seed 001: 97% train vs 47% val accuracy).
         return cifar10_holdout(data, self.name, SYNTHETIC_SIZES, seed, augment=True)

@@ -1,17 +1,22 @@
 """Pieces the workload modules share: synthetic train/val splits of a real dataset's shapes and
-scale, and the error for a missing real dataset."""
+scale, and the CIFAR-10 workloads' datasets. (What they share without torch -- sizes, the error
+for a missing real dataset -- is in ``dataset_facts``.)"""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from kasoku.core.errors import DataError
 from kasoku.data.cifar10 import cifar10_datasets
 from kasoku.data.config import DataConfig
 from kasoku.data.synthetic import SyntheticDataset
 from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat
+from kasoku.workloads.dataset_facts import (
+    CIFAR10_CONTENTS,
+    CIFAR10_HOW_TO_GET,
+    require_root,
+    synthetic_sizes,
+)
 
 
 class SyntheticSplit:
@@ -97,43 +102,12 @@ class InMemorySplit:
         return (self.transform(x) if self.transform is not None else x), self.targets[indices]
 
 
-def synthetic_sizes(data: DataConfig, default_sizes: tuple[int, int]) -> tuple[int, int]:
-    """``(n_train, n_val)``: the config's sizes where set, else the workload's defaults."""
-    n_train = data.synthetic_train_size if data.synthetic_train_size is not None \
-        else default_sizes[0]
-    n_val = data.synthetic_val_size if data.synthetic_val_size is not None else default_sizes[1]
-    if n_train < 1 or n_val < 1:
-        raise DataError(f"synthetic data needs at least one training and one validation "
-                        f"sample, got {n_train} and {n_val}; pass a positive --synthetic-size")
-    return n_train, n_val
-
-
-def require_root(data: DataConfig, workload: str, contents: str, how_to_get: str) -> Path:
-    """``data.root`` as a Path, or a ``DataError`` saying what ``--data DIR`` must hold, how to
-    get it, and that ``--synthetic`` runs without it."""
-    if data.root is not None:
-        return Path(data.root)
-    raise DataError(f"workload {workload} trains on real data: pass --data DIR, where DIR holds "
-                    f"{contents}. {how_to_get} Or pass --synthetic to train on generated data of "
-                    "the same shapes (for throughput work, or on machines without the dataset).")
-
-
-CIFAR10_CONTENTS = ("cifar-10-batches-bin/ (the binary version of CIFAR-10: data_batch_1.bin .. "
-                    "data_batch_5.bin)")
-CIFAR10_HOW_TO_GET = "Get it with `kasoku data download cifar10 --out DIR` (or add --download)."
-
-
 def synthetic_cifar10(data: DataConfig, default_sizes: tuple[int, int], seed: int = 0):
     """Synthetic (3, 32, 32) images normalized with CIFAR-10's channel statistics, as
     ``kasoku.data.cifar10`` delivers the real ones."""
     return synthetic_image_datasets(data, (3, 32, 32), 10, default_sizes,
                                     ToUnitFloat(CIFAR10_MEAN, CIFAR10_STD), seed=seed,
                                     name="synthetic-cifar10")
-
-
-CIFAR10_HOLDOUT_TRAIN = 40_000
-"""Samples in an epoch of the CIFAR-10 holdout protocol: training batches 1-4 (batch 5
-validates)."""
 
 
 def cifar10_holdout(data: DataConfig, workload: str, synthetic_sizes: tuple[int, int],

@@ -13,19 +13,20 @@ can be measured with each. Rates count tokens; MFU divides the transformer FLOP 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, ClassVar
 
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.text import stdlib_files, text_files, tokenize
-from kasoku.data.tokens import MAX_VAL_WINDOWS, synthetic_token_datasets, token_datasets
-from kasoku.models.gpt import ATTENTIONS, GPT, GPT_SHAPES
-from kasoku.perf.flops import StepFlops, transformer_step_flops
-from kasoku.workloads.common import synthetic_sizes
+from kasoku.models.gpt_shapes import ATTENTIONS, GPT_SHAPES
+from kasoku.workloads.dataset_facts import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from kasoku.perf.flops import StepFlops
 
 SYNTHETIC_SIZES = (2048, 64)
 """Default generated (train, val) sequences."""
@@ -88,14 +89,17 @@ class GPTWorkload(Workload):
     def epoch_samples(self) -> int:
         """Tokens of the standard library corpus's training windows, from its files' sizes
         (a byte is a token; the files not UTF-8, a few, are counted too)."""
+        from kasoku.data.tokens import MAX_VAL_WINDOWS  # deferred: torch (registry's doc)
         _, files = stdlib_files()
         n = sum(f.stat().st_size + 1 for f in files)
         return n - min(n // 10, MAX_VAL_WINDOWS * self.shape.block_size + 1)
 
     def build_model(self) -> nn.Module:
+        from kasoku.models.gpt import GPT  # deferred: torch (workloads.registry's doc)
         return GPT(self.shape, self.config.attention)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
+        from kasoku.data.tokens import synthetic_token_datasets, token_datasets  # deferred
         s = self.shape
         if data.synthetic:
             n_train, n_val = synthetic_sizes(data, SYNTHETIC_SIZES)
@@ -111,7 +115,8 @@ class GPTWorkload(Workload):
         return token_datasets(corpus, s.block_size, seed)
 
     def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
+        from torch.nn.functional import cross_entropy  # deferred: torch (registry's doc)
+        return cross_entropy(output.flatten(0, 1), target.flatten())
 
     def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Next-token accuracy."""
@@ -119,6 +124,7 @@ class GPTWorkload(Workload):
 
     def step_flops(self, model: nn.Module, make_batch, batch_size: int) -> StepFlops:
         """The transformer formula at the model's block (every sample is a full block)."""
+        from kasoku.perf.flops import transformer_step_flops  # deferred: torch
         s = self.shape
         return transformer_step_flops(model.num_params(), s.n_layer, s.n_embd, s.block_size,
                                       batch_size)

@@ -2,14 +2,14 @@
 ImageNet-style JPEG folder of any resolution)."""
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from kasoku.data.config import DataConfig
-from kasoku.data.imagefolder import imagefolder_datasets
-from kasoku.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ToUnitFloat
-from kasoku.models import resnet50
-from kasoku.workloads.common import require_root, synthetic_image_datasets
+from kasoku.workloads.dataset_facts import require_root
 from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+if TYPE_CHECKING:
+    from torch import nn
 
 IMAGE_SIZE = 224
 NUM_CLASSES = 1000
@@ -30,10 +30,14 @@ class ImagenetResNet50(Workload):
     """ImageNet-1k's training set."""
 
     def build_model(self) -> nn.Module:
+        from kasoku.models import resnet50  # deferred: torch (workloads.registry's doc)
         return resnet50(num_classes=NUM_CLASSES)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
         """``(train, val)``; ``val`` is None when the folder has no validation split."""
+        from kasoku.data.imagefolder import imagefolder_datasets  # deferred: torch
+        from kasoku.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ToUnitFloat  # deferred
+        from kasoku.workloads.common import synthetic_image_datasets  # deferred: torch
         if data.synthetic:
             return synthetic_image_datasets(data, (3, IMAGE_SIZE, IMAGE_SIZE), NUM_CLASSES,
                                             SYNTHETIC_SIZES,

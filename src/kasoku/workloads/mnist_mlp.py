@@ -1,14 +1,14 @@
 """``mnist-mlp``: seed 001's first study, Chainer's MNIST example (98% val. acc. in 20 epochs)."""
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from kasoku.data.config import DataConfig
-from kasoku.data.mnist import mnist_datasets
-from kasoku.data.transforms import ToUnitFloat
-from kasoku.models import MLP
-from kasoku.workloads.common import require_root, synthetic_image_datasets
+from kasoku.workloads.dataset_facts import require_root
 from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+if TYPE_CHECKING:
+    from torch import nn
 
 SYNTHETIC_SIZES = (10000, 1000)
 """Default synthetic (train, val) sizes; generation is per sample, so not the real 60k/10k."""
@@ -26,9 +26,13 @@ class MnistMLP(Workload):
     epoch_samples = 60_000
 
     def build_model(self) -> nn.Module:
+        from kasoku.models import MLP  # deferred: torch (workloads.registry's doc)
         return MLP(784, 1000, 10, depth=2)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
+        from kasoku.data.mnist import mnist_datasets  # deferred: torch
+        from kasoku.data.transforms import ToUnitFloat  # deferred: torch
+        from kasoku.workloads.common import synthetic_image_datasets  # deferred: torch
         if data.synthetic:
             # uint8 pixels -> float32 in [0, 1], as kasoku.data.mnist delivers the real images.
             return synthetic_image_datasets(data, (1, 28, 28), 10, SYNTHETIC_SIZES,

@@ -7,19 +7,26 @@ A workload with settings of its own (gpt's model size) takes them in its name,
 ``NAME:KEY=VALUE,...`` (``gpt:model_size=small,attention=plain``), so they travel with the
 name wherever a run goes (a bench worker's request, a data-parallel worker's command line);
 the command line's flags made from the settings' fields (``--model-size``) add them there.
+
+The registry and the built-in workloads' classes load without torch: what a workload is (its
+description, recipe and settings: ``kasoku list``, the command line's flags) is known before
+anything is built; a workload imports torch, its model and its data in the methods that build
+them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Callable
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Callable
 
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
-from kasoku.perf.flops import StepFlops, count_step_flops
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from kasoku.perf.flops import StepFlops
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,8 @@ class Workload:
         raise NotImplementedError
 
     def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(output, target)
+        from torch.nn.functional import cross_entropy  # deferred: torch (module doc)
+        return cross_entropy(output, target)
 
     def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
         """Accuracy for classification (a 0-dim tensor, no host sync); None when not defined."""
@@ -97,6 +105,7 @@ class Workload:
     def step_flops(self, model: nn.Module, make_batch, batch_size: int) -> StepFlops:
         """The model FLOPs of one training step at ``batch_size`` (what MFU divides): counted
         (``kasoku.perf.flops.count_step_flops``) unless the workload knows a formula."""
+        from kasoku.perf.flops import count_step_flops  # deferred: torch (module doc)
         return count_step_flops(model, make_batch, self.loss_fn, batch_size)
 
     def __repr__(self) -> str:

@@ -2,15 +2,16 @@
 wave. The data is always generated (there are no files), so ``--synthetic`` changes nothing."""
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from kasoku.core.errors import warn_once
 from kasoku.data.config import DataConfig
-from kasoku.data.sine import sine_datasets
-from kasoku.models import SineLSTM
-from kasoku.workloads.common import synthetic_sizes
+from kasoku.workloads.dataset_facts import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 SEQ_LEN = 50
 SIZES = (10000, 1000)
@@ -35,16 +36,19 @@ class SineLSTMWorkload(Workload):
     cpu_threads = 1
 
     def build_model(self) -> nn.Module:
+        from kasoku.models import SineLSTM  # deferred: torch (workloads.registry's doc)
         return SineLSTM(n_input=1, n_units=5, n_output=1)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
         if data.root is not None:
             warn_once(f"{self.name} generates its data; --data {data.root} is ignored")
         n_train, n_val = synthetic_sizes(data, SIZES)
+        from kasoku.data.sine import sine_datasets  # deferred: torch
         return sine_datasets(n_train, n_val, seq_len=SEQ_LEN, seed=seed)
 
     def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.mse_loss(output, target)
+        from torch.nn.functional import mse_loss  # deferred: torch (workloads.registry's doc)
+        return mse_loss(output, target)
 
     def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> None:
         return None

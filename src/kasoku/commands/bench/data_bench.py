@@ -67,7 +67,7 @@ from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError
 from kasoku.data.bad_files import BAD_FILES, BadFileWriter
 from kasoku.data.config import DataConfig
-from kasoku.data.registry import parse_loader_spec
+from kasoku.data.registry import expand_loaders  # noqa: F401  (kasoku data bench --loader)
 from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
 
@@ -120,26 +120,6 @@ class DataBenchResult:
     def exit_code(self) -> int:
         """0, or 1 when a loader failed."""
         return 1 if any(r["status"] != "ok" for r in self.records) else 0
-
-
-def expand_loaders(text: str) -> list[str]:
-    """``"serial,multiprocess:1,2,4"`` -> ``["serial", "multiprocess:1", "multiprocess:2",
-    "multiprocess:4"]``: a bare number continues the kind before it. Each spec is checked as
-    ``--loader`` checks it (``ConfigError``)."""
-    specs: list[str] = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        if item.isdigit():
-            if not specs:
-                raise ConfigError(f"--loader {text}: {item} continues no loader kind; write "
-                                  f"the kind first, e.g. multiprocess:1,2,4")
-            item = f"{specs[-1].partition(':')[0]}:{item}"
-        parse_loader_spec(item)
-        specs.append(item)
-    if not specs:
-        raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
-    return specs
 
 
 def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBenchResult:

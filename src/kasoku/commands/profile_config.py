@@ -1,0 +1,40 @@
+"""``ProfileConfig``: the settings of one ``kasoku profile`` (of a workload or of a script),
+whose field docstrings are the command line's help texts; in a module of its own, without
+torch, so that the command line builds its flags without loading it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ProfileConfig:
+    steps: int = 10
+    """Steps recorded by the profiler (after its warm-up steps)."""
+    warmup: int = 3
+    """Profiler warm-up steps before the recorded ones."""
+    skip: int = 10
+    """Steps run first and not timed (compilation, graph capture, autotuning), at least:
+    blocks of as many follow until two agree on the step time and nothing recompiles (a
+    script's: exactly this many)."""
+    measure_steps: int = 20
+    """Steps timed without the profiler (the throughput beside the profiled figures), at
+    least; more where they would take under --measure-seconds; with --optimizer kfac,
+    rounded up to whole cycles of its factor and inverse steps (a script's: exactly this
+    many)."""
+    measure_seconds: float = 1.0
+    """The unprofiled steps last at least this long (20 steps of a 2 ms step are 40 ms, at
+    the mercy of one interruption; K-FAC's whole cycles are kept as --measure-steps asks)."""
+    confirm: bool = False
+    """Run the A/B runs that prove the bound (each side a fresh process), and the advised
+    lever once more, and print them."""
+    estimate: bool = False
+    """Skip the A/B runs of the candidate levers (a minute or so): advise from the rule's
+    estimate, labelled as one."""
+    rounds: int = 3
+    """Rounds of the candidate levers' A/B runs (each round: the run as given, then each
+    lever, fresh processes); fewer are faster and noisier. Stopped early past a minute."""
+    python: bool = False
+    """Add a host-side sampling profile of the step (pyinstrument; pip install pyinstrument)."""
+    stop_after_window: bool = False
+    """A script's profile (kasoku profile -- python SCRIPT.py): stop the script cleanly after
+    the profiled window instead of letting it run to its end."""
