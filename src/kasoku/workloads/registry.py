@@ -95,8 +95,8 @@ class Workload:
         raise NotImplementedError
 
     def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        from torch.nn.functional import cross_entropy  # deferred: torch (module doc)
-        return cross_entropy(output, target)
+        import torch  # deferred (module doc): as cheap as a global's lookup, not so `from`
+        return torch.nn.functional.cross_entropy(output, target)
 
     def metric_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
         """Accuracy for classification (a 0-dim tensor, no host sync); None when not defined."""
