@@ -16,16 +16,6 @@ from __future__ import annotations
 import sys
 import warnings
 
-from kasoku.cli import (
-    allreduce_bench,
-    bench,
-    compare,
-    data,
-    listing,
-    profile,
-    scale,
-    train,
-)
 from kasoku.cli import args as a
 from kasoku.core.errors import ConfigError, DataError, KasokuWarning, NonFiniteError
 from kasoku.core.queues import request_queues
@@ -42,6 +32,16 @@ EXIT_FAILED = 1
 
 
 def build_parser() -> a.Parser:
+    from kasoku.cli import (  # deferred: the commands' modules, not needed by --version
+        allreduce_bench,
+        bench,
+        compare,
+        data,
+        listing,
+        profile,
+        scale,
+        train,
+    )
     parser = a.Parser(prog="kasoku",
                       description="Measure, explain and accelerate deep-learning training.")
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--version"]:  # as the parser would answer it, without building the parser
         print(f"kasoku {__version__}")
         return 0
-    argv, script = profile.split_script(argv)  # the script's words are not kasoku's
+    from kasoku.cli.profile import split_script  # deferred: as build_parser's
+    argv, script = split_script(argv)  # the script's words are not kasoku's
     if script is None:  # a user's script runs in the environment it would have without kasoku
         request_queues()  # before anything starts CUDA: side streams need queues of their own
     with warnings.catch_warnings():

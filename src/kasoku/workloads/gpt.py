@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.data.config import DataConfig
-from kasoku.data.text import stdlib_files, text_files, tokenize
 from kasoku.models.gpt_shapes import ATTENTIONS, GPT_SHAPES
 from kasoku.workloads.dataset_facts import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload
@@ -89,6 +88,7 @@ class GPTWorkload(Workload):
     def epoch_samples(self) -> int:
         """Tokens of the standard library corpus's training windows, from its files' sizes
         (a byte is a token; the files not UTF-8, a few, are counted too)."""
+        from kasoku.data.text import stdlib_files  # deferred: PIL, through bad_files
         from kasoku.data.tokens import MAX_VAL_WINDOWS  # deferred: torch (registry's doc)
         _, files = stdlib_files()
         n = sum(f.stat().st_size + 1 for f in files)
@@ -99,6 +99,7 @@ class GPTWorkload(Workload):
         return GPT(self.shape, self.config.attention)
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
+        from kasoku.data.text import stdlib_files, text_files, tokenize  # deferred: PIL
         from kasoku.data.tokens import synthetic_token_datasets, token_datasets  # deferred
         s = self.shape
         if data.synthetic:
