@@ -177,16 +177,15 @@ def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
 
 def accepts(kind: LoaderKind, dataset) -> bool:
     """Whether ``kind`` can read ``dataset`` (see ``LoaderKind.needs``)."""
-    import torch  # deferred: this module loads without torch (see above)
-
-    from kasoku.data.imagefolder import ImageFolder  # deferred: torch
     if kind.needs == "in-memory":
         if hasattr(dataset, "in_memory"):  # synthetic sets, held whole when small enough
             return bool(getattr(dataset, "held_in_memory", False))
+        import torch  # deferred: this module loads without torch (see above)
         return isinstance(getattr(dataset, "inputs", None), torch.Tensor) \
             and isinstance(getattr(dataset, "targets", None), torch.Tensor) \
             and hasattr(dataset, "get_batch")
     if kind.needs == "image-folder":
+        from kasoku.data.imagefolder import ImageFolder  # deferred: torch (module doc)
         return isinstance(dataset, ImageFolder)
     return True
 
