@@ -174,3 +174,43 @@ def test_the_layers_table_is_the_contract():
     table = [sorted(re.findall(r"`(\w+)/?`", packages))
              for _, packages in sorted(rows, key=lambda row: -int(row[0]))]
     assert table == layers
+
+
+def signature(cls: str, method: str) -> list[str] | None:
+    """The parameters of ``cls.method`` in kasoku's source (``self`` left out), or None."""
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                for f in node.body:
+                    if isinstance(f, ast.FunctionDef) and f.name == method:
+                        a = f.args
+                        return [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]][1:]
+    return None
+
+
+def test_the_signatures_the_doc_writes_are_the_codes():
+    """Each call in the doc's Python blocks to a kasoku class or to a method of an object
+    made by one names the parameters of the code's signature, all of them, in order."""
+    calls = 0
+    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
+        made = {}
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and isinstance(node.value.func, ast.Name):
+                made[node.targets[0].id] = node.value.func.id
+        for node in ast.walk(ast.parse(block)):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in made.values():
+                cls, method = f.id, "__init__"
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+                    and f.value.id in made:
+                cls, method = made[f.value.id], f.attr
+            else:
+                continue
+            written = [a.id for a in node.args if isinstance(a, ast.Name)] + \
+                [k.arg for k in node.keywords]
+            assert written == signature(cls, method), f"{cls}.{method}"
+            calls += 1
+    assert calls >= 3
