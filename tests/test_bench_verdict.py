@@ -6,13 +6,13 @@ import time
 
 import pytest
 
+from kasoku.advisor.verdict import RULES, judge
 from kasoku.commands.bench import worker
 from kasoku.commands.bench.report import bottleneck, print_ladder, verdict_lines
 from kasoku.commands.bench.rungs import PLAIN, cpu_ladder
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.sweep import _add_verdict
 from kasoku.core.phases import markable, no_mark
-from kasoku.perf.profile.verdict import RULES, judge
 from kasoku.perf.profile.window import Window
 
 FP32 = cpu_ladder()[1]

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from kasoku.accel.memory_format import ChannelsLastInputs
+from kasoku.advisor.profiling import ProfileWindow, profiling
+from kasoku.advisor.verdict import RULES
 from kasoku.cli import main
 from kasoku.commands.train import build_trainer
 from kasoku.core.phases import PHASES, PhaseClock, markable, summarize
 from kasoku.data.config import DataConfig
 from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace
-from kasoku.perf.profile.verdict import RULES
-from kasoku.perf.profile.window import ProfileWindow, profiling
 from kasoku.train.config import TrainConfig
 from kasoku.train.step import StandardStep
 from kasoku.workloads import create_workload

@@ -10,10 +10,10 @@ import subprocess
 import numpy as np
 import pytest
 
+from kasoku.advisor.verdict import judge
 from kasoku.perf.profile import trace
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.timeline import device_phases, draw_timeline, window
-from kasoku.perf.profile.verdict import judge
 
 STEP_PHASES = [("data", 2000), ("h2d", 200), ("forward", 3000), ("backward", 5000),
                ("update", 1000)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from kasoku.advisor.verdict import RULES, judge
 from kasoku.perf.profile import trace
-from kasoku.perf.profile.verdict import RULES, judge
 
 
 class Builder:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_profile_verdict import Builder, cpu_step, figures
 
-from kasoku.perf.profile.verdict import judge
+from kasoku.advisor.verdict import judge
 
 
 def test_cpu_compute_bound_needs_the_products_and_a_share_of_the_peak():

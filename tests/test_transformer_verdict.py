@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from test_profile_verdict import Builder, figures, gpu_step
 
+from kasoku.advisor.verdict import judge
 from kasoku.perf.profile.kernels import attention_kind
-from kasoku.perf.profile.verdict import judge
 
 FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>"
 SOFTMAX = "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10>"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kasoku.perf.profile.verdict import judge
+from kasoku.advisor.verdict import judge
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdicts"
 

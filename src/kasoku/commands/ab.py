@@ -3,7 +3,7 @@ process (the run as given, or with some arguments added: a later flag wins):
 
 - ``try_levers``: the verdict's candidate levers, in rounds (the run as given, then each
   candidate), as long as the rounds fit the time budget; judged by
-  ``kasoku.perf.profile.advice`` (the advice);
+  ``kasoku.advisor.advice`` (the advice);
 - ``confirm``: the rule's experiments, which prove the bound, and the advised lever once more
   (``--confirm``).
 """
@@ -15,9 +15,9 @@ import subprocess
 import sys
 import time
 
-from kasoku.perf.profile.advice import Outcome, short
-from kasoku.perf.profile.levers import Lever
-from kasoku.perf.profile.verdict import MIN_GAIN
+from kasoku.advisor.advice import Outcome, short
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.verdict import MIN_GAIN
 
 ROUNDS = 3
 """Rounds of the tries where the time allows (the medians over rounds are the figures)."""
@@ -159,7 +159,7 @@ def ladder_lines(result: dict) -> list[str]:
 
 
 def tried_lines(verdict: dict) -> list[str]:
-    """The candidate levers as measured, fastest first (``kasoku.perf.profile.advice``),
+    """The candidate levers as measured, fastest first (``kasoku.advisor.advice``),
     where the verdict's line does not list them already."""
     tried = verdict.get("tried") or []
     if not tried or "(tried: " in verdict["line"]:

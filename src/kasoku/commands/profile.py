@@ -24,6 +24,9 @@ import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.compose import check_config
+from kasoku.advisor.advice import advise
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.verdict import Verdict, judge
 from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
@@ -41,14 +44,11 @@ from kasoku.perf import cpuinfo
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
-from kasoku.perf.profile.advice import advise
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
     kfac_figures,
 )
-from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.timeline import draw_timeline
-from kasoku.perf.profile.verdict import Verdict, judge
 from kasoku.perf.profile.window import machine_facts, profile_updater
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
@@ -176,7 +176,6 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
         unprofiled_shares(figures, result)
-        figures.pop("verdict")
         result["figures"] = figures
         verdict = judge(figures)
         result["candidates"] = verdict.candidates

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from kasoku.advisor.levers import input_candidates, input_fallback
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
@@ -41,7 +42,6 @@ from kasoku.data.registry import (
     loader_kind,
     parse_loader_spec,
 )
-from kasoku.perf.profile.levers import input_candidates, input_fallback
 
 DEFAULT_LOADER = "serial"
 """As ``kasoku train``'s ``--loader``."""

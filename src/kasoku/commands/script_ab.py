@@ -4,7 +4,7 @@ then ``--measure-steps`` timed) and stops it there; its figures come back in a f
 (``measure.json`` in a folder of its own), since the script's stdout is the script's.
 
 The rounds, the noise rule and the advice are the workloads' (``kasoku.commands.ab``,
-``kasoku.perf.profile.advice``); only the side differs.
+``kasoku.advisor.advice``); only the side differs.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kasoku.advisor.advice import advise
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.verdict import Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
-from kasoku.perf.profile.advice import advise
-from kasoku.perf.profile.levers import Lever
-from kasoku.perf.profile.verdict import Verdict
 
 MEASURE_FILE = "measure.json"
 

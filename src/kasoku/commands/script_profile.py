@@ -20,6 +20,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from kasoku.advisor.verdict import judge
 from kasoku.commands import script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
 from kasoku.commands.profile import ProfileConfig, unprofiled_shares, write_outputs
@@ -31,7 +32,6 @@ from kasoku.commands.script_watch import StepWatch, check_window
 from kasoku.core.errors import ConfigError
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
-from kasoku.perf.profile.verdict import judge
 from kasoku.perf.profile.window import machine_facts
 from kasoku.train.run_dir import make_out_dir, out_or_new
 
@@ -158,7 +158,6 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
                "unprofiled_samples_per_s": measured["samples_per_s"], **machine_facts(device)}
     figures = watch.window.analyse(context, samples_per_step=watch.batch_size)
     unprofiled_shares(figures, measured)
-    figures.pop("verdict")
     verdict = judge(figures).to_dict()
     first = cfg.skip + cfg.measure_steps + cfg.warmup + 2  # the anchor step is not analysed
     return {"workload": command.name, "script": list(command.argv), "device": str(device),

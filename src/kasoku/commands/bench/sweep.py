@@ -9,7 +9,7 @@ numerics verdict is known when its line is written: lines reach ``results.jsonl`
 and an interrupted sweep keeps what it measured.
 
 Each run also profiles a short window (``profile_steps``) whose figures it records; the
-bottleneck verdict (``kasoku.perf.profile.verdict``) is judged here, once the run's MFU is
+bottleneck verdict (``kasoku.advisor.verdict``) is judged here, once the run's MFU is
 known, and recorded beside them, so the ladder says why each rung is as fast as it is.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.memory_format import has_conv2d
+from kasoku.advisor.verdict import judge
 from kasoku.commands.bench import fed, numerics
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.process import parse_record, run_process
@@ -42,7 +43,6 @@ from kasoku.commands.bench.worker import WorkerRequest, request_to_json
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
-from kasoku.perf.profile.verdict import judge
 from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload

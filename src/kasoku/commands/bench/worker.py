@@ -291,7 +291,6 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
             if inner is not None:
                 inner.mark = no_mark
         figures = window.analyse(context, samples_per_step)
-    figures.pop("verdict", None)
     for key in ("top_kernels", "top_operators"):
         if key in figures:
             figures[key] = figures[key][:PROFILE_TOP]

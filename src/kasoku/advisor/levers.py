@@ -1,9 +1,9 @@
-"""The levers a bound can be pulled with: for each rule of ``kasoku.perf.profile.verdict``,
+"""The levers a bound can be pulled with: for each rule of ``kasoku.advisor.verdict``,
 the candidates that apply to this run (a lever already on, or one this device or model cannot
 use, is left out), best first by what is known of them beforehand.
 
 A lever's ``expect`` and ``speedup`` before it is measured are estimates, and say so; ``kasoku
-profile`` measures the candidates (``kasoku.perf.profile.advice``) and advises the best one
+profile`` measures the candidates (``kasoku.advisor.advice``) and advises the best one
 measured.
 """
 from __future__ import annotations

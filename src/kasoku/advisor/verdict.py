@@ -4,14 +4,14 @@ overlaps now, but the CPU still can't keep up") made a rule.
 
 ``RULES`` is the table: each ``Rule`` has its thresholds as data, a test over the figures of
 ``kasoku.perf.profile.trace.analyse`` (plus the run's context: its levers, loader, MFU), the
-sentence it says and the levers that apply to it (``kasoku.perf.profile.levers``). The first
+sentence it says and the levers that apply to it (``kasoku.advisor.levers``). The first
 rule whose test passes is the verdict; the others that pass are listed as secondary, with any
 other cause that takes at least ``SECONDARY_PCT`` of the step (``SHARES``).
 
 A bound is claimed only from figures: compute-bound needs most of the time in matrix products
 and a real share of the measured peak (a CPU step at 3% of its peak is not compute-bound:
 its products are too small, ``latency-bound``); no rule fires by default. The verdict's lever
-is an estimate until ``kasoku.perf.profile.advice`` has measured the candidates; ``--confirm``
+is an estimate until ``kasoku.advisor.advice`` has measured the candidates; ``--confirm``
 runs the rule's experiments (``Experiment``), which prove the bound, and measures the advice
 again.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kasoku.perf.profile import levers as lv
+from kasoku.advisor import levers as lv
+from kasoku.advisor.levers import Lever
 from kasoku.perf.profile.kfac_cost import ms
-from kasoku.perf.profile.levers import Lever
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Rule:
     say: Callable[[dict], str]
     """The reason with its numbers, from the figures."""
     candidates: Callable[[dict], list[Lever]]
-    """The levers to try for it on this run, best first (``kasoku.perf.profile.levers``)."""
+    """The levers to try for it on this run, best first (``kasoku.advisor.levers``)."""
     fallback: Callable[[dict], Lever]
     """What to say when no candidate applies (or none measured faster)."""
     experiments: Callable[[dict], list[Experiment]] = lambda f: []
