@@ -106,6 +106,15 @@ class Verdict:
                                 for e in self.experiments],
                 "secondary": list(self.secondary)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Verdict":
+        """A verdict as ``profile.json`` holds it (``to_dict``), read back."""
+        return cls(d["rule"], d["reason"], Lever.from_dict(d["lever"]),
+                   [Experiment(e["label"], tuple(e["args"]), e["faster"])
+                    for e in d.get("experiments") or []], list(d.get("secondary") or []),
+                   [Lever.from_dict(c) for c in d.get("candidates") or []],
+                   list(d.get("tried") or []))
+
 
 # --- the figures the rules read ------------------------------------------------------------
 

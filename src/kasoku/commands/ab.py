@@ -17,7 +17,7 @@ import time
 
 from kasoku.advisor.advice import Outcome, short
 from kasoku.advisor.levers import Lever
-from kasoku.advisor.verdict import MIN_GAIN
+from kasoku.advisor.verdict import MIN_GAIN, Experiment
 
 ROUNDS = 3
 """Rounds of the tries where the time allows (the medians over rounds are the figures)."""
@@ -103,21 +103,18 @@ def try_levers(argv: list[str], candidates: list[Lever], say=None,
     return outcomes
 
 
-def confirm(argv: list[str], result: dict, rounds: int = ROUNDS, measure=None,
-            command=None, say=None) -> list[dict]:
-    """The verdict's experiments, which prove the bound, then the advised lever when it was
-    measured faster, each beside the run as given in ``rounds`` interleaved rounds (as
+def confirm(argv: list[str], experiments: list[Experiment], lever: Lever,
+            rounds: int = ROUNDS, measure=None, command=None, say=None) -> list[dict]:
+    """The verdict's ``experiments``, which prove the bound, then the advised ``lever`` when it
+    was measured faster, each beside the run as given in ``rounds`` interleaved rounds (as
     ``try_levers``): a row per side with the median ratio, what was predicted (``MIN_GAIN``:
     at least 10% faster, or less than that) and the outcome: confirmed, refuted, or
     inconclusive where the ratio is within the rounds' noise of ``MIN_GAIN``.
     ``measure`` and ``say`` as ``try_levers``; ``command(args)``: the command line a row
     shows (default: ``kasoku ARGV ARGS``)."""
-    verdict = result["verdict"]
-    sides = [(e["label"], tuple(e["args"]), e["faster"], "the bound")
-             for e in verdict["experiments"]]
-    lever = verdict["lever"]
-    if (lever.get("measured") or {}).get("result") == "faster":
-        sides.append((f"the advice: {' '.join(lever['args'])}", tuple(lever["args"]), True,
+    sides = [(e.label, tuple(e.args), e.faster, "the bound") for e in experiments]
+    if (lever.measured or {}).get("result") == "faster":
+        sides.append((f"the advice: {' '.join(lever.args)}", tuple(lever.args), True,
                       "the advice"))
     outcomes = try_levers(argv, [Lever(label, "", args) for label, args, _, _ in sides],
                           rounds=rounds, budget_s=float("inf"), measure=measure, say=say)

@@ -25,7 +25,6 @@ import torch
 from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.compose import check_config
 from kasoku.advisor.advice import advise
-from kasoku.advisor.levers import Lever
 from kasoku.advisor.verdict import Verdict, judge
 from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
@@ -127,13 +126,16 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     finally:
         if parallel:
             leave_job(trainer, torch.device(train.device))
-    if measure_only or not speak:
+    if measure_only:
+        return result
+    if not speak:
+        result["verdict"] = result["verdict"].to_dict()
         return result
     trainer = None
     _free_device_memory()  # the A/B runs' processes need the GPU's memory, not this one
-    candidates = result.pop("candidates")
     if argv is not None and not under_launcher():
-        _ab(result, argv, cfg, candidates)
+        _ab(result, argv, cfg)
+    result["verdict"] = result["verdict"].to_dict()
     write_outputs(out, result)
     return result
 
@@ -177,9 +179,7 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
                                   samples_per_step=result["samples_per_step"])
         unprofiled_shares(figures, result)
         result["figures"] = figures
-        verdict = judge(figures)
-        result["candidates"] = verdict.candidates
-        result["verdict"] = verdict.to_dict()
+        result["verdict"] = judge(figures)  # once: a Verdict until profile.json holds it
         if cfg.python:
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
@@ -187,25 +187,22 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
     return result
 
 
-def _ab(result: dict, argv: list[str], cfg: ProfileConfig, candidates=None) -> None:
-    """The candidate levers tried (unless ``cfg.estimate``) and the verdict advised from
-    them; with ``cfg.confirm`` the bound's proof and the advice once more."""
+def _ab(result: dict, argv: list[str], cfg: ProfileConfig) -> None:
+    """The candidate levers of ``result["verdict"]`` (a ``Verdict``) tried (unless
+    ``cfg.estimate``) and the verdict advised from them; with ``cfg.confirm`` the bound's
+    proof and the advice once more."""
+    verdict: Verdict = result["verdict"]
     if not cfg.estimate:
-        verdict = result["verdict"]
-        if candidates is None:
-            candidates = [Lever.from_dict(c) for c in verdict.get("candidates", [])]
-        if any(c.args for c in candidates):
-            print(f"trying the levers for {verdict['rule']}, each beside the run as given "
+        if any(c.args for c in verdict.candidates):
+            print(f"trying the levers for {verdict.rule}, each beside the run as given "
                   f"(--estimate skips this):", file=sys.stderr, flush=True)
-        outcomes = ab.try_levers(argv, candidates, rounds=cfg.rounds)
+        outcomes = ab.try_levers(argv, verdict.candidates, rounds=cfg.rounds)
         if outcomes:
-            v = Verdict(verdict["rule"], verdict["reason"], Lever.from_dict(verdict["lever"]))
-            advised = advise(v, outcomes)
-            result["verdict"].update(lever=advised.to_dict()["lever"], tried=advised.tried,
-                                     line=advised.line)
+            result["verdict"] = verdict = advise(verdict, outcomes)
     if cfg.confirm:
         print("confirming the bound and the advice:", file=sys.stderr, flush=True)
-        result["ladder"] = ab.confirm(argv, result, rounds=cfg.rounds)
+        result["ladder"] = ab.confirm(argv, verdict.experiments, verdict.lever,
+                                      rounds=cfg.rounds)
 
 
 def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
@@ -213,7 +210,9 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     workers (worker 0 wrote ``out/profile.json``): each side launches its own workers. The
     report is written again; returns the result."""
     result = json.loads((Path(out) / "profile.json").read_text())
+    result["verdict"] = Verdict.from_dict(result["verdict"])
     _ab(result, argv, cfg)
+    result["verdict"] = result["verdict"].to_dict()
     write_outputs(Path(out), result)
     return result
 

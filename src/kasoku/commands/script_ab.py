@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kasoku.advisor.advice import advise
 from kasoku.advisor.levers import Lever
-from kasoku.advisor.verdict import Verdict
+from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
@@ -90,9 +90,10 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")
         kept, left = script_experiments(verdict, facts)
-        confirmed = dict(result, verdict=dict(verdict, experiments=kept))
-        result["ladder"] = ab.confirm([], confirmed, rounds=cfg.rounds, measure=sides.measure,
-                                      command=sides.text, say=lambda line: say(line.strip()))
+        result["ladder"] = ab.confirm([], [Experiment(e["label"], tuple(e["args"]), e["faster"])
+                                           for e in kept], advised.lever, rounds=cfg.rounds,
+                                      measure=sides.measure, command=sides.text,
+                                      say=lambda line: say(line.strip()))
         if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not
             result["ladder"] = []
         verdict["unconfirmed"] = left
