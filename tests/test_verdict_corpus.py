@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kasoku.advisor.verdict import judge
+from kasoku.advisor.saved import judge_saved
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdicts"
 
@@ -53,7 +53,7 @@ def test_every_fixture_has_its_expected_verdict():
 def test_the_corpus_keeps_its_verdicts(name):
     recorded = json.loads((FIXTURES / f"{name}.json").read_text())
     rule, candidates = EXPECTED[name]
-    verdict = judge(recorded["figures"])
+    verdict = judge_saved(recorded["figures"])
     assert verdict.rule == rule, verdict.line
     assert [c.args for c in verdict.candidates] == candidates
     assert all(c.expect.startswith("estimate") for c in verdict.candidates)  # not measured

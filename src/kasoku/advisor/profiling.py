@@ -9,16 +9,17 @@ import json
 
 import torch
 
+from kasoku.accel.config import AccelConfig
 from kasoku.advisor.verdict import judge
 from kasoku.core.phases import PhaseClock
 from kasoku.perf.profile.window import Window
 
 
 def judged(window: Window, context: dict | None = None) -> dict:
-    """The window's figures (``Window.analyse``) with the verdict under ``verdict``."""
+    """The window's figures (``Window.analyse``) with the verdict under ``verdict``, judged
+    with none of kasoku's levers known to be on (a loop of one's own is asked about all)."""
     figures = window.analyse(context)
-    figures["verdict"] = judge(figures).to_dict()
-    return figures
+    return {**figures.to_dict(), "verdict": judge(figures, AccelConfig()).to_dict()}
 
 
 class ProfileWindow:

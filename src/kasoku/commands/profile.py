@@ -177,9 +177,10 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
-        unprofiled_shares(figures, result)
-        result["figures"] = figures
-        result["verdict"] = judge(figures)  # once: a Verdict until profile.json holds it
+        figures = figures.restated(result["samples_per_step"], result["samples_per_s"],
+                                   result["phases"].get("time/data%", 0.0))
+        result["figures"] = figures.to_dict()
+        result["verdict"] = judge(figures, accel)  # once: a Verdict until profile.json holds it
         if cfg.python:
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
@@ -217,29 +218,9 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     return result
 
 
-def unprofiled_shares(figures: dict, result: dict) -> None:
-    """Restate the shares of the step for the run without the profiler, which slows the host
-    (every operator it records costs microseconds) but hardly the kernels: the step time and
-    data wait come from the unprofiled steps (phase clock), the device's busy time from the
-    trace's kernels; the idle rest is split between host launch and other as in the trace.
-    The profiled figures stay under ``profiled``."""
-    keys = ("step_ms", "busy_pct", "data_pct", "idle_data_pct", "idle_host_pct",
-            "idle_other_pct")
-    figures["profiled"] = {k: figures[k] for k in keys if k in figures}
-    step_ms = 1e3 * result["samples_per_step"] / result["samples_per_s"]
-    data = result["phases"].get("time/data%", 0.0)
-    figures.update(step_ms=step_ms, data_pct=data)
-    if "device_ms" in figures:
-        busy = min(100.0, 100.0 * figures["device_ms"] / step_ms)
-        rest = max(0.0, 100.0 - busy - data)
-        host, other = figures["profiled"]["idle_host_pct"], figures["profiled"]["idle_other_pct"]
-        host_share = host / (host + other) if host + other > 0 else 0.0
-        figures.update(busy_pct=busy, idle_data_pct=data, idle_host_pct=rest * host_share,
-                       idle_other_pct=rest * (1 - host_share))
-
-
 def _context(workload, trainer, train, accel, result: dict) -> dict:
-    """What the verdict needs beyond the trace: the levers, the loader, MFU."""
+    """What the verdict needs beyond the trace (the loader, MFU...), and the run's levers as
+    ``profile.json`` saves them (``config``: the verdict reads the ``AccelConfig`` itself)."""
     import dataclasses
     context = {"config": dataclasses.asdict(accel), "loader": train.loader,
                "batch_size": trainer.run_info["batch_size"],

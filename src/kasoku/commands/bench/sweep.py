@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
+from kasoku.accel.config import AccelConfig
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.advisor.verdict import judge
 from kasoku.commands.bench import fed, numerics
@@ -43,6 +44,7 @@ from kasoku.commands.bench.worker import WorkerRequest, request_to_json
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
+from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload
@@ -325,12 +327,14 @@ def _add_verdict(rec: dict, rung: Rung) -> None:
     if rec["status"] != "ok" or not profile or "error" in profile:
         return
     f = rec["figures"]
-    context = {"config": rec.get("config"), "batch_size": rec["batch_size"],
-               "loader": rung.loader or "synthetic on-device", "mfu": f.get("mfu")}
+    context = {"batch_size": rec["batch_size"], "loader": rung.loader or "synthetic on-device",
+               "mfu": f.get("mfu")}
     if profile.get("device") == "cpu" and f.get("compute_dtype") == "fp32":
         context["peak_fraction"] = f.get("mfu")  # the CPU rule says "of its fp32 peak"
     try:
-        rec["verdict"] = judge({**profile, **context}).to_dict()
+        figures = StepFigures.from_dict(profile).adding(**context)
+        # a plain rung is PyTorch's loop: none of kasoku's levers on
+        rec["verdict"] = judge(figures, rung.config or AccelConfig()).to_dict()
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         # A figure the rule's sentence needs is missing: the run's rate still stands.
         rec["verdict"] = {"error": f"{type(exc).__name__}: {exc}"}

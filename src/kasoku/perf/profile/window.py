@@ -29,6 +29,7 @@ import torch
 
 from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace as trace_mod
+from kasoku.perf.profile.figures import StepFigures
 
 
 class TracingClock:
@@ -142,15 +143,17 @@ class Window:
         self.recompiles = compiled_graphs() - self._compiles_before
 
     def analyse(self, context: dict | None = None, samples_per_step: int | None = None
-                ) -> dict:
-        """``analyse``'s figures of the trace, the context keys (see
-        ``kasoku.advisor.verdict.judge``), the window's peak memory and recompilations."""
+                ) -> StepFigures:
+        """The window's figures, filled here: ``analyse``'s of the trace, the machine's
+        facts, ``context`` (what the caller knows of the run: ``StepFigures``' fields, and
+        figures kept as they are, such as the run's ``config`` as saved), the window's peak
+        memory and recompilations."""
         figures = trace_mod.analyse(trace_mod.load(self.trace_path), samples_per_step)
         figures.update(machine_facts(self.device))
         figures.update(context or {})
         figures.update(mem_peak_gib=self.mem_peak_gib, recompiles=self.recompiles,
                        profiled_steps=self.steps)
-        return figures
+        return StepFigures.from_dict(figures)
 
 
 def machine_facts(device) -> dict:
@@ -210,7 +213,8 @@ def compiled_graphs() -> int:
 
 
 def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
-                    context: dict | None = None, samples_per_step: int | None = None) -> dict:
+                    context: dict | None = None, samples_per_step: int | None = None
+                    ) -> StepFigures:
     """Profile ``warmup + steps`` calls of ``updater.update()`` (a ``kasoku.train.Updater``,
     warm already) and return the analysed figures (the caller judges them); the trace is
     ``out/trace.json``."""
