@@ -203,7 +203,7 @@ def test_communication_bound():
     assert f["comm_pct"] == pytest.approx(50, abs=3)
     assert judge_saved(f).rule == "communication-bound"
     assert [c.args for c in judge_saved(f).candidates] == [("--batch-size", "200"),
-                                                     ("--allreduce-dtype", "bf16")]
+                                                           ("--allreduce-dtype", "bf16")]
 
 
 def test_collectives_on_two_streams_at_once_count_once():
@@ -328,8 +328,8 @@ def test_kfac_bound_names_its_share_and_halves_its_costliest_steps():
     assert factors.lever.args == ("--kfac-factor-update-freq", "4")
     assert factors.lever.speedup == pytest.approx(1 / (1 - 0.57 / 2), rel=0.01)
     precondition = dict(forward=0.002, kfac_precondition=0.003)
-    assert judge_saved({**f, **kfac_context(**precondition)}).lever.args == ("--kfac-method",
-                                                                       "inverse")
+    assert judge_saved({**f, **kfac_context(**precondition)}).lever.args == (
+        "--kfac-method", "inverse")
     inverse = judge_saved({**f, **kfac_context(method="inverse", **precondition)})
     assert inverse.lever.args == () and [e.args for e in inverse.experiments] == [
         ("--optimizer", "momentum")]
@@ -342,7 +342,7 @@ def test_a_smaller_kfac_share_is_named_as_secondary():
     named = "15% of the step in K-FAC's curvature work (factors, inverses, preconditioning)"
     assert judge_saved(f).rule == "input-bound" and named in judge_saved(f).secondary
     assert named not in judge_saved({**f, **kfac_context(forward=0.0095, kfac_inverse=0.0005)}
-                              ).secondary
+                                    ).secondary
 
 
 def test_every_rule_is_exercised():
