@@ -24,6 +24,8 @@ import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.compose import check_config
+from kasoku.advisor.advice import advise
+from kasoku.advisor.verdict import Verdict, judge
 from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
@@ -41,14 +43,11 @@ from kasoku.perf import cpuinfo
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
-from kasoku.perf.profile.advice import advise
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
     kfac_figures,
 )
-from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.timeline import draw_timeline
-from kasoku.perf.profile.verdict import Verdict, judge
 from kasoku.perf.profile.window import machine_facts, profile_updater
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
@@ -127,13 +126,16 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
     finally:
         if parallel:
             leave_job(trainer, torch.device(train.device))
-    if measure_only or not speak:
+    if measure_only:
+        return result
+    if not speak:
+        result["verdict"] = result["verdict"].to_dict()
         return result
     trainer = None
     _free_device_memory()  # the A/B runs' processes need the GPU's memory, not this one
-    candidates = result.pop("candidates")
     if argv is not None and not under_launcher():
-        _ab(result, argv, cfg, candidates)
+        _ab(result, argv, cfg)
+    result["verdict"] = result["verdict"].to_dict()
     write_outputs(out, result)
     return result
 
@@ -175,12 +177,10 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
-        unprofiled_shares(figures, result)
-        figures.pop("verdict")
-        result["figures"] = figures
-        verdict = judge(figures)
-        result["candidates"] = verdict.candidates
-        result["verdict"] = verdict.to_dict()
+        figures = figures.restated(result["samples_per_step"], result["samples_per_s"],
+                                   result["phases"].get("time/data%", 0.0))
+        result["figures"] = figures.to_dict()
+        result["verdict"] = judge(figures, accel)  # once: a Verdict until profile.json holds it
         if cfg.python:
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
@@ -188,25 +188,22 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
     return result
 
 
-def _ab(result: dict, argv: list[str], cfg: ProfileConfig, candidates=None) -> None:
-    """The candidate levers tried (unless ``cfg.estimate``) and the verdict advised from
-    them; with ``cfg.confirm`` the bound's proof and the advice once more."""
+def _ab(result: dict, argv: list[str], cfg: ProfileConfig) -> None:
+    """The candidate levers of ``result["verdict"]`` (a ``Verdict``) tried (unless
+    ``cfg.estimate``) and the verdict advised from them; with ``cfg.confirm`` the bound's
+    proof and the advice once more."""
+    verdict: Verdict = result["verdict"]
     if not cfg.estimate:
-        verdict = result["verdict"]
-        if candidates is None:
-            candidates = [Lever.from_dict(c) for c in verdict.get("candidates", [])]
-        if any(c.args for c in candidates):
-            print(f"trying the levers for {verdict['rule']}, each beside the run as given "
+        if any(c.args for c in verdict.candidates):
+            print(f"trying the levers for {verdict.rule}, each beside the run as given "
                   f"(--estimate skips this):", file=sys.stderr, flush=True)
-        outcomes = ab.try_levers(argv, candidates, rounds=cfg.rounds)
+        outcomes = ab.try_levers(argv, verdict.candidates, rounds=cfg.rounds)
         if outcomes:
-            v = Verdict(verdict["rule"], verdict["reason"], Lever.from_dict(verdict["lever"]))
-            advised = advise(v, outcomes)
-            result["verdict"].update(lever=advised.to_dict()["lever"], tried=advised.tried,
-                                     line=advised.line)
+            result["verdict"] = verdict = advise(verdict, outcomes)
     if cfg.confirm:
         print("confirming the bound and the advice:", file=sys.stderr, flush=True)
-        result["ladder"] = ab.confirm(argv, result, rounds=cfg.rounds)
+        result["ladder"] = ab.confirm(argv, verdict.experiments, verdict.lever,
+                                      rounds=cfg.rounds)
 
 
 def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
@@ -214,34 +211,16 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     workers (worker 0 wrote ``out/profile.json``): each side launches its own workers. The
     report is written again; returns the result."""
     result = json.loads((Path(out) / "profile.json").read_text())
+    result["verdict"] = Verdict.from_dict(result["verdict"])
     _ab(result, argv, cfg)
+    result["verdict"] = result["verdict"].to_dict()
     write_outputs(Path(out), result)
     return result
 
 
-def unprofiled_shares(figures: dict, result: dict) -> None:
-    """Restate the shares of the step for the run without the profiler, which slows the host
-    (every operator it records costs microseconds) but hardly the kernels: the step time and
-    data wait come from the unprofiled steps (phase clock), the device's busy time from the
-    trace's kernels; the idle rest is split between host launch and other as in the trace.
-    The profiled figures stay under ``profiled``."""
-    keys = ("step_ms", "busy_pct", "data_pct", "idle_data_pct", "idle_host_pct",
-            "idle_other_pct")
-    figures["profiled"] = {k: figures[k] for k in keys if k in figures}
-    step_ms = 1e3 * result["samples_per_step"] / result["samples_per_s"]
-    data = result["phases"].get("time/data%", 0.0)
-    figures.update(step_ms=step_ms, data_pct=data)
-    if "device_ms" in figures:
-        busy = min(100.0, 100.0 * figures["device_ms"] / step_ms)
-        rest = max(0.0, 100.0 - busy - data)
-        host, other = figures["profiled"]["idle_host_pct"], figures["profiled"]["idle_other_pct"]
-        host_share = host / (host + other) if host + other > 0 else 0.0
-        figures.update(busy_pct=busy, idle_data_pct=data, idle_host_pct=rest * host_share,
-                       idle_other_pct=rest * (1 - host_share))
-
-
 def _context(workload, trainer, train, accel, result: dict) -> dict:
-    """What the verdict needs beyond the trace: the levers, the loader, MFU."""
+    """What the verdict needs beyond the trace (the loader, MFU...), and the run's levers as
+    ``profile.json`` saves them (``config``: the verdict reads the ``AccelConfig`` itself)."""
     import dataclasses
     context = {"config": dataclasses.asdict(accel), "loader": train.loader,
                "batch_size": trainer.run_info["batch_size"],
