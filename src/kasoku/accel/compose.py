@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, get_args
 
 import torch
 
-from kasoku.accel.attention import SDPA_BACKENDS, apply_sdpa_backend
-from kasoku.accel.checkpointing import (
+from kasoku.accel.attention import apply_sdpa_backend
+from kasoku.accel.checkpointing import apply_activation_checkpointing, checkpointable_blocks
+from kasoku.accel.compile import GRAPHING_MODES, apply_compile
+from kasoku.accel.config import (
     CHECKPOINTING_MODES,
-    apply_activation_checkpointing,
-    checkpointable_blocks,
+    COMPILE_MODES,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    SDPA_BACKENDS,
+    AccelConfig,
+    Float8,
 )
-from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
-from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
-from kasoku.accel.float8 import FLOAT8_RECIPES, apply_float8
+from kasoku.accel.float8 import apply_float8
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import WARMUP_STEPS, apply_cuda_graph
 from kasoku.accel.host_memory import apply_keep_memory
@@ -70,7 +74,7 @@ def check_config(cfg: AccelConfig) -> None:
         raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
     for name, allowed in (("activation_checkpointing", CHECKPOINTING_MODES),
-                          ("sdpa_backend", SDPA_BACKENDS), ("float8", ("none",) + FLOAT8_RECIPES)):
+                          ("sdpa_backend", SDPA_BACKENDS), ("float8", get_args(Float8))):
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(cfg, name)!r}; choose one of "
                               f"{', '.join(allowed)}")
