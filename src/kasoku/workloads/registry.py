@@ -10,6 +10,7 @@ the command line's flags made from the settings' fields (``--model-size``) add t
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -78,6 +79,16 @@ class Workload:
         self.config = config if config is not None or self.config_class is None \
             else self.config_class()
 
+    @property
+    def spec(self) -> str:
+        """What makes this workload again (``create_workload``): ``FILE.py:NAME`` for one of
+        a file, else its name with every one of its settings, ``NAME:KEY=VALUE,...``."""
+        if getattr(self, "_spec", None) is not None:
+            return self._spec
+        settings = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) \
+            else {}
+        return with_settings(self.name, settings)
+
     def build_model(self) -> nn.Module:
         raise NotImplementedError
 
@@ -133,6 +144,7 @@ def create_workload(name: str, **recipe_overrides) -> Workload:
     name, settings = split_settings(spec)
     if is_file_spec(name):
         wl = _workload_from_file(name)
+        wl._spec = name
         if settings:
             raise ConfigError(f"workload {spec!r}: a workload of your own takes no settings "
                               f"in its name")
