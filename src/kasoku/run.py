@@ -79,6 +79,26 @@ class RunConfig:
         return _decode(cls, json.loads(text))
 
 
+@dataclass(frozen=True)
+class TrainRequest:
+    """What a worker of ``kasoku train --gpus N``/``--procs N`` is started with
+    (``kasoku.cli.train_worker``): the run the launching process resolved and checked, the
+    ``--resume`` given, and the command's words with the run folder fixed, from which a worker
+    that cannot tell the launching process where it stopped says how to continue."""
+    run: RunConfig
+    resume: str | None = None
+    argv: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"run": dataclasses.asdict(self.run), "resume": self.resume,
+                           "argv": list(self.argv)}, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainRequest:
+        data = json.loads(text)
+        return cls(_decode(RunConfig, data["run"]), data["resume"], tuple(data["argv"]))
+
+
 def resolve(workload, data: DataConfig | None = None, train: TrainConfig | None = None,
             accel: AccelConfig | None = None, dist: DistConfig | None = None,
             kfac: KFACConfig | None = None) -> RunConfig:
