@@ -17,13 +17,11 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kasoku.accel.compose import check_config, check_sharding
 from kasoku.accel.config import AccelConfig
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
-from kasoku.data.registry import check_loader_settings
 from kasoku.distributed.config import DistConfig
-from kasoku.kfac import KFACConfig, check_levers
+from kasoku.kfac.config import KFACConfig
 from kasoku.train.config import OPTIMIZERS, TrainConfig
 
 RECIPE_FIELDS = ("epochs", "batch_size", "lr", "grad_clip", "optimizer")
@@ -56,6 +54,11 @@ class RunConfig:
         """Refuse what no run can use (``ConfigError`` saying what to do instead): each
         config's own values, the levers' combinations, the loader's settings, the optimizer
         with K-FAC's settings and levers, and what a sharded model cannot take."""
+        # The checks that live beside the levers, the loaders and K-FAC import torch: only
+        # when a run is checked, not when its config is read.
+        from kasoku.accel.compose import check_config, check_sharding  # deferred: torch
+        from kasoku.data.registry import check_loader_settings  # deferred: torch
+        from kasoku.kfac import check_levers  # deferred: torch
         self.train.check()
         check_config(self.accel)
         check_loader_settings(self.train.loader, self.accel.steps_per_call, self.train.prefetch)

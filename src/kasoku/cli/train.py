@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
@@ -21,13 +22,15 @@ from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFAC_BASES, KFAC_COMM_DTYPES, KFAC_METHODS, KFACConfig
 from kasoku.kfac.factors import FACTOR_PRECISIONS
 from kasoku.optim import OPTIMIZERS
-from kasoku.run import RunConfig, TrainRequest
 from kasoku.train import TrainingInterrupted
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import default_out, find_snapshot
 from kasoku.train.snapshot import SnapshotError
 from kasoku.workloads import create_workload
 from kasoku.workloads.registry import with_settings, workload_configs
+
+if TYPE_CHECKING:
+    from kasoku.run import RunConfig
 
 WORKLOAD_HELP = ("a name from `kasoku list` (with a workload's settings: NAME:KEY=VALUE,..., "
                  "or their flags), or FILE.py:NAME for your own (a Workload subclass or a "
@@ -149,6 +152,7 @@ def run(args) -> int:
         warn_once("--shard has no effect in one process: it shards over the workers of "
                   "--procs N or --gpus N")
     if dist.asked and not under_launcher():
+        from kasoku.run import TrainRequest  # deferred: torch (K-FAC's package), a launch only
         run_cfg, argv, out = _worker_run(run_cfg, args)
         request = TrainRequest(run_cfg, args.resume, tuple(argv))
         return launch([request.to_json()], dist, resume_command=_resume_command(args.argv, out),
