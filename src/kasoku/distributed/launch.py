@@ -74,14 +74,14 @@ def failure_recorded():
         raise
 
 
-def worker_main(work, argv: list[str], usage: str) -> None:
+def worker_main(work, argv: list[str], usage: str, parse=json.loads) -> None:
     """``python -m MODULE REQUEST_JSON`` as a worker started by ``run_module``:
-    ``work(request)``, then ``exit_worker`` with 0, or with 1 after the traceback (stderr,
-    which the launch keeps for a failed rank)."""
+    ``work(parse(REQUEST_JSON))`` (a typed request's ``from_json``), then ``exit_worker`` with
+    0, or with 1 after the traceback (stderr, which the launch keeps for a failed rank)."""
     if len(argv) != 1:
         raise SystemExit(usage)
     try:
-        work(json.loads(argv[0]))
+        work(parse(argv[0]))
     except BaseException:
         traceback.print_exc()
         exit_worker(1)
