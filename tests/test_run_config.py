@@ -123,3 +123,19 @@ def test_the_default_batch_sizes_of_each_command_come_from_the_recipe():
     assert default_batch_sizes(2048, "compare", "cpu") == (100,)
     assert default_batch_sizes(2048, "compare", "cuda") == (2048,)
     assert default_batch_sizes(2048, "scale", "cpu") == default_batch_sizes(2048, "data") == (2048,)
+
+
+def test_the_workers_requests_survive_their_json(tmp_path):
+    """What the scale and all-reduce workers are started with, typed both ways."""
+    from kasoku.commands.allreduce_bench import AllReduceConfig, AllReduceRequest
+    from kasoku.commands.scale import ScaleConfig, ScaleRequest
+    scale = ScaleConfig(workload="gpt:model_size=tiny,attention=sdpa", label="bf16",
+                        config={"precision": "bf16", "compile": True}, batch_size=8, steps=3,
+                        threads=2, data=str(tmp_path), loader="threads:2", shard=True)
+    for accel in (None, AccelConfig(precision="bf16", compile=True)):
+        request = ScaleRequest(scale, accel, DistConfig(bucket_mb=12.5, shard=True), "cpu", 2,
+                               tmp_path / "results.jsonl")
+        assert ScaleRequest.from_json(request.to_json()) == request
+    request = AllReduceRequest(AllReduceConfig(sizes=(1024, 4096), dtype="bf16", reps=3),
+                               "gloo", tmp_path / "results.jsonl")
+    assert AllReduceRequest.from_json(request.to_json()) == request

@@ -79,7 +79,7 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
-        return _decode(cls, json.loads(text))
+        return decode(cls, json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class TrainRequest:
     @classmethod
     def from_json(cls, text: str) -> TrainRequest:
         data = json.loads(text)
-        return cls(_decode(RunConfig, data["run"]), data["resume"], tuple(data["argv"]))
+        return cls(decode(RunConfig, data["run"]), data["resume"], tuple(data["argv"]))
 
 
 def resolve(workload, data: DataConfig | None = None, train: TrainConfig | None = None,
@@ -121,8 +121,9 @@ def resolve(workload, data: DataConfig | None = None, train: TrainConfig | None 
                      accel or AccelConfig(), dist or DistConfig(), kfac, given)
 
 
-def _decode(cls, value):
-    """``cls`` (a config dataclass) of ``value``, a dict from ``dataclasses.asdict``."""
+def decode(cls, value):
+    """``cls`` (a config dataclass) of ``value``, a dict from ``dataclasses.asdict`` read back
+    from JSON: paths made paths again, tuples tuples, nested configs configs."""
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
     return cls(**{f.name: _value(hints[f.name], value[f.name])
                   for f in fields(cls) if f.init and f.name in value})
@@ -136,7 +137,7 @@ def _value(hint, value):
         else [hint]
     kind = kinds[0]
     if dataclasses.is_dataclass(kind):
-        return _decode(kind, value)
+        return decode(kind, value)
     if kind is Path:
         return Path(value)
     if typing.get_origin(kind) is tuple:
