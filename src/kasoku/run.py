@@ -125,21 +125,17 @@ def decode(cls, value):
     """``cls`` (a config dataclass) of ``value``, a dict from ``dataclasses.asdict`` read back
     from JSON: paths made paths again, tuples tuples, nested configs configs."""
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-    return cls(**{f.name: _value(hints[f.name], value[f.name])
-                  for f in fields(cls) if f.init and f.name in value})
+    kinds = {f.name: _kind(hints[f.name]) for f in fields(cls) if f.init and f.name in value}
+    return cls(**{name: None if value[name] is None
+                  else decode(kind, value[name]) if dataclasses.is_dataclass(kind)
+                  else Path(value[name]) if kind is Path
+                  else tuple(value[name]) if typing.get_origin(kind) is tuple
+                  else value[name]  # a number, a name, a switch: as JSON has it
+                  for name, kind in kinds.items()})
 
 
-def _value(hint, value):
-    if value is None:
-        return None
-    kinds = [a for a in typing.get_args(hint) if a is not type(None)] \
-        if typing.get_origin(hint) is typing.Union or type(hint).__name__ == "UnionType" \
-        else [hint]
-    kind = kinds[0]
-    if dataclasses.is_dataclass(kind):
-        return decode(kind, value)
-    if kind is Path:
-        return Path(value)
-    if typing.get_origin(kind) is tuple:
-        return tuple(value)
-    return value  # a number, a name, a switch: as JSON gives it (a whole float stays an int)
+def _kind(hint):
+    """The type of a field's values: ``X`` of ``X | None``."""
+    if typing.get_origin(hint) is typing.Union or type(hint).__name__ == "UnionType":
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint

@@ -139,12 +139,12 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
                           f"works on whole tensors, not DTensor shards; use foreach or fused")
 
 
-def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> None:
+def prewarm(optimizer_impl: str | None, device, optimizer: str, weight_decay: float) -> None:
     """Start now what a lever can prepare before the model and data exist, so it overlaps with
     loading the data: with ``optimizer_impl`` triton and Adam on CUDA, Triton's start-up and
     the update kernel's compilation (on a background thread)."""
     device = torch.device(device)
-    if cfg.optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
+    if optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
         compile_early(device, weight_decay=weight_decay != 0)
 
 
@@ -152,7 +152,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
                cfg: AccelConfig, device,
                make_optimizer: Callable[[list, str | None], torch.optim.Optimizer],
                distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
-               grad_clip: float | None = None) -> Accelerated:
+               grad_clip: float | None = None, checked: bool = False) -> Accelerated:
     """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
     it must update (fp32 masters for fp16-pure), the step function, the notes, and the
@@ -165,9 +165,11 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
 
     ``grad_clip``: the gradients' global norm clipped to it before each update
     (``kasoku.train.step.ClippedUpdate``, around the precision's update); None: no clipping.
+    ``checked``: ``cfg`` was checked already (``kasoku.run.RunConfig.check``), not again here.
 
     This is the one place that reads ``cfg``: each lever gets only its own settings."""
-    check_config(cfg)
+    if not checked:
+        check_config(cfg)
     device = torch.device(device)
     notes: list[str] = []
     model = model.to(device)

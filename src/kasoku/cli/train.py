@@ -4,6 +4,7 @@ or the workers of a data-parallel run, each started with its JSON
 (``kasoku.cli.train_worker``)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
-from kasoku.commands.train import resolve_run, train_run
+from kasoku.commands.train import train_run
 from kasoku.core.errors import warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import list_loaders, loader_kind
@@ -143,37 +144,41 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from kasoku.run import TrainRequest, resolve  # deferred: torch (K-FAC's package)
     dist = dist_config_from_args(args)
-    run_cfg = resolve_run(workload_spec(args), a.config_from(args, DataConfig),
-                          a.config_from(args, TrainConfig), accel_config_from_args(args), dist,
-                          kfac_config_from_args(args))
+    run_cfg = resolve(create_workload(workload_spec(args)), a.config_from(args, DataConfig),
+                      a.config_from(args, TrainConfig), accel_config_from_args(args), dist,
+                      kfac_config_from_args(args))
     run_cfg.check()  # before the workers start: a mistake is said once
     if dist.shard and not dist.asked and not under_launcher():
         warn_once("--shard has no effect in one process: it shards over the workers of "
                   "--procs N or --gpus N")
     if dist.asked and not under_launcher():
-        from kasoku.run import TrainRequest  # deferred: torch (K-FAC's package), a launch only
         run_cfg, argv, out = _worker_run(run_cfg, args)
         request = TrainRequest(run_cfg, args.resume, tuple(argv))
         return launch([request.to_json()], dist, resume_command=_resume_command(args.argv, out),
                       out=out, module="kasoku.cli.train_worker")
-    return train_here(run_cfg, args.resume, args.argv)
+    with says_how_to_continue(args.argv):
+        train_run(run_cfg, args.resume)
+    return 0
 
 
-def train_here(run_cfg: RunConfig, resume, argv: list[str]) -> int:
-    """Train ``run_cfg`` in this process (one worker of a data-parallel run under a
-    launcher); ``argv``: the command's words, for the line that says how to continue."""
+@contextlib.contextmanager
+def says_how_to_continue(argv: list[str]):
+    """Around training in this process (one worker of a data-parallel run under a launcher):
+    a run a signal stopped after its snapshot says the command that continues it (``argv``:
+    this command's words), or, in a worker whose note reached the launching process, ends
+    quietly (exit 0: that process says where the run stopped and how to go on)."""
     try:
-        train_run(run_cfg, resume)
+        yield
     except TrainingInterrupted as exc:
         if under_launcher() and note("interrupted", iteration=exc.iteration, signal=exc.signum,
                                      snapshot=str(exc.snapshot)):
-            return 0  # the launching process says where the run stopped and how to go on
+            return
         if not under_launcher() or World.from_env().is_main:
             print(f"to continue this run: {_resume_command(argv, exc.snapshot.parent)}",
                   file=sys.stderr)
         raise
-    return 0
 
 
 def _resume_command(argv: list[str], folder: Path | None) -> str | None:

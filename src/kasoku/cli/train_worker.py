@@ -10,7 +10,8 @@ import sys
 import warnings
 
 from kasoku import cli
-from kasoku.cli.train import train_here
+from kasoku.cli.train import says_how_to_continue
+from kasoku.commands.train import train_run
 from kasoku.core.queues import request_queues
 from kasoku.distributed.launch import exit_worker
 from kasoku.run import TrainRequest
@@ -26,10 +27,13 @@ def main(argv: list[str]) -> int:
     request_queues()  # before anything starts CUDA, as kasoku's command line does
     with warnings.catch_warnings():
         warnings.showwarning = cli._show_warning
-        args = argparse.Namespace(
-            handler=lambda _: train_here(request.run, request.resume, list(request.argv)),
-            dist_timeout=request.run.dist.dist_timeout)
-        return cli._run(args)
+
+        def train(_args) -> int:
+            with says_how_to_continue(list(request.argv)):
+                train_run(request.run, request.resume)
+            return 0
+        return cli._run(argparse.Namespace(handler=train,
+                                           dist_timeout=request.run.dist.dist_timeout))
 
 
 if __name__ == "__main__":

@@ -108,7 +108,8 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
     pinned = {"worker_cpus": worker_cpus} if worker_cpus else {}
     built: list = []  # the loaders made so far, closed if building fails
     try:
-        prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
+        # overlaps loading the data
+        prewarm(accel.optimizer_impl, device, optimizer, recipe.weight_decay)
         torch.manual_seed(seed)
         train_set, val_set = workload.build_datasets(run.data, seed=seed)
         if batch_size > len(train_set):
@@ -131,7 +132,7 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
                                                 model=model, kfac=run.kfac),
             distribute=fsdp.data_parallel(run.dist, device, accel.precision) if parallel
             else None,
-            grad_clip=train.grad_clip)
+            grad_clip=train.grad_clip, checked=True)
         model = accelerated.model
         _share_loss_scale(accelerated)
         shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
@@ -214,16 +215,9 @@ def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
     ``--gpus``/``--procs``, torchrun, a scheduler) this is one worker of a data-parallel run,
     configured by ``dist_cfg``; a worker group the launcher restarted resumes from the run's
     latest snapshot."""
-    run = resolve_run(name, data, train, accel, dist_cfg, kfac)
+    run = resolve(create_workload(name), data, train, accel, dist_cfg, kfac)
     run.check()
     return train_run(run, resume)
-
-
-def resolve_run(spec: str, data: DataConfig | None = None, train: TrainConfig | None = None,
-                accel: AccelConfig | None = None, dist: DistConfig | None = None,
-                kfac: KFACConfig | None = None) -> RunConfig:
-    """``kasoku.run.resolve`` for the workload ``spec`` names (not checked)."""
-    return resolve(create_workload(spec), data, train, accel, dist, kfac)
 
 
 def train_run(run: RunConfig, resume=None) -> Trainer:
