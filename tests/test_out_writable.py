@@ -29,8 +29,8 @@ COMMANDS = {
                        "--resolution", "16x16"],
     "data download": ["data", "download", "mnist"],
 }
-ENGINES = [("kasoku.cli.train", "train_workload"), ("kasoku.cli.train", "launch"),
-           ("kasoku.cli.profile", "profile_workload"), ("kasoku.cli.profile", "launch"),
+ENGINES = [("kasoku.cli.train", "train_run"), ("kasoku.cli.train", "launch"),
+           ("kasoku.cli.profile", "profile_run"), ("kasoku.cli.profile", "launch"),
            ("kasoku.cli.bench", "run_sweep"), ("kasoku.cli.compare", "run_compare"),
            ("kasoku.cli.compare", "train_on_devices"),
            ("kasoku.commands.bench.data_bench", "run_data_bench"),

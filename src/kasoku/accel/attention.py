@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kasoku.accel.config import SDPA_BACKENDS
 from kasoku.core.errors import ConfigError
 
-SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 _KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 CUDA_ONLY = ("efficient", "cudnn")

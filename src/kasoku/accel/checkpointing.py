@@ -31,9 +31,8 @@ from torch.utils.checkpoint import (
 )
 
 from kasoku.accel._recast import recast
+from kasoku.accel.config import CHECKPOINTING_MODES
 from kasoku.core.errors import ConfigError
-
-CHECKPOINTING_MODES = ("none", "full", "selective")
 
 _SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",

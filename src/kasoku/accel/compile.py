@@ -13,10 +13,10 @@ import shutil
 import torch
 from torch import nn
 
+from kasoku.accel.config import COMPILE_MODES
 from kasoku.accel.notes import skip
 from kasoku.core.errors import ConfigError
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 GRAPHING_MODES = ("reduce-overhead", "max-autotune")
 """Modes that capture CUDA graphs of their own (CUDA graph trees)."""
 

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, get_args
 
 import torch
 
-from kasoku.accel.attention import SDPA_BACKENDS, apply_sdpa_backend
-from kasoku.accel.checkpointing import (
+from kasoku.accel.attention import apply_sdpa_backend
+from kasoku.accel.checkpointing import apply_activation_checkpointing, checkpointable_blocks
+from kasoku.accel.compile import GRAPHING_MODES, apply_compile
+from kasoku.accel.config import (
     CHECKPOINTING_MODES,
-    apply_activation_checkpointing,
-    checkpointable_blocks,
+    COMPILE_MODES,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    SDPA_BACKENDS,
+    AccelConfig,
+    Float8,
 )
-from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
-from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
-from kasoku.accel.float8 import FLOAT8_RECIPES, apply_float8
+from kasoku.accel.float8 import apply_float8
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import WARMUP_STEPS, apply_cuda_graph
 from kasoku.accel.host_memory import apply_keep_memory
@@ -70,7 +74,7 @@ def check_config(cfg: AccelConfig) -> None:
         raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
     for name, allowed in (("activation_checkpointing", CHECKPOINTING_MODES),
-                          ("sdpa_backend", SDPA_BACKENDS), ("float8", ("none",) + FLOAT8_RECIPES)):
+                          ("sdpa_backend", SDPA_BACKENDS), ("float8", get_args(Float8))):
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(cfg, name)!r}; choose one of "
                               f"{', '.join(allowed)}")
@@ -135,12 +139,12 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
                           f"works on whole tensors, not DTensor shards; use foreach or fused")
 
 
-def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> None:
+def prewarm(optimizer_impl: str | None, device, optimizer: str, weight_decay: float) -> None:
     """Start now what a lever can prepare before the model and data exist, so it overlaps with
     loading the data: with ``optimizer_impl`` triton and Adam on CUDA, Triton's start-up and
     the update kernel's compilation (on a background thread)."""
     device = torch.device(device)
-    if cfg.optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
+    if optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
         compile_early(device, weight_decay=weight_decay != 0)
 
 
@@ -148,7 +152,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
                cfg: AccelConfig, device,
                make_optimizer: Callable[[list, str | None], torch.optim.Optimizer],
                distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
-               grad_clip: float | None = None) -> Accelerated:
+               grad_clip: float | None = None, checked: bool = False) -> Accelerated:
     """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
     it must update (fp32 masters for fp16-pure), the step function, the notes, and the
@@ -161,9 +165,11 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
 
     ``grad_clip``: the gradients' global norm clipped to it before each update
     (``kasoku.train.step.ClippedUpdate``, around the precision's update); None: no clipping.
+    ``checked``: ``cfg`` was checked already (``kasoku.run.RunConfig.check``), not again here.
 
     This is the one place that reads ``cfg``: each lever gets only its own settings."""
-    check_config(cfg)
+    if not checked:
+        check_config(cfg)
     device = torch.device(device)
     notes: list[str] = []
     model = model.to(device)

@@ -23,9 +23,9 @@ import importlib.util
 import torch
 from torch import nn
 
+from kasoku.accel.config import FLOAT8_RECIPES
 from kasoku.core.errors import ConfigError
 
-FLOAT8_RECIPES = ("tensorwise", "rowwise")
 MIN_CAPABILITY = (8, 9)
 """float8 tensor cores: Ada (8.9) and Hopper (9.0) or newer."""
 

@@ -3,12 +3,17 @@ bench --model``: one flag per ``AccelConfig`` field, its help the field's docstr
 from __future__ import annotations
 
 import argparse
+from typing import get_args
 
-from kasoku.accel.attention import SDPA_BACKENDS
-from kasoku.accel.checkpointing import CHECKPOINTING_MODES
-from kasoku.accel.compile import COMPILE_MODES
-from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
-from kasoku.accel.float8 import FLOAT8_RECIPES
+from kasoku.accel.config import (
+    CHECKPOINTING_MODES,
+    COMPILE_MODES,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    SDPA_BACKENDS,
+    AccelConfig,
+    Float8,
+)
 from kasoku.cli.args import add_fields, choice, config_from, field_docs
 
 _FLAGS = {
@@ -23,7 +28,7 @@ _FLAGS = {
     **{name: {"type": choice(values), "metavar": "{" + ",".join(values) + "}"}
        for name, values in (("activation_checkpointing", CHECKPOINTING_MODES),
                             ("sdpa_backend", SDPA_BACKENDS),
-                            ("float8", ("none",) + FLOAT8_RECIPES))},
+                            ("float8", get_args(Float8)))},
 }
 
 

@@ -8,7 +8,6 @@ import argparse
 import json
 from pathlib import Path
 
-from kasoku.accel.compose import check_config
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import DIST_FLAGS, dist_config_from_args
@@ -23,7 +22,7 @@ from kasoku.cli.train import (
     workload_spec,
 )
 from kasoku.commands.ab import ladder_lines, tried_lines, without_own
-from kasoku.commands.profile import ProfileConfig, ab_saved, profile_workload
+from kasoku.commands.profile import ProfileConfig, ab_saved, profile_run
 from kasoku.commands.script_launch import parse_launched, profile_launched
 from kasoku.commands.script_profile import profile_script, say, verdict_lines
 from kasoku.commands.script_run import parse_command
@@ -123,11 +122,13 @@ def run(args) -> int:
     train.progress = False
     cfg = a.config_from(args, ProfileConfig)
     dist = dist_config_from_args(args)
+    from kasoku.run import resolve  # deferred: torch (K-FAC's package)
+    run_cfg = resolve(create_workload(workload_spec(args)), data, train,
+                      accel_config_from_args(args), dist, kfac_config_from_args(args))
     if dist.asked and not under_launcher():
-        return _launch(args, dist, cfg)
-    result = profile_workload(workload_spec(args), data, train, accel_config_from_args(args), cfg,
-                              out=args.out, measure_only=args.measure_only,
-                              argv=args.argv, dist_cfg=dist, kfac=kfac_config_from_args(args))
+        return _launch(args, dist, cfg, run_cfg)
+    result = profile_run(run_cfg, cfg, out=args.out, measure_only=args.measure_only,
+                         argv=args.argv)
     if dist.asked and not World.from_env().is_main:
         return 0  # worker 0 speaks for all
     if args.measure_only:
@@ -168,11 +169,11 @@ def run_script(args) -> int:
                           given=args.with_levers, measure_only=args.measure_only)
 
 
-def _launch(args, dist, cfg) -> int:
+def _launch(args, dist, cfg, run_cfg) -> int:
     """Start the workers (each runs this command as one of them), then, with ``--confirm``,
     run the A/B from here: each side launches its own workers."""
-    check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
-    wl = create_workload(workload_spec(args))
+    run_cfg.check()  # a mistake is said once, not by each worker
+    wl = create_workload(run_cfg.workload)
     if args.measure_only:
         return launch(list(args.argv), dist)
     out = out_or_new(args.out, wl.name, "profile", "the profile")

@@ -17,13 +17,12 @@ from __future__ import annotations
 import gc
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
-from kasoku.accel.compose import check_config
 from kasoku.advisor.advice import advise
 from kasoku.advisor.verdict import Verdict, judge
 from kasoku.commands import ab
@@ -32,10 +31,10 @@ from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.commands.profile_steps import sync, time_steps
-from kasoku.commands.train import build_trainer, close_run
+from kasoku.commands.train import build_run, close_run
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
-from kasoku.data.registry import check_loader_settings, dataset_kind
+from kasoku.data.registry import dataset_kind
 from kasoku.distributed import World, fsdp, require_single_process
 from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFAC
@@ -49,6 +48,7 @@ from kasoku.perf.profile.kfac_cost import (
 )
 from kasoku.perf.profile.timeline import draw_timeline
 from kasoku.perf.profile.window import machine_facts, profile_updater
+from kasoku.run import RunConfig, resolve
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
 
@@ -91,41 +91,46 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
                      measure_only: bool = False, argv: list[str] | None = None,
                      dist_cfg=None, kfac=None) -> dict:
     """Profile workload ``name`` with the settings of ``kasoku train`` (``data``, ``train``,
-    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``); returns the result dict written
-    to ``out/profile.json``. ``measure_only``:
-    steps 1 and 2 only, the result printed as one JSON line (a side of ``confirm``).
-    ``argv``: the command line, for ``confirm`` to vary.
+    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``), resolved and checked as its
+    ``RunConfig`` (``kasoku.run``): ``profile_run``."""
+    run = resolve(create_workload(name), data, train, accel, dist_cfg, kfac)
+    return profile_run(run, cfg, out=out, measure_only=measure_only, argv=argv)
 
-    ``dist_cfg`` (a ``DistConfig`` asking for workers, in a process the launcher started):
-    this process is one worker of a data-parallel run, every worker steps and is profiled
-    in lockstep, and worker 0 judges, writes and prints (the other workers' traces go to
-    ``out/workerR``); ``confirm`` is left to the launching process."""
+
+def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
+                measure_only: bool = False, argv: list[str] | None = None) -> dict:
+    """Profile ``run``; returns the result dict written to ``out/profile.json``.
+    ``measure_only``: steps 1 and 2 only, the result printed as one JSON line (a side of
+    ``confirm``). ``argv``: the command line, for ``confirm`` to vary.
+
+    ``run.dist`` asking for workers, in a process the launcher started: this process is one
+    worker of a data-parallel run, every worker steps and is profiled in lockstep, and worker
+    0 judges, writes and prints (the other workers' traces go to ``out/workerR``);
+    ``confirm`` is left to the launching process."""
     world = World.from_env()
-    parallel = dist_cfg is not None and dist_cfg.asked
+    parallel = run.dist.asked
     if not parallel:
         require_single_process(world, "kasoku profile")
-    train.check()
-    check_config(accel)
-    check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
+    run.check()
     if cfg.python:
         _require_pyinstrument()
-    workload = create_workload(name)
+    workload = create_workload(run.workload)
     out = out_or_new(out, workload.name, "profile", "the profile")
     if parallel:
-        train = join_as_worker(world, train, dist_cfg, resolve_device(train.device))
+        run = replace(run, train=join_as_worker(world, run.train, run.dist,
+                                                resolve_device(run.train.device)))
         if not world.is_main:
             out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
     speak = world.is_main or not parallel
     trainer = None
     try:
-        trainer = build_trainer(workload, data, train, accel, out=out,
-                                world=world if parallel else None,
-                                dist_cfg=dist_cfg if parallel else None, kfac=kfac)
-        result = _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
-                          speak=speak, workers=world.world_size if parallel else 1)
+        trainer = build_run(run, workload, out=out, world=world if parallel else None,
+                            parallel=parallel)
+        result = _profile(workload, trainer, run.data, run.train, run.accel, cfg, out,
+                          measure_only, speak=speak, workers=world.world_size if parallel else 1)
     finally:
         if parallel:
-            leave_job(trainer, torch.device(train.device))
+            leave_job(trainer, torch.device(run.train.device))
     if measure_only:
         return result
     if not speak:
