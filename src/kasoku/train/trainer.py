@@ -20,7 +20,7 @@ from kasoku.core.errors import KasokuWarning, warn_once
 from kasoku.distributed import ddp, fsdp
 from kasoku.distributed.ddp import unwrap
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
-from kasoku.train.run_dir import prepare_out
+from kasoku.train.run_dir import SNAPSHOT, prepare_out
 from kasoku.train.signals import StopSignals
 from kasoku.train.snapshot import (
     SnapshotError,
@@ -241,7 +241,7 @@ class Trainer:
         writer = next((e.extension for e in self.extensions
                        if hasattr(e.extension, "write_snapshot")), None)
         path = writer.write_snapshot(self) if writer is not None else \
-            save_snapshot(self.state_dict(), self.out / "snapshot_latest.pt")
+            save_snapshot(self.state_dict(), self.out / SNAPSHOT)
         self.last_snapshot_iteration = self.updater.iteration
         raise TrainingInterrupted(signum, self.updater.iteration, path)
 
