@@ -164,7 +164,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
             trainer.extend(ext.BadFileLog())  # their shards' bad files join worker 0's list
     except BaseException:
         for made in built:
-            getattr(made, "close", lambda: None)()
+            made.close()
         release_cores(cores)  # the caller's threads back where they were
         raise
     return trainer
@@ -326,9 +326,7 @@ def close_run(trainer: Trainer) -> None:
     parallel loaders; this process's threads go back to the CPUs the loader split took them
     from (``release_cores``)."""
     for loader in loaders_of(trainer):
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
+        loader.close()
     release_cores(trainer.setup.get("cpu_threads"))
 
 

@@ -35,8 +35,8 @@ A short interval may still hold no inverse step, or several: read the run's aver
 (``run_summary``), or ``kasoku profile``, which times every step of whole K-FAC cycles.
 
 The step function is marked only where it runs eagerly (``StandardStep``, reached through
-wrappers that declare ``passes_marks``); a step captured as one CUDA graph is one ``compute``
-phase (``kasoku profile`` splits it from a profiled window).
+wrappers that declare ``passes_marks``: ``kasoku.train.step.markable``); a step captured as
+one CUDA graph is one ``compute`` phase (``kasoku profile`` splits it from a profiled window).
 
 Written here rather than with torch.profiler: the profiler costs far more than 1% and keeps
 every event; this keeps a few numbers per step.
@@ -48,6 +48,7 @@ import collections.abc
 import math
 import random
 import time
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -104,16 +105,13 @@ def no_mark(phase: str) -> None:
     """The mark of a step that nobody times (returns None: no phase to hand back to)."""
 
 
-def markable(step_fn):
-    """The eager step under ``step_fn`` that takes marks (has a ``mark`` attribute), reached
-    through wrappers declaring ``passes_marks = True`` (their inner step is ``step_fn``);
-    None when a wrapper that does not pass them (a CUDA graph) is in the way."""
-    fn = step_fn
-    while fn is not None:
-        if hasattr(fn, "mark"):
-            return fn
-        fn = getattr(fn, "step_fn", None) if getattr(fn, "passes_marks", False) else None
-    return None
+@runtime_checkable
+class TakesMarks(Protocol):
+    """What marks phases on a clock it is handed: its ``mark`` (``no_mark`` until then) is set
+    to the clock's. The eager step (``kasoku.train.step.StandardStep``, found through its
+    wrappers by ``kasoku.train.step.markable``) and an optimizer that times phases of its own
+    (K-FAC's) are."""
+    mark: Callable[[str], str | None]
 
 
 class PhaseClock:

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from kasoku.core.errors import KasokuWarning, warn_once
+from kasoku.data.base import Loader
 from kasoku.distributed import ddp, fsdp
 from kasoku.distributed.ddp import unwrap
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
@@ -29,7 +30,7 @@ from kasoku.train.snapshot import (
     restore_rng_state,
     save_snapshot,
 )
-from kasoku.train.step import StandardStep, Updater
+from kasoku.train.step import StandardStep, Step, Updater
 from kasoku.train.triggers import IntervalTrigger, get_trigger
 
 SNAPSHOT_FORMAT = 1
@@ -90,9 +91,9 @@ class Trainer:
     (``module``), so they load in runs with any number of workers.
     """
 
-    def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
+    def __init__(self, model, optimizer, train_loader: Loader, loss_fn, metric_fn=None,
                  device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
-                 step_fn=None, run_info: dict | None = None, overwrite: bool = False,
+                 step_fn: Step | None = None, run_info: dict | None = None, overwrite: bool = False,
                  phase_timing: bool = True, writer: bool = True, handle_signals: bool = True):
         self.device = torch.device(device)
         self.model = model.to(self.device)
