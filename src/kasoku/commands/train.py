@@ -19,7 +19,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel.loader_cores import describe as describe_cores
 from kasoku.accel.loader_cores import loader_split, release_cores
 from kasoku.accel.loss_scale import PrecisionState
-from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.accel.lr_rules import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
