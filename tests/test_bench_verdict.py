@@ -13,8 +13,9 @@ from kasoku.commands.bench.report import bottleneck, print_ladder, verdict_lines
 from kasoku.commands.bench.rungs import PLAIN, cpu_ladder
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.sweep import _add_verdict
-from kasoku.core.phases import markable, no_mark
+from kasoku.core.phases import no_mark
 from kasoku.perf.profile.window import Window
+from kasoku.train.step import markable
 
 FP32 = cpu_ladder()[1]
 
@@ -53,7 +54,7 @@ def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phase
     assert set(figures["phases_host_ms"]) >= phases  # kasoku's eager step takes the marks
     assert figures["has_conv"] is False and "verdict" not in figures
     if rung is FP32:
-        assert markable(runner.step_fn).mark is no_mark  # it times nothing afterwards
+        assert markable(runner.step).mark is no_mark  # it times nothing afterwards
     # the batch is pulled inside the data phase, so a slow loader reads as one
     assert figures["phases_host_ms"]["data"] >= 90
     assert judge_saved({**figures, "loader": "serial"}).rule == "input-bound"

@@ -13,12 +13,12 @@ from kasoku.advisor.profiling import ProfileWindow, profiling
 from kasoku.advisor.verdict import RULES, Experiment
 from kasoku.cli import main
 from kasoku.commands.train import build_trainer
-from kasoku.core.phases import PHASES, PhaseClock, markable, summarize
+from kasoku.core.phases import PHASES, PhaseClock, summarize
 from kasoku.data.config import DataConfig
 from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace
 from kasoku.train.config import TrainConfig
-from kasoku.train.step import StandardStep
+from kasoku.train.step import StandardStep, StepWrapper, markable
 from kasoku.workloads import create_workload
 
 
@@ -69,9 +69,8 @@ def test_marks_reach_the_step_through_passing_wrappers_only():
     assert markable(step) is step
     assert markable(ChannelsLastInputs(step)) is step
 
-    class Captured:  # a wrapper that does not pass marks (a CUDA graph)
-        def __init__(self, step_fn):
-            self.step_fn = step_fn
+    class Captured(StepWrapper):  # a wrapper that does not pass marks (a CUDA graph)
+        passes_marks = False
     assert markable(Captured(step)) is None
 
 

@@ -33,7 +33,8 @@ from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.triton_adam import compile_early
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.core.errors import ConfigError
-from kasoku.train.step import ClippedUpdate
+from kasoku.distributed.fsdp import Distribute
+from kasoku.train.step import ClippedUpdate, Step
 
 DDP_WARMUP_STEPS = 11
 """Eager DDP steps before a step is captured, as PyTorch's CUDA-graph notes ask: DDP rebuilds
@@ -45,7 +46,7 @@ must not hold."""
 class Accelerated:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    step_fn: Callable
+    step_fn: Step
     """step(model, batch, optimizer) -> observations (the trainer's contract); converts the
     inputs itself (channels_last in the step, float16 by the model's own hooks). With
     ``steps_per_call`` K > 1 it takes a chunk ``(inputs [k, B, ...], targets [k, B, ...])``
@@ -151,7 +152,7 @@ def prewarm(optimizer_impl: str | None, device, optimizer: str, weight_decay: fl
 def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
                cfg: AccelConfig, device,
                make_optimizer: Callable[[list, str | None], torch.optim.Optimizer],
-               distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+               distribute: Distribute | None = None,
                grad_clip: float | None = None, checked: bool = False) -> Accelerated:
     """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
@@ -159,9 +160,10 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     extensions to register. Invalid combinations raise ``ConfigError``; a lever that cannot
     apply on this device or model is skipped with one warning and a note.
 
-    ``distribute``: wraps the model for data-parallel training (``kasoku.distributed.ddp.wrap``),
-    applied after the layout, dtype and kasoku's layers and before compilation, which then
-    sees DDP's buckets (PyTorch's order: DDP first, then ``torch.compile``).
+    ``distribute``: wraps the model for data-parallel training (a ``Distribute``: DDP's wrap
+    or FSDP2's, ``kasoku.distributed.fsdp``), applied after the layout, dtype and kasoku's
+    layers and before compilation, which then sees DDP's buckets (PyTorch's order: DDP first,
+    then ``torch.compile``).
 
     ``grad_clip``: the gradients' global norm clipped to it before each update
     (``kasoku.train.step.ClippedUpdate``, around the precision's update); None: no clipping.
@@ -199,7 +201,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     model = apply_activation_checkpointing(model, cfg.activation_checkpointing)
     graph_stream, params = None, precision.params
     # FSDP2 (fsdp.sharder): each block compiled before the wrap, its hooks outside the code.
-    per_block = cfg.compile and getattr(distribute, "compiles_blocks", False)
+    per_block = cfg.compile and distribute is not None and distribute.compiles_blocks
     compile_options = {"mode": cfg.compile_mode, "combo_kernels": cfg.combo_kernels,
                        "buffer_reuse": not cfg.wgrad_stream}
     if per_block:

@@ -153,7 +153,7 @@ class ShardFeed:
 
     def close(self) -> None:
         for loader in (self.loader, self.inner):
-            getattr(loader, "close", lambda: None)()
+            loader.close()
 
 
 def sample_fingerprints(batch) -> list[str]:

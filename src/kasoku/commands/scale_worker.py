@@ -41,7 +41,7 @@ from pathlib import Path
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.rungs import Rung
-from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.runner import StepRunner, make_runner
 from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS
 from kasoku.commands.scale import ScaleConfig, ScaleRequest
 from kasoku.commands.scale_feed import SAMPLES_ENV, ShardFeed
@@ -231,7 +231,8 @@ def _time_steps(scale: ScaleConfig, wl, rung, device, batches, feed, notes: list
     return {"peak_mem_mb": peak, "step_ms": statistics.median(slowest), "step_ms_windows": slowest,
             "warmup_s": warmup_s, "stability": stability,
             "data_wait_ms": statistics.median(waited) if waited else None,
-            "data_wait_ms_windows": waited}, getattr(runner, "model", model)
+            "data_wait_ms_windows": waited}, \
+        runner.model if isinstance(runner, StepRunner) else model
 
 
 def _time_allreduce(params: list, cfg, device) -> dict:

@@ -20,7 +20,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel.loader_cores import describe as describe_cores
 from kasoku.accel.loader_cores import loader_split, release_cores
 from kasoku.accel.loss_scale import PrecisionState
-from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.accel.lr_rules import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.commands.resume import resumed_settings
@@ -175,7 +175,7 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
             trainer.extend(ext.BadFileLog())  # their shards' bad files join worker 0's list
     except BaseException:
         for made in built:
-            getattr(made, "close", lambda: None)()
+            made.close()
         release_cores(cores)  # the caller's threads back where they were
         raise
     return trainer
@@ -304,9 +304,7 @@ def close_run(trainer: Trainer) -> None:
     parallel loaders; this process's threads go back to the CPUs the loader split took them
     from (``release_cores``)."""
     for loader in loaders_of(trainer):
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
+        loader.close()
     release_cores(trainer.setup.get("cpu_threads"))
 
 

@@ -29,6 +29,7 @@ import traceback
 import uuid
 from pathlib import Path
 
+from kasoku.core.snapshot_names import snapshots
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.failures import JOB_DIR_ENV, blame, how, read_notes
 
@@ -184,9 +185,7 @@ def _say_resume(command: str | None, out: Path | None, restarts: int | None = No
     if command is None or out is None:
         return
     # a file, or a sharded run's folder (its trainer state beside the shards)
-    has_snapshot = Path(out).is_dir() and (
-        any(Path(out).glob("snapshot_*.pt"))
-        or any((p / "trainer.pt").is_file() for p in Path(out).glob("snapshot_*.dcp")))
+    has_snapshot = bool(snapshots(out))
     hint = " (--max-restarts 1 would have restarted the workers from it by itself)" \
         if restarts == 0 else ""
     if has_snapshot:

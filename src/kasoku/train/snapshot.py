@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import KasokuWarning
+from kasoku.core.snapshot_names import TRAINER_FILE, is_sharded_snapshot
 from kasoku.distributed import ddp
 from kasoku.distributed.fsdp import MODEL_KEYS, save_sharded
 
@@ -45,19 +46,10 @@ def save_snapshot(state: dict, path) -> Path:
     return path
 
 
-TRAINER_FILE = "trainer.pt"
-"""In a sharded snapshot's folder: the trainer's state but the model and the optimizer."""
-
-
 def remove_snapshot(path) -> None:
     """Delete a snapshot: a file, or a sharded snapshot's folder; gone already is fine."""
     path = Path(path)
     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-
-
-def is_sharded_snapshot(path) -> bool:
-    """Whether ``path`` is a sharded snapshot's folder (``save_sharded_snapshot``)."""
-    return (Path(path) / TRAINER_FILE).is_file()
 
 
 def save_sharded_snapshot(state: dict, folder, writer: bool) -> Path:

@@ -40,10 +40,10 @@ from kasoku.commands.bench.fed import FedBatches
 from kasoku.commands.bench.numerics import DEFAULT_STEPS
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.rungs import Rung, compute_dtype
-from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.runner import StepRunner, make_runner
 from kasoku.commands.bench.timing import measure_windows, settle, timed
 from kasoku.commands.profile import cpu_bf16
-from kasoku.core.phases import NoClock, markable, no_mark
+from kasoku.core.phases import NoClock, no_mark
 from kasoku.core.queues import request_queues
 from kasoku.perf.activations import saved_activation_bytes
 from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
@@ -53,6 +53,7 @@ from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kernels import profile_steps
 from kasoku.perf.profile.window import Window
 from kasoku.perf.sysinfo import environment
+from kasoku.train.step import markable
 from kasoku.workloads import create_workload
 
 OOM_ENV = "KASOKU_BENCH_SIMULATE_OOM"
@@ -270,7 +271,7 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
     Each step is marked as the analysis cuts it: ``data`` while the batch is taken (a loader
     rung loads it then), then the step's own marks (forward, backward, update, other) where
     its eager step takes them, else one ``compute``."""
-    inner = markable(getattr(runner, "step_fn", None))
+    inner = markable(runner.step) if isinstance(runner, StepRunner) else None
     with tempfile.TemporaryDirectory(prefix="kasoku-bench-profile-") as tmp:
         window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP)
         clock = window.start(NoClock())  # the trace's spans only: nothing else to time
