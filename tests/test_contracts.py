@@ -2,6 +2,7 @@
 ``StepWrapper`` and its ``inner`` link, walked by ``steps_of``), the distribute step
 (``kasoku.distributed.fsdp.Distribute``), the loader (``kasoku.data.base.Loader``) and the
 snapshots' names (``kasoku.core.snapshot_names``), each checked on what kasoku builds."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +16,7 @@ from kasoku.accel.memory_format import ChannelsLastInputs
 from kasoku.accel.multistep import MultiStep
 from kasoku.core import snapshot_names
 from kasoku.core.phases import PhaseClock, no_mark
-from kasoku.data.base import ArrayDataset, Loader
+from kasoku.data.base import LOADER_MEMBERS, ArrayDataset, Loader
 from kasoku.data.prefetch import DevicePrefetcher
 from kasoku.data.registry import accepts, create_loader, list_loaders, loader_kind
 from kasoku.distributed.config import DistConfig
@@ -92,8 +93,6 @@ def test_the_distribute_step_says_whether_it_compiles_blocks():
     assert Distribute(lambda m: m)(model) is model
 
 
-LOADER_MEMBERS = (*Loader.__annotations__, "epoch_detail", "__next__", "__len__", "state_dict",
-                  "load_state_dict", "close")
 
 
 def test_every_loader_that_reads_an_in_memory_set_keeps_the_loader_contract():
@@ -135,3 +134,23 @@ def test_the_snapshot_names_are_the_run_folders_and_the_launchers(tmp_path):
     assert find_snapshot(tmp_path) == tmp_path / SNAPSHOT
     assert set(snapshot_names.snapshots(tmp_path)) == {tmp_path / SNAPSHOT,
                                                        tmp_path / "snapshot_iter_5.dcp"}
+
+
+def test_a_loader_of_ones_own_that_lacks_the_contract_is_told_what_in_one_line():
+    from kasoku.train import Trainer
+
+    class Batches:  # iterates, but none of the rest
+        def __next__(self):
+            return torch.zeros(2, 4), torch.zeros(2, dtype=torch.long)
+
+    model = nn.Linear(4, 2)
+    with pytest.raises(TypeError, match=r"not a kasoku loader: it lacks __len__, "
+                                        r"batches_per_call, batches_per_epoch, close"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), Batches(), F.cross_entropy,
+                writer=False, handle_signals=False)
+    # the names the message reads are the protocol's own
+    declared = set(Loader.__annotations__) | {
+        name for name, value in vars(Loader).items()
+        if callable(value) and not name.startswith("_") or name in ("__next__", "__len__")
+        or isinstance(value, property)}
+    assert set(LOADER_MEMBERS) == declared

@@ -18,7 +18,7 @@ import torch
 
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import NoClock, PhaseClock, TakesMarks, no_mark
-from kasoku.data.base import Loader
+from kasoku.data.base import Loader, check_loader
 from kasoku.train.reporter import Reporter
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -225,6 +225,7 @@ class Updater:
 
     def __init__(self, loader: Loader, model, optimizer, step_fn: Step, device: torch.device,
                  reporter: Reporter, phase_timing: bool = True):
+        check_loader(loader)
         self.loader, self.model, self.optimizer = loader, model, optimizer
         self.step_fn, self.device, self.reporter = step_fn, device, reporter
         self.iteration = self.previous_iteration = self.samples = 0
