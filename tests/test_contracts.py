@@ -93,8 +93,6 @@ def test_the_distribute_step_says_whether_it_compiles_blocks():
     assert Distribute(lambda m: m)(model) is model
 
 
-
-
 def test_every_loader_that_reads_an_in_memory_set_keeps_the_loader_contract():
     """What the trainer reads of a loader, on every kind that takes an in-memory dataset on a
     CPU (and the device prefetcher around one): one batch a call, or a chunk of K."""
