@@ -11,9 +11,9 @@ from kasoku.accel.compose import Accelerated, accelerate
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.graph import apply_cuda_graph, prepare_optimizer_for_graph
+from kasoku.accel.lr_rules import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.accel.memory_format import ChannelsLastInputs, apply_channels_last
 from kasoku.accel.notes import LeverWarning
-from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.core.errors import ConfigError
 from kasoku.models.mlp import MLP

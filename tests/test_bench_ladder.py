@@ -98,8 +98,8 @@ def test_each_run_records_where_its_step_time_goes(sweep):
 
 
 def test_each_run_records_its_bottleneck_and_the_table_shows_it(sweep):
+    from kasoku.advisor.verdict import RULES
     from kasoku.commands.bench.report import short_rule
-    from kasoku.perf.profile.verdict import RULES
     _, text, records, _ = sweep
     # a verdict names its rule, with the rule's family first where it has one
     rules = ({r.name for r in RULES} | {"balanced"}

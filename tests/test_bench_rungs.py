@@ -1,4 +1,4 @@
-"""kasoku bench's parts in-process: rungs and --config parsing, the numerics verdicts, the
+"""kasoku bench's parts in-process: rungs and --config parsing, the numerics checks, the
 batch pool, timing, and one worker run (plain, kasoku, simulated OOM)."""
 import math
 import sys
@@ -137,7 +137,7 @@ def test_parse_config():
     assert custom.label == "precision=bf16,channels_last" and custom.config.channels_last
 
 
-def test_numerics_verdicts():
+def test_numerics_checks():
     ref = [2.3, 2.2, 2.1, 2.0]
     assert numerics.check(ref, None, "fp32", is_reference=True).status == "ok"
     ok = numerics.check([2.3, 2.25, 2.15, 2.05], ref, "bf16")

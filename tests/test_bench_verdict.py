@@ -6,14 +6,16 @@ import time
 
 import pytest
 
+from kasoku.advisor.saved import judge_saved
+from kasoku.advisor.verdict import RULES
 from kasoku.commands.bench import worker
 from kasoku.commands.bench.report import bottleneck, print_ladder, verdict_lines
 from kasoku.commands.bench.rungs import PLAIN, cpu_ladder
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.sweep import _add_verdict
-from kasoku.core.phases import markable, no_mark
-from kasoku.perf.profile.verdict import RULES, judge
+from kasoku.core.phases import no_mark
 from kasoku.perf.profile.window import Window
+from kasoku.train.step import markable
 
 FP32 = cpu_ladder()[1]
 
@@ -47,15 +49,15 @@ def test_the_profiled_window_marks_the_step_and_gives_the_marks_back(rung, phase
             yield pool[i % len(pool)]
 
     figures = worker.profile_window(runner, slow_loader, 0, torch.device("cpu"), 3,
-                                    {"has_conv": False}, 8)
+                                    {"has_conv": False}, 8).to_dict()
     assert figures["steps"] == 3 and figures["samples_per_step"] == 8  # as many as asked
     assert set(figures["phases_host_ms"]) >= phases  # kasoku's eager step takes the marks
     assert figures["has_conv"] is False and "verdict" not in figures
     if rung is FP32:
-        assert markable(runner.step_fn).mark is no_mark  # it times nothing afterwards
+        assert markable(runner.step).mark is no_mark  # it times nothing afterwards
     # the batch is pulled inside the data phase, so a slow loader reads as one
     assert figures["phases_host_ms"]["data"] >= 90
-    assert judge({**figures, "loader": "serial"}).rule == "input-bound"
+    assert judge_saved({**figures, "loader": "serial"}).rule == "input-bound"
 
 
 def test_worker_records_the_profile_and_the_sweep_judges_it(fp32_run):

@@ -294,6 +294,6 @@ def workers_of(pid: int) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"kasoku" in argv and b"train" in argv:
+            if b"kasoku.cli.train_worker" in argv:
                 out.append(int(entry.name))
     return sorted(out)

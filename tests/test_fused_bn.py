@@ -203,7 +203,7 @@ def train_steps(model, steps, device="cpu"):
         yield loss.item()
 
 
-@pytest.mark.slow  # ~14 s each through Triton's interpreter on 2 cores: `pytest -m slow`
+@pytest.mark.slow  # ~14 s each through Triton's interpreter on 2 cores
 @pytest.mark.parametrize("compiled", [False, True])
 def test_resnet_trains_alike_with_the_kernels(interpreter, compiled):
     def fused():

@@ -3,6 +3,10 @@ of real training steps and their hand-backs, an unchanged loss when nobody times
 that does not alias with K-FAC's schedule, and ``kasoku profile --optimizer kfac`` end to
 end. The kfac-bound verdict: tests/test_profile_verdict.py."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +14,10 @@ import torch
 from kasoku.cli import main
 from kasoku.commands.train import build_trainer
 from kasoku.core import phases as phases_mod
-from kasoku.core.phases import KFAC_PHASES, PHASES, NoClock, PhaseClock, no_mark
+from kasoku.core.phases import PHASES, NoClock, PhaseClock, no_mark
 from kasoku.data.config import DataConfig
 from kasoku.kfac import KFACConfig
+from kasoku.kfac.phases import PHASES as KFAC_PHASES
 from kasoku.perf.profile import trace
 from kasoku.perf.profile.timeline import PHASE_COLORS
 from kasoku.train.config import TrainConfig
@@ -21,6 +26,7 @@ from kasoku.workloads import create_workload
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 
 FACTOR_EVERY, INVERSE_EVERY = 2, 4
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def kfac_trainer(tmp_path, name="run"):
@@ -149,6 +155,25 @@ def test_the_time_cap_does_not_favour_the_steps_after_a_long_one(monkeypatch):
     times = run_schedule(clock, clock_time, steps, factor=(1, 0.0), inverse=(10, 0.04))
     assert times["time/kfac_inverse"] == pytest.approx(1e3 * 0.04 / 10, rel=0.1)
     assert times["timed_steps"] == pytest.approx(clock_time.now / 0.02, rel=0.15)
+
+
+def test_kfac_declares_its_phases_to_a_clock_that_knows_none():
+    """The phase clock (the ground layer) lists K-FAC's phases once K-FAC's optimizer is
+    imported (it declares them), after ``update``, in the order they always had; before, it
+    names none."""
+    code = ("import kasoku.core.phases as p; before = tuple(p.PHASES); "
+            "import kasoku.kfac.optimizer; print(before); print(tuple(p.PHASES))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(SRC)))
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.splitlines()
+    assert before == str(("data", "h2d", "forward", "backward", "update", "allreduce",
+                          "compute", "other"))
+    assert after == str(("data", "h2d", "forward", "backward", "update", "kfac_factors",
+                         "kfac_inverse", "kfac_precondition", "allreduce", "compute", "other"))
+    assert KFAC_PHASES == ("kfac_factors", "kfac_inverse", "kfac_precondition")
+    with pytest.raises(ValueError, match="one of the step's own"):
+        phases_mod.declare_phases(["update"])
 
 
 def test_every_phase_has_a_colour_and_kfac_phases_are_listed():

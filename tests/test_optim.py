@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kasoku.accel.lamb import LAMB
-from kasoku.accel.lars import LARS
 from kasoku.core.errors import ConfigError
 from kasoku.optim import make_optimizer
+from kasoku.optim.lamb import LAMB
+from kasoku.optim.lars import LARS
 
 
 @pytest.fixture(autouse=True)

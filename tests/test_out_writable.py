@@ -30,8 +30,8 @@ COMMANDS = {
     "data download": ["data", "download", "mnist"],
 }
 # Where each command looks its engine up when it runs (most import it then, from its module).
-ENGINES = [("kasoku.commands.train", "train_workload"), ("kasoku.cli.train", "launch"),
-           ("kasoku.commands.profile", "profile_workload"), ("kasoku.cli.profile", "launch"),
+ENGINES = [("kasoku.commands.train", "train_run"), ("kasoku.cli.train", "launch"),
+           ("kasoku.commands.profile", "profile_run"), ("kasoku.cli.profile", "launch"),
            ("kasoku.commands.bench.sweep", "run_sweep"),
            ("kasoku.commands.bench.compare", "run_compare"),
            ("kasoku.commands.bench.compare_train", "train_on_devices"),

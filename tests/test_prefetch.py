@@ -143,7 +143,7 @@ def test_other_attributes_are_the_inner_loaders():
     assert len(wrapped) == 4 and wrapped.batches_per_epoch == 4
     assert wrapped.dataset is inner.dataset and wrapped.batch_size == 4
     assert wrapped.skipped == 0 and wrapped.skipped_files == []
-    assert not hasattr(wrapped, "last_chunk_batches")  # a SerialLoader has none
+    assert wrapped.last_chunk_batches == inner.last_chunk_batches == 1  # one batch a call
     assert not hasattr(wrapped, "__getitem__")  # the Evaluator must not take it for a dataset
     with pytest.raises(AttributeError):
         wrapped.no_such_thing

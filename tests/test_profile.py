@@ -8,16 +8,17 @@ import pytest
 import torch
 
 from kasoku.accel.memory_format import ChannelsLastInputs
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.profiling import ProfileWindow, profiling
+from kasoku.advisor.verdict import RULES, Experiment
 from kasoku.cli import main
 from kasoku.commands.train import build_trainer
-from kasoku.core.phases import PHASES, PhaseClock, markable, summarize
+from kasoku.core.phases import PHASES, PhaseClock, summarize
 from kasoku.data.config import DataConfig
 from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace
-from kasoku.perf.profile.verdict import RULES
-from kasoku.perf.profile.window import ProfileWindow, profiling
 from kasoku.train.config import TrainConfig
-from kasoku.train.step import StandardStep
+from kasoku.train.step import StandardStep, StepWrapper, markable
 from kasoku.workloads import create_workload
 
 
@@ -68,9 +69,8 @@ def test_marks_reach_the_step_through_passing_wrappers_only():
     assert markable(step) is step
     assert markable(ChannelsLastInputs(step)) is step
 
-    class Captured:  # a wrapper that does not pass marks (a CUDA graph)
-        def __init__(self, step_fn):
-            self.step_fn = step_fn
+    class Captured(StepWrapper):  # a wrapper that does not pass marks (a CUDA graph)
+        passes_marks = False
     assert markable(Captured(step)) is None
 
 
@@ -192,12 +192,10 @@ def test_confirm_proves_the_bound_and_the_advice_by_the_noise_rule(monkeypatch):
         rate = next(calls[extra])
         return {"samples_per_s": rate, "phases": {}, "window_rates": [rate]}
     monkeypatch.setattr(ab, "measure_side", side)
-    verdict = {"experiments": [{"label": "synthetic data", "args": ["--synthetic"],
-                                "faster": False},
-                               {"label": "batch x2 (200)", "args": ["--batch-size", "200"],
-                                "faster": True}],
-               "lever": {"args": ["--compile"], "measured": {"result": "faster", "noise": 0.05}}}
-    rows = ab.confirm(["mnist-mlp", "--confirm"], {"verdict": verdict}, rounds=3)
+    experiments = [Experiment("synthetic data", ("--synthetic",), False),
+                   Experiment("batch x2 (200)", ("--batch-size", "200"), True)]
+    lever = Lever("", "", ("--compile",), measured={"result": "faster", "noise": 0.05})
+    rows = ab.confirm(["mnist-mlp", "--confirm"], experiments, lever, rounds=3)
     assert [r["label"] for r in rows] == ["as given", "synthetic data", "batch x2 (200)",
                                           "the advice: --compile"]
     assert rows[0]["samples_per_s"] == 100.0

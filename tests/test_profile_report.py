@@ -10,10 +10,10 @@ import subprocess
 import numpy as np
 import pytest
 
+from kasoku.advisor.saved import judge_saved
 from kasoku.perf.profile import trace
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.timeline import device_phases, draw_timeline, window
-from kasoku.perf.profile.verdict import judge
 
 STEP_PHASES = [("data", 2000), ("h2d", 200), ("forward", 3000), ("backward", 5000),
                ("update", 1000)]
@@ -124,7 +124,7 @@ def gpu_report(tmp_path):
     t = trace.parse(gpu_events())
     figures = trace.analyse(t, samples_per_step=64)
     figures.update(mfu=0.123, mem_peak_gib=3.5, device="cuda")
-    verdict = judge(figures).to_dict()
+    verdict = judge_saved(figures).to_dict()
     phases = {"time/step": 11.2, "time/data": 2.0, "time/data%": 17.9, "time/forward": 3.0,
               "time/forward%": 26.8}
     png = draw_timeline(t, tmp_path / "timeline.png", title="gpu")
@@ -154,7 +154,7 @@ def test_the_report_is_one_offline_file_with_the_verdict_and_the_picture(tmp_pat
 def test_a_report_without_picture_phases_or_ladder(tmp_path):
     t = trace.parse(cpu_events())
     figures = trace.analyse(t)
-    verdict = judge(figures).to_dict()
+    verdict = judge_saved(figures).to_dict()
     path = write_report(tmp_path / "r.html", title="cpu", verdict=verdict, figures=figures,
                         phases=None, timeline_png=None, ladder=None, settings={})
     text = path.read_text(encoding="utf-8")

@@ -13,6 +13,8 @@ import torch
 from test_profile_script import MNIST, kasoku, write
 from torch.utils.data import DataLoader
 
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.verdict import Experiment
 from kasoku.cli import main
 from kasoku.commands import ab
 from kasoku.commands.script_launch import parse_launched
@@ -131,15 +133,13 @@ def test_confirm_calls_a_large_effect_despite_noisy_rounds():
     threshold."""
     rates = {(): iter([100.0, 125.0]), ("--with", "replay"): iter([3000.0, 3900.0]),
              ("--with", "tf32"): iter([115.0, 144.0])}
-    verdict = {"experiments": [{"label": "replay", "args": ["--with", "replay"],
-                                "faster": True},
-                               {"label": "tf32", "args": ["--with", "tf32"], "faster": True}],
-               "lever": {"args": [], "measured": None}}
+    experiments = [Experiment("replay", ("--with", "replay"), True),
+                   Experiment("tf32", ("--with", "tf32"), True)]
 
     def measure(extra):
         rate = next(rates[tuple(extra)])
         return {"samples_per_s": rate, "phases": {}, "window_rates": [rate]}
-    rows = ab.confirm([], {"verdict": verdict}, rounds=2, measure=measure,
+    rows = ab.confirm([], experiments, Lever("", ""), rounds=2, measure=measure,
                       command=lambda args: " ".join(args), say=lambda line: None)
     by = {row["label"]: row for row in rows}
     assert by["replay"]["outcome"] == "confirmed"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kasoku.advisor.saved import judge_saved
+from kasoku.advisor.verdict import RULES
 from kasoku.perf.profile import trace
-from kasoku.perf.profile.verdict import RULES, judge
 
 
 class Builder:
@@ -76,7 +77,7 @@ def test_input_bound_gpu():
     t = Builder().steps(5, 1000, gpu_step(data_us=600, n_kernels=3, kernel_us=100))
     f = figures(t, device="cuda", config={"precision": "bf16"}, loader="serial")
     assert f["data_pct"] == pytest.approx(60, abs=2)
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "input-bound"
     assert "--loader multiprocess" in v.lever.text
     assert v.experiments[0].args == ("--synthetic", "--synthetic-size", "600", "--loader",
@@ -91,7 +92,7 @@ def test_host_bound_gpu_suggests_cuda_graph():
     assert f["busy_pct"] == pytest.approx(38, abs=3)
     assert f["idle_host_pct"] > 50
     assert f["launches_per_step"] == 19 and f["kernels_per_step"] == 19
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "host-bound"
     assert v.lever.args == ("--cuda-graph",)
     assert "launches/step" in v.reason
@@ -102,7 +103,7 @@ def test_a_host_bound_sharded_step_is_never_told_to_graph():
     """FSDP2 refuses --cuda-graph (measured on 2 H200s: GPT-2 small under FSDP2, host 92 ms
     against device 47 ms per step, was advised --cuda-graph): a bigger batch first."""
     t = Builder().steps(5, 1000, gpu_step(n_kernels=19, kernel_us=20, launch_gap_us=50))
-    v = judge(figures(t, device="cuda", config={"precision": "bf16"}, sharded=True))
+    v = judge_saved(figures(t, device="cuda", config={"precision": "bf16"}, sharded=True))
     assert v.rule == "host-bound"
     assert [c.args for c in v.candidates] == [("--batch-size", "200"), ("--compile",)]
     assert not any("--cuda-graph" in c.args for c in v.candidates)
@@ -114,7 +115,7 @@ def test_data_wait_smaller_than_launch_wait_is_host_bound():
                                           launch_gap_us=50))
     f = figures(t, device="cuda", config={})
     assert f["data_pct"] == pytest.approx(20, abs=2) and f["idle_host_pct"] > 40
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "host-bound"
     assert not any(s.startswith("input-bound") for s in v.secondary)
     assert v.secondary == ["20% of the step waiting for data"]  # named, below the rule
@@ -137,11 +138,11 @@ def test_host_to_device_copies_are_counted_and_their_source_named():
 
 def test_host_bound_with_graph_suggests_compile_then_a_larger_batch():
     t = Builder().steps(5, 1000, gpu_step(n_kernels=19, kernel_us=20, launch_gap_us=50))
-    v = judge(figures(t, device="cuda", config={"cuda_graph": True}))
+    v = judge_saved(figures(t, device="cuda", config={"cuda_graph": True}))
     assert v.rule == "host-bound" and v.lever.args == ("--compile",)
     assert [c.args for c in v.candidates] == [("--compile",), ("--batch-size", "200")]
     assert v.lever.expect.startswith("estimate")  # not measured: said so
-    done = judge(figures(t, device="cuda", config={"cuda_graph": True, "compile": True}))
+    done = judge_saved(figures(t, device="cuda", config={"cuda_graph": True, "compile": True}))
     assert done.lever.args == ("--batch-size", "200") and "learning rate" in done.lever.caveat
     assert [(e.label.split(" ")[0], e.faster) for e in done.experiments] == \
         [("synthetic", False), ("batch", True)]
@@ -152,10 +153,10 @@ def test_compute_bound_fp32_suggests_bf16_then_nothing():
     f = figures(t, device="cuda", config={"precision": "fp32"}, has_conv=True, mfu=0.31)
     assert f["busy_pct"] > 95 and f["idle_host_pct"] < 3
     assert f["by_kind_pct"]["conv/matmul"] == pytest.approx(100)
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "device-bound (compute-bound)" and "MFU 31%" in v.reason
     assert v.lever.args == ("--precision", "bf16")
-    done = judge({**f, "config": {"precision": "bf16", "channels_last": True}})
+    done = judge_saved({**f, "config": {"precision": "bf16", "channels_last": True}})
     assert done.lever.args == () and "no cheap lever" in done.lever.text
     # Nothing to apply: the proof is that neither synthetic data nor a larger batch help.
     assert [(e.label.split(" ")[0], e.faster) for e in done.experiments] == \
@@ -165,11 +166,11 @@ def test_compute_bound_fp32_suggests_bf16_then_nothing():
 def test_memory_bound_suggests_compile():
     t = Builder().steps(5, 1000, gpu_step(kernel="triton_poi_fused_relu_0", n_kernels=9,
                                           kernel_us=108))
-    v = judge(figures(t, device="cuda", config={"compile": False}))
+    v = judge_saved(figures(t, device="cuda", config={"compile": False}))
     assert v.rule == "device-bound (memory-bound)" and v.lever.args == ("--compile",)
     assert [c.args for c in v.candidates] == [("--compile",), ("--precision", "bf16")]
     assert [e.faster for e in v.experiments] == [False, False]
-    done = judge(figures(t, device="cuda", config={"compile": True, "precision": "bf16"}))
+    done = judge_saved(figures(t, device="cuda", config={"compile": True, "precision": "bf16"}))
     assert done.lever.args == () and "triton" in done.lever.text
     assert [(e.label.split(" ")[0], e.faster) for e in done.experiments] == \
         [("synthetic", False), ("batch", False)]
@@ -181,7 +182,7 @@ def test_busy_with_tiny_kernels_is_latency_bound():
     t = Builder().steps(5, 1000, gpu_step(n_kernels=180, kernel_us=5))
     f = figures(t, device="cuda", config={"cuda_graph": True, "compile": True}, mfu=0.01)
     assert f["busy_pct"] == pytest.approx(90, abs=2)
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "device-bound (latency-bound)"
     assert "180 kernels per step average 5.0 us" in v.reason
     assert v.lever.args == ("--batch-size", "200")
@@ -189,7 +190,7 @@ def test_busy_with_tiny_kernels_is_latency_bound():
                                                              ("--batch-size", True)]
     # The same busy share in 50 us kernels is a device that is full.
     t = Builder().steps(5, 1000, gpu_step(n_kernels=18, kernel_us=50))
-    assert judge(figures(t, device="cuda", config={"cuda_graph": True, "compile": True})
+    assert judge_saved(figures(t, device="cuda", config={"cuda_graph": True, "compile": True})
                  ).rule == "device-bound (compute-bound)"
 
 
@@ -200,9 +201,9 @@ def test_communication_bound():
         b.kernel(c, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 420, 500)
     f = figures(Builder().steps(5, 1000, body), device="cuda", config={})
     assert f["comm_pct"] == pytest.approx(50, abs=3)
-    assert judge(f).rule == "communication-bound"
-    assert [c.args for c in judge(f).candidates] == [("--batch-size", "200"),
-                                                     ("--allreduce-dtype", "bf16")]
+    assert judge_saved(f).rule == "communication-bound"
+    assert [c.args for c in judge_saved(f).candidates] == [("--batch-size", "200"),
+                                                           ("--allreduce-dtype", "bf16")]
 
 
 def test_collectives_on_two_streams_at_once_count_once():
@@ -222,7 +223,7 @@ def test_communication_bound_confirms_with_a_doubled_batch():
         gpu_step(n_kernels=4, kernel_us=100)(b, t0)
         c = b.launch(t0 + 20)
         b.kernel(c, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 420, 500)
-    v = judge(figures(Builder().steps(5, 1000, body), device="cuda", config={}))
+    v = judge_saved(figures(Builder().steps(5, 1000, body), device="cuda", config={}))
     assert [(e.label, e.args, e.faster) for e in v.experiments] == [
         ("batch x2 per worker", ("--batch-size", "200"), True)]
 
@@ -238,7 +239,7 @@ def test_gloo_collectives_on_their_threads_count_on_a_cpu():
     f = figures(Builder().steps(5, 1000, body), device="cpu", config={})
     assert f["comm_pct"] == pytest.approx(45, abs=1)  # 300..750 of each 1,000 us step
     assert f["comm_ms"] == pytest.approx(0.45, abs=0.01)
-    assert judge(f).rule == "communication-bound"
+    assert judge_saved(f).rule == "communication-bound"
 
 
 def test_graph_replay_gaps_are_not_launch_waits():
@@ -311,7 +312,7 @@ def test_kfac_bound_names_its_share_and_halves_its_costliest_steps():
     f.update(kfac_context(forward=0.0035, backward=0.0035, kfac_factors=0.0007,
                           kfac_inverse=0.0016, kfac_precondition=0.0007))
     assert f["kfac_pct"] == pytest.approx(30) and f["kfac"]["without_ms"] == pytest.approx(7)
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "kfac-bound"
     assert v.reason.startswith("K-FAC's curvature work is 30% of the step (factors 7%, "
                                "inverse 16%, precondition 7%)")
@@ -322,14 +323,14 @@ def test_kfac_bound_names_its_share_and_halves_its_costliest_steps():
     assert [(e.args, e.faster) for e in v.experiments] == [
         (("--optimizer", "momentum"), True)]  # the step without K-FAC's 30%: 1.43x
     assert v.secondary[0].startswith("compute-bound: ")
-    factors = judge({**f, **kfac_context(factor_update_freq=2, forward=0.002, kfac_factors=0.004,
-                                         kfac_inverse=0.001)})
+    factors = judge_saved({**f, **kfac_context(factor_update_freq=2, forward=0.002,
+                                               kfac_factors=0.004, kfac_inverse=0.001)})
     assert factors.lever.args == ("--kfac-factor-update-freq", "4")
     assert factors.lever.speedup == pytest.approx(1 / (1 - 0.57 / 2), rel=0.01)
     precondition = dict(forward=0.002, kfac_precondition=0.003)
-    assert judge({**f, **kfac_context(**precondition)}).lever.args == ("--kfac-method",
-                                                                       "inverse")
-    inverse = judge({**f, **kfac_context(method="inverse", **precondition)})
+    assert judge_saved({**f, **kfac_context(**precondition)}).lever.args == (
+        "--kfac-method", "inverse")
+    inverse = judge_saved({**f, **kfac_context(method="inverse", **precondition)})
     assert inverse.lever.args == () and [e.args for e in inverse.experiments] == [
         ("--optimizer", "momentum")]
 
@@ -339,9 +340,9 @@ def test_a_smaller_kfac_share_is_named_as_secondary():
                 config={}, loader="serial")
     f.update(kfac_context(forward=0.0085, kfac_inverse=0.0015))
     named = "15% of the step in K-FAC's curvature work (factors, inverses, preconditioning)"
-    assert judge(f).rule == "input-bound" and named in judge(f).secondary
-    assert named not in judge({**f, **kfac_context(forward=0.0095, kfac_inverse=0.0005)}
-                              ).secondary
+    assert judge_saved(f).rule == "input-bound" and named in judge_saved(f).secondary
+    assert named not in judge_saved({**f, **kfac_context(forward=0.0095, kfac_inverse=0.0005)}
+                                    ).secondary
 
 
 def test_every_rule_is_exercised():
@@ -362,8 +363,8 @@ def test_a_trace_without_steps_is_refused():
 def test_a_second_cause_is_named_with_its_numbers():
     f = {"device": "cuda", "data_pct": 40.0, "comm_pct": 25.0, "idle_host_pct": 12.0,
          "busy_pct": 50.0, "loader": "serial", "batch_size": 64}
-    v = judge(f)
+    v = judge_saved(f)
     assert v.rule == "input-bound"
     assert v.secondary == ["communication-bound: collectives (all-reduce) take 25% of the step",
                            "12% of the step the device waiting for launches"]
-    assert judge(dict(f, comm_pct=5.0, idle_host_pct=3.0)).secondary == []
+    assert judge_saved(dict(f, comm_pct=5.0, idle_host_pct=3.0)).secondary == []

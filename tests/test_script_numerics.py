@@ -9,10 +9,10 @@ import pytest
 import torch
 from test_profile_script import write
 
+from kasoku.advisor.levers import Lever
 from kasoku.cli import main
 from kasoku.commands.script_levers import NUMERICS, ScriptFacts, numerics, script_lever
 from kasoku.commands.script_profile import verdict_lines
-from kasoku.perf.profile.levers import Lever
 
 TRAIN = """
 import contextlib

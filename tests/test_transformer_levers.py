@@ -16,11 +16,12 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel.float8 import check_float8
 from kasoku.commands.bench.rungs import Rung, parse_config, resolve
 from kasoku.core.errors import ConfigError
-from kasoku.core.phases import markable
+from kasoku.distributed.fsdp import Distribute
 from kasoku.models.gpt import GPT, GPT_SHAPES
 from kasoku.models.mlp import MLP
 from kasoku.optim import make_optimizer
 from kasoku.perf.activations import saved_activation_bytes
+from kasoku.train.step import markable
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 
@@ -125,7 +126,7 @@ def test_the_pinned_backend_runs_the_step_and_cpu_refusals_are_one_line():
                      None, AccelConfig(sdpa_backend="math"), "cpu",
                      lambda params, impl: make_optimizer("adamw", params, 1e-3, impl=impl))
     assert isinstance(acc.step_fn, PinnedAttention)
-    assert markable(acc.step_fn) is acc.step_fn.step_fn  # the phase clock reaches the step
+    assert markable(acc.step_fn) is acc.step_fn.inner  # the phase clock reaches the step
     assert torch.isfinite(acc.step_fn(acc.model, tokens(), acc.optimizer)["main/loss"])
     step = object()
     assert apply_sdpa_backend(step, "auto", "cpu") is step
@@ -169,14 +170,14 @@ def test_the_ladder_takes_the_levers_and_drops_what_cannot_apply():
 
 
 def test_a_sharding_wrap_gets_each_block_compiled_before_it():
-    """With a distribute step marked ``compiles_blocks`` (``fsdp.sharder``), --compile
+    """With a distribute step that ``compiles_blocks`` (``fsdp.sharder``), --compile
     compiles each block in place, before the wrap sees it, and not the whole model."""
     seen = []
 
-    def wrap(model):
+    def record(model):
         seen.append([b._compiled_call_impl is not None for b in model.blocks])
         return model
-    wrap.compiles_blocks = True
+    wrap = Distribute(record, compiles_blocks=True)
     adamw = lambda params, impl: make_optimizer("adamw", params, 1e-3, impl=impl)  # noqa: E731
     acc = accelerate(gpt(), F.cross_entropy, None, AccelConfig(compile=True), "cpu", adamw,
                      distribute=wrap)

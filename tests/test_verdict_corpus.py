@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kasoku.perf.profile.verdict import judge
+from kasoku.advisor.saved import judge_saved
+from kasoku.perf.profile.figures import TYPED, StepFigures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdicts"
 
@@ -53,7 +54,7 @@ def test_every_fixture_has_its_expected_verdict():
 def test_the_corpus_keeps_its_verdicts(name):
     recorded = json.loads((FIXTURES / f"{name}.json").read_text())
     rule, candidates = EXPECTED[name]
-    verdict = judge(recorded["figures"])
+    verdict = judge_saved(recorded["figures"])
     assert verdict.rule == rule, verdict.line
     assert [c.args for c in verdict.candidates] == candidates
     assert all(c.expect.startswith("estimate") for c in verdict.candidates)  # not measured
@@ -68,3 +69,27 @@ def test_the_recorded_advice_was_measured_and_never_slower():
         assert measured.get("result") in ("faster", "none faster"), (name, lever)
         if measured["result"] == "faster":
             assert measured["ratio"] >= 1 + measured["noise"], (name, measured)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_saved_figures_read_back_as_saved(name):
+    """``StepFigures`` holds a saved profile's figures whole: ``to_dict`` writes them back key
+    for key, value for value and in their order, as profile.json held them."""
+    figures = json.loads((FIXTURES / f"{name}.json").read_text())["figures"]
+    typed = StepFigures.from_dict(figures)
+    assert json.dumps(typed.to_dict()) == json.dumps(figures)
+    assert typed.device in ("cpu", "cuda") and typed.data_pct == figures["data_pct"]
+    assert "config" in typed.rest and "config" not in TYPED  # saved, never read by a rule
+
+
+def test_restated_figures_keep_their_place_and_the_profiled_ones():
+    figures = StepFigures.from_dict(
+        json.loads((FIXTURES / "h200-mnist-mlp.json").read_text())["figures"])
+    before = {k: v for k, v in figures.to_dict().items() if k != "profiled"}
+    again = StepFigures.from_dict(before).restated(100, 100 / 2e-3, 30.0)
+    assert list(again.to_dict()) == [*before, "profiled"]
+    assert again.step_ms == pytest.approx(2.0) and again.data_pct == 30.0
+    assert again.profiled["busy_pct"] == before["busy_pct"]
+    assert again.busy_pct == pytest.approx(min(100.0, 100 * before["device_ms"] / 2.0))
+    assert again.busy_pct + again.idle_data_pct + again.idle_host_pct \
+        + again.idle_other_pct == pytest.approx(100.0)

@@ -3,8 +3,8 @@
 - ``cudnn.apply_cudnn_benchmark``, ``memory_format.apply_channels_last``,
   ``precision.apply_precision`` (with ``loss_scale.LossScaler`` / ``MasterWeights``),
   ``compile.apply_compile``, ``graph.apply_cuda_graph``;
-- optimizers ``lars.LARS`` and ``lamb.LAMB`` (by name through ``kasoku.optim.make_optimizer``)
-  and the large-batch rules in ``scaling``;
+- the Triton Adam (``triton_adam``; LARS and LAMB are ``kasoku.optim``'s, all by name through
+  ``kasoku.optim.make_optimizer``) and the large-batch learning-rate rules in ``lr_rules``;
 - ``compose.accelerate``: applies a whole ``config.AccelConfig`` in the order the levers need
   (``kasoku.cli.accel`` makes the command-line flags that build one).
 """

@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kasoku.accel.config import SDPA_BACKENDS
 from kasoku.core.errors import ConfigError
+from kasoku.train.step import Step, StepWrapper
 
 _KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -44,24 +45,24 @@ def check_sdpa_backend(backend: str, device) -> None:
                           f"use efficient")
 
 
-class PinnedAttention:
-    """The step under ``sdpa_kernel(backend)``: forward, backward and update."""
-    passes_marks = True  # its inner step runs eagerly: phase marks reach it
+class PinnedAttention(StepWrapper):
+    """The step under ``sdpa_kernel(backend)``: forward, backward and update. Its inner step
+    runs eagerly: phase marks reach it."""
 
-    def __init__(self, step_fn, backend: str):
-        self.step_fn = step_fn
+    def __init__(self, step_fn: Step, backend: str):
+        super().__init__(step_fn)
         self.backend = backend
         self.kernel = _KERNELS[backend]
 
     def __call__(self, *args, **kwargs):
         with sdpa_kernel(self.kernel):
-            return self.step_fn(*args, **kwargs)
+            return self.inner(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"PinnedAttention({self.step_fn!r}, {self.backend!r})"
+        return f"PinnedAttention({self.inner!r}, {self.backend!r})"
 
 
-def apply_sdpa_backend(step_fn, backend: str, device):
+def apply_sdpa_backend(step_fn: Step, backend: str, device) -> Step:
     """``step_fn`` with every ``scaled_dot_product_attention`` of its steps pinned to
     ``backend`` (auto: PyTorch's choice, the step unchanged). Refuses a backend the device
     cannot run (``check_sdpa_backend``)."""

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, get_args
 
 import torch
 
-from kasoku.accel.attention import SDPA_BACKENDS, apply_sdpa_backend
-from kasoku.accel.checkpointing import (
+from kasoku.accel.attention import apply_sdpa_backend
+from kasoku.accel.checkpointing import apply_activation_checkpointing, checkpointable_blocks
+from kasoku.accel.compile import GRAPHING_MODES, apply_compile
+from kasoku.accel.config import (
     CHECKPOINTING_MODES,
-    apply_activation_checkpointing,
-    checkpointable_blocks,
+    COMPILE_MODES,
+    OPTIMIZER_IMPLS,
+    PRECISIONS,
+    SDPA_BACKENDS,
+    AccelConfig,
+    Float8,
 )
-from kasoku.accel.compile import COMPILE_MODES, GRAPHING_MODES, apply_compile
-from kasoku.accel.config import OPTIMIZER_IMPLS, PRECISIONS, AccelConfig
 from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
-from kasoku.accel.float8 import FLOAT8_RECIPES, apply_float8
+from kasoku.accel.float8 import apply_float8
 from kasoku.accel.fused_bn import apply_fused_bn
 from kasoku.accel.graph import WARMUP_STEPS, apply_cuda_graph
 from kasoku.accel.host_memory import apply_keep_memory
@@ -29,7 +33,8 @@ from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.triton_adam import compile_early
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.core.errors import ConfigError
-from kasoku.train.step import ClippedUpdate
+from kasoku.distributed.fsdp import Distribute
+from kasoku.train.step import ClippedUpdate, Step
 
 DDP_WARMUP_STEPS = 11
 """Eager DDP steps before a step is captured, as PyTorch's CUDA-graph notes ask: DDP rebuilds
@@ -41,7 +46,7 @@ must not hold."""
 class Accelerated:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    step_fn: Callable
+    step_fn: Step
     """step(model, batch, optimizer) -> observations (the trainer's contract); converts the
     inputs itself (channels_last in the step, float16 by the model's own hooks). With
     ``steps_per_call`` K > 1 it takes a chunk ``(inputs [k, B, ...], targets [k, B, ...])``
@@ -70,7 +75,7 @@ def check_config(cfg: AccelConfig) -> None:
         raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
     for name, allowed in (("activation_checkpointing", CHECKPOINTING_MODES),
-                          ("sdpa_backend", SDPA_BACKENDS), ("float8", ("none",) + FLOAT8_RECIPES)):
+                          ("sdpa_backend", SDPA_BACKENDS), ("float8", get_args(Float8))):
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(cfg, name)!r}; choose one of "
                               f"{', '.join(allowed)}")
@@ -135,35 +140,38 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
                           f"works on whole tensors, not DTensor shards; use foreach or fused")
 
 
-def prewarm(cfg: AccelConfig, device, optimizer: str, weight_decay: float) -> None:
+def prewarm(optimizer_impl: str | None, device, optimizer: str, weight_decay: float) -> None:
     """Start now what a lever can prepare before the model and data exist, so it overlaps with
     loading the data: with ``optimizer_impl`` triton and Adam on CUDA, Triton's start-up and
     the update kernel's compilation (on a background thread)."""
     device = torch.device(device)
-    if cfg.optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
+    if optimizer_impl == "triton" and optimizer == "adam" and device.type == "cuda":
         compile_early(device, weight_decay=weight_decay != 0)
 
 
 def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | None,
                cfg: AccelConfig, device,
                make_optimizer: Callable[[list, str | None], torch.optim.Optimizer],
-               distribute: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
-               grad_clip: float | None = None) -> Accelerated:
+               distribute: Distribute | None = None,
+               grad_clip: float | None = None, checked: bool = False) -> Accelerated:
     """Apply ``cfg`` to ``model``: returns the model (moved to ``device``, changed in place),
     the optimizer built by ``make_optimizer(params, cfg.optimizer_impl)`` over the parameters
     it must update (fp32 masters for fp16-pure), the step function, the notes, and the
     extensions to register. Invalid combinations raise ``ConfigError``; a lever that cannot
     apply on this device or model is skipped with one warning and a note.
 
-    ``distribute``: wraps the model for data-parallel training (``kasoku.distributed.ddp.wrap``),
-    applied after the layout, dtype and kasoku's layers and before compilation, which then
-    sees DDP's buckets (PyTorch's order: DDP first, then ``torch.compile``).
+    ``distribute``: wraps the model for data-parallel training (a ``Distribute``: DDP's wrap
+    or FSDP2's, ``kasoku.distributed.fsdp``), applied after the layout, dtype and kasoku's
+    layers and before compilation, which then sees DDP's buckets (PyTorch's order: DDP first,
+    then ``torch.compile``).
 
     ``grad_clip``: the gradients' global norm clipped to it before each update
     (``kasoku.train.step.ClippedUpdate``, around the precision's update); None: no clipping.
+    ``checked``: ``cfg`` was checked already (``kasoku.run.RunConfig.check``), not again here.
 
     This is the one place that reads ``cfg``: each lever gets only its own settings."""
-    check_config(cfg)
+    if not checked:
+        check_config(cfg)
     device = torch.device(device)
     notes: list[str] = []
     model = model.to(device)
@@ -193,7 +201,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     model = apply_activation_checkpointing(model, cfg.activation_checkpointing)
     graph_stream, params = None, precision.params
     # FSDP2 (fsdp.sharder): each block compiled before the wrap, its hooks outside the code.
-    per_block = cfg.compile and getattr(distribute, "compiles_blocks", False)
+    per_block = cfg.compile and distribute is not None and distribute.compiles_blocks
     compile_options = {"mode": cfg.compile_mode, "combo_kernels": cfg.combo_kernels,
                        "buffer_reuse": not cfg.wgrad_stream}
     if per_block:

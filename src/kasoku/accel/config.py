@@ -5,20 +5,29 @@ command line's help texts (``kasoku train --help``) and the bench's ``--config``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp16-pure")
-OPTIMIZER_IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
-# The values of the levers' other choices, here rather than in the levers' modules (which
-# import torch), so that the command line builds its flags without torch.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CHECKPOINTING_MODES = ("none", "full", "selective")
-SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
-FLOAT8_RECIPES = ("tensorwise", "rowwise")
+# The closed choices of the levers: each a Literal (the field's type) and the tuple of its
+# values made from it, which the checks and the command line's choices read.
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp16-pure"]
+OptimizerImpl = Literal["loop", "foreach", "fused", "compiled", "triton"]
+CheckpointingMode = Literal["none", "full", "selective"]
+SdpaBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
+Float8 = Literal["none", "tensorwise", "rowwise"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
+CHECKPOINTING_MODES: tuple[str, ...] = get_args(CheckpointingMode)
+SDPA_BACKENDS: tuple[str, ...] = get_args(SdpaBackend)
+FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8)[1:]
+"""torchao's float8 scalings (``Float8`` less none)."""
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 
 
 @dataclass(frozen=True)
 class AccelConfig:
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """fp32 (true fp32: TF32 off) | tf32 (TF32 tensor cores) | fp16 (autocast with dynamic
     loss scaling, fp32 weights) | bf16 (autocast) | fp16-pure (fp16 weights and activations,
     fp32 master weights in the optimizer, dynamic loss scaling). fp16 and tf32 need CUDA."""
@@ -28,7 +37,7 @@ class AccelConfig:
     cudnn_benchmark: bool = False
     """cuDNN autotuning: the fastest convolution algorithm for each shape, timed in the first
     steps."""
-    optimizer_impl: str | None = None
+    optimizer_impl: OptimizerImpl | None = None
     """How the optimizer updates the weights: loop (one kernel per tensor per op) | foreach
     (multi-tensor kernels) | fused (one kernel for all weights, the batched weight update) |
     compiled (the foreach update compiled by torch.compile; SGD, momentum and Adam) | triton
@@ -50,23 +59,23 @@ class AccelConfig:
     keep_memory: bool = False
     """CPU: glibc's malloc keeps freed memory in the process (no heap trimming, no mmap'd
     blocks), so each step's temporaries stop page-faulting (process-wide)."""
-    activation_checkpointing: str = "none"
+    activation_checkpointing: CheckpointingMode = "none"
     """none | full (each block's forward recomputed in the backward pass: the least memory,
     about a third more compute) | selective (the matrix products' and attention's outputs
     kept, the element-wise operators recomputed); for a model with a `blocks` ModuleList
     (gpt)."""
-    sdpa_backend: str = "auto"
+    sdpa_backend: SdpaBackend = "auto"
     """The kernel of scaled_dot_product_attention: auto (PyTorch's choice) | flash |
     efficient (memory-efficient; CUDA) | cudnn (cuDNN's; CUDA, 8.0+) | math (the unfused
     reference)."""
-    float8: str = "none"
+    float8: Float8 = "none"
     """float8 matrix products of the Linear layers through torchao (pip install torchao): none
     | tensorwise | rowwise scaling; CUDA, compute capability 8.9+ (Ada, Hopper). Faster than
     bf16 only for wide matrices (measured on an H100: from about 2,048 wide; 1.4x at 4,096)."""
     compile: bool = False
     """torch.compile the model (fuses batch norm, ReLU, residual adds and other elementwise
     chains into fewer kernels); compilation happens in the first steps."""
-    compile_mode: str = "default"
+    compile_mode: CompileMode = "default"
     """torch.compile mode: default | reduce-overhead | max-autotune(-no-cudagraphs)."""
     combo_kernels: bool = False
     """With compile (mode default): inductor's combo kernels, independent kernels (such as

@@ -31,20 +31,20 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable
 
 import torch
 
 from kasoku.accel.notes import skip, warn_once
 from kasoku.core.errors import ConfigError
+from kasoku.train.step import Step, StepWrapper
 
 WARMUP_STEPS = 3
 
 
-def apply_cuda_graph(step_fn: Callable, device, optimizer=None,
+def apply_cuda_graph(step_fn: Step, device, optimizer=None,
                      notes: list[str] | None = None, warmup_steps: int = WARMUP_STEPS,
                      steps_per_call: int = 1, stream: torch.cuda.Stream | None = None
-                     ) -> Callable:
+                     ) -> Step:
     """Wrap ``step_fn`` in a ``CudaGraphStep`` (apply last: the graph holds everything the
     step does). With ``optimizer``, prepare it now (tensor learning rates, ``capturable``) so
     schedules registered afterwards see tensor rates from their first call; a non-capturable
@@ -111,16 +111,19 @@ def _signature(batch) -> tuple:
     return tuple((x.shape, x.dtype, x.device) for x in batch)
 
 
-class CudaGraphStep:
+class CudaGraphStep(StepWrapper):
     """``step(model, batch, optimizer) -> observations`` that replays a CUDA graph of
     ``step_fn``; see the module docstring for the warm-up, the static buffers and the
-    eager fallback. ``replays`` and ``eager_steps`` count what ran."""
+    eager fallback. ``replays`` and ``eager_steps`` count what ran. A replay runs no Python:
+    phase marks do not reach the inner step (``passes_marks``)."""
+    passes_marks = False
 
-    def __init__(self, step_fn: Callable, device, warmup_steps: int = WARMUP_STEPS,
+    def __init__(self, step_fn: Step, device, warmup_steps: int = WARMUP_STEPS,
                  stream: torch.cuda.Stream | None = None):
         if warmup_steps < 1:
             raise ValueError(f"a CUDA graph needs at least one warm-up step, got {warmup_steps}")
-        self.step_fn, self.device = step_fn, _indexed(torch.device(device))
+        super().__init__(step_fn)
+        self.device = _indexed(torch.device(device))
         self.warmup_steps = warmup_steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.replays = self.eager_steps = 0
@@ -163,7 +166,7 @@ class CudaGraphStep:
         current = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(current)
         with torch.cuda.stream(self._stream), _capturable_warning_off():
-            obs = self.step_fn(model, batch, optimizer)
+            obs = self.inner(model, batch, optimizer)
         current.wait_stream(self._stream)
         self.eager_steps += 1
         return obs
@@ -180,7 +183,7 @@ class CudaGraphStep:
         # Captured on the warm-up stream, as make_graphed_callables does: the handles and
         # workspaces the warm-up created there are the ones the captured kernels use.
         with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
-            self._static_obs = self.step_fn(model, self._static_batch, optimizer)
+            self._static_obs = self.inner(model, self._static_batch, optimizer)
         self._static_grads = [(p, p.grad) for p in model.parameters()]
         self.graph = graph
         graph.replay()  # capture records without running: this trains on the capture batch
@@ -189,7 +192,7 @@ class CudaGraphStep:
 
     def _eager(self, model, batch, optimizer) -> dict:
         with _capturable_warning_off():
-            obs = self.step_fn(model, batch, optimizer)
+            obs = self.inner(model, batch, optimizer)
         # The eager step allocated fresh gradients; point .grad back at the graph's buffers.
         for p, grad in self._static_grads:
             p.grad = grad
@@ -208,4 +211,4 @@ class CudaGraphStep:
         self.eager_steps = 0
 
     def __repr__(self) -> str:
-        return f"CudaGraphStep({self.step_fn!r}, captured={self.graph is not None})"
+        return f"CudaGraphStep({self.inner!r}, captured={self.graph is not None})"

@@ -2,12 +2,11 @@
 read NHWC; in NCHW every convolution pays a transpose)."""
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
 from kasoku.accel.notes import skip
+from kasoku.train.step import StepWrapper
 
 
 def has_conv2d(model: nn.Module) -> bool:
@@ -27,19 +26,16 @@ def apply_channels_last(model: nn.Module, notes: list[str] | None = None) -> nn.
     return model.to(memory_format=torch.channels_last)
 
 
-class ChannelsLastInputs:
+class ChannelsLastInputs(StepWrapper):
     """Step wrapper: 4-d inputs go to the model in channels_last (a copy, inside the step so a
-    CUDA graph captures it); other inputs pass unchanged."""
-    passes_marks = True  # its inner step runs eagerly: phase marks reach it
-
-    def __init__(self, step_fn: Callable):
-        self.step_fn = step_fn
+    CUDA graph captures it); other inputs pass unchanged. Its inner step runs eagerly: phase
+    marks reach it."""
 
     def __call__(self, model, batch, optimizer) -> dict:
         inputs, targets = batch
         if inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return self.step_fn(model, (inputs, targets), optimizer)
+        return self.inner(model, (inputs, targets), optimizer)
 
     def __repr__(self) -> str:
-        return f"ChannelsLastInputs({self.step_fn!r})"
+        return f"ChannelsLastInputs({self.inner!r})"

@@ -33,17 +33,17 @@ What changes, and what does not:
 from __future__ import annotations
 
 import numbers
-from typing import Callable
 
 import torch
 
 from kasoku.accel.notes import warn_once
+from kasoku.train.step import Step, StepWrapper
 
 LAST_VALUE_KEYS = frozenset({"main/skipped_steps"})
 """Observation keys that are running totals: the chunk reports the last step's value."""
 
 
-def apply_multistep(step_fn: Callable, steps_per_call: int) -> Callable:
+def apply_multistep(step_fn: Step, steps_per_call: int) -> Step:
     """Wrap ``step_fn`` in ``MultiStep`` when ``steps_per_call > 1``. Apply it after the
     per-batch wrappers (input conversion) and before the CUDA graph, which must hold all the
     steps of a call."""
@@ -89,22 +89,21 @@ def short_chunk_advice(steps_per_call: int, full_batches: int) -> str | None:
             f"{' or '.join(map(str, near))} keeps every step in the graph")
 
 
-class MultiStep:
+class MultiStep(StepWrapper):
     """``step(model, chunk, optimizer) -> observations`` for ``chunk = (inputs [k, B, ...],
     targets [k, B, ...])``: ``step_fn`` on each of the ``k`` batches in order (``k`` optimizer
     steps, the numerics of ``k`` separate calls), then the observations averaged over the
     steps, on their device (no host sync). Keys in ``last_value_keys`` take the last step's
-    value; None stays None."""
-    passes_marks = True  # its inner step runs eagerly: phase marks reach it
+    value; None stays None. Its inner step runs eagerly: phase marks reach it."""
 
-    def __init__(self, step_fn: Callable, last_value_keys=LAST_VALUE_KEYS):
-        self.step_fn = step_fn
+    def __init__(self, step_fn: Step, last_value_keys=LAST_VALUE_KEYS):
+        super().__init__(step_fn)
         self.last_value_keys = frozenset(last_value_keys)
 
     def __call__(self, model, chunk, optimizer) -> dict:
         inputs, targets = chunk
         # Iterating a tensor yields views along dim 0: no copies, and under capture no kernels.
-        observations = [self.step_fn(model, (x, t), optimizer) for x, t in zip(inputs, targets)]
+        observations = [self.inner(model, (x, t), optimizer) for x, t in zip(inputs, targets)]
         if len(observations) == 1:
             return observations[0]
         return {key: self._combine(key, [obs[key] for obs in observations])
@@ -122,4 +121,4 @@ class MultiStep:
         return last
 
     def __repr__(self) -> str:
-        return f"MultiStep({self.step_fn!r})"
+        return f"MultiStep({self.inner!r})"

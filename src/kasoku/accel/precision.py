@@ -66,10 +66,8 @@ def apply_precision(model: nn.Module, mode: str, device, notes: list[str] | None
                     loss_scale_init: float = 2.0 ** 16) -> PrecisionPlan:
     """Apply precision ``mode`` to ``model`` (already on ``device``); ``loss_scale_init``: the
     first dynamic loss scale of the fp16 modes. A mode this device cannot run is warned about
-    once, noted, and replaced by fp32."""
+    once, noted, and replaced by fp32; an unknown mode is refused (``build_precision``)."""
     device = torch.device(device)
-    if mode not in PRECISIONS:
-        raise ConfigError(f"unknown precision {mode!r}; choose one of {', '.join(PRECISIONS)}")
     if device.type != "cuda" and mode == "tf32":
         skip(notes, f"precision tf32: no effect on {device.type} (TF32 is a CUDA Tensor Core "
                     f"format); running fp32")

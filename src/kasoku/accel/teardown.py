@@ -19,16 +19,17 @@ import sys
 import torch
 
 from kasoku.accel.graph import CudaGraphStep
+from kasoku.train.step import Step, steps_of
 
 
-def release_levers(step_fn=None, device: torch.device | None = None) -> None:
+def release_levers(step_fn: Step | None = None, device: torch.device | None = None) -> None:
     """Free the CUDA graphs of ``step_fn`` (a step as ``accelerate`` built it, wrappers
     included) and the compiled code of this process, after the device finished its queued
     work; call before ``ddp.leave``. Safe to call on any step, on any device, more than
     once."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
-    for step in _wrapped(step_fn):
+    for step in steps_of(step_fn):
         if isinstance(step, CudaGraphStep):
             step.release()
     if "torch._dynamo" in sys.modules:  # compiled code exists only if dynamo was imported
@@ -37,12 +38,3 @@ def release_levers(step_fn=None, device: torch.device | None = None) -> None:
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
 
-
-def _wrapped(step_fn) -> list:
-    """``step_fn`` and the steps it wraps (each wrapper keeps its inner step as ``step_fn``)."""
-    chain, seen = [], set()
-    while step_fn is not None and id(step_fn) not in seen:
-        seen.add(id(step_fn))
-        chain.append(step_fn)
-        step_fn = getattr(step_fn, "step_fn", None)
-    return chain

@@ -3,15 +3,16 @@ bench --model``: one flag per ``AccelConfig`` field, its help the field's docstr
 from __future__ import annotations
 
 import argparse
+from typing import get_args
 
 from kasoku.accel.config import (
     CHECKPOINTING_MODES,
     COMPILE_MODES,
-    FLOAT8_RECIPES,
     OPTIMIZER_IMPLS,
     PRECISIONS,
     SDPA_BACKENDS,
     AccelConfig,
+    Float8,
 )
 from kasoku.cli.args import add_fields, choice, config_from, field_docs
 
@@ -27,7 +28,7 @@ _FLAGS = {
     **{name: {"type": choice(values), "metavar": "{" + ",".join(values) + "}"}
        for name, values in (("activation_checkpointing", CHECKPOINTING_MODES),
                             ("sdpa_backend", SDPA_BACKENDS),
-                            ("float8", ("none",) + FLOAT8_RECIPES))},
+                            ("float8", get_args(Float8)))},
 }
 
 

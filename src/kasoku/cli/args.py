@@ -205,8 +205,10 @@ def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
 
 
 def _base_type(hint):
+    if typing.get_origin(hint) is typing.Literal:  # a closed choice of names
+        return str
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
+    return _base_type(args[0]) if args else hint
 
 
 def config_from(args: argparse.Namespace, cls, **extra):

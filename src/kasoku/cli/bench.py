@@ -17,7 +17,7 @@ from kasoku.core.errors import ConfigError, warn_once
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import OUTPUT_ROOT
 from kasoku.workloads import create_workload
-from kasoku.workloads.registry import split_settings
+from kasoku.workloads.registry import default_batch_sizes, split_settings
 
 
 def add_parser(sub) -> None:
@@ -159,9 +159,8 @@ def sweep_config(args, wl, device, out: Path):
 
     defaults = WINDOW_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     rungs = ladder_or_specs(device.type, args.config, wl.ladder)
-    b = wl.recipe.batch_size
-    default_sizes = [b // 8, b // 4, b // 2, b] if device.type == "cuda" else [b // 8, b // 4]
-    batch_sizes = args.batch_size or sorted({max(1, s) for s in default_sizes})
+    batch_sizes = args.batch_size or list(default_batch_sizes(wl.recipe.batch_size, "bench",
+                                                              device.type))
     check_data(args.data, args.loader)
     if args.windows < 3:
         warn_once(f"--windows {args.windows}: the median of fewer than 3 timed windows is not "

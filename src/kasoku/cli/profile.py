@@ -107,7 +107,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def run(args) -> int:
     if args.script is not None or args.workload is None:
         return run_script(args)
-    from kasoku.commands.profile import profile_workload  # deferred: torch (module doc)
+    from kasoku.commands.profile import profile_run  # deferred: torch (module doc)
     for flag, given in (("--stop-after-window", args.stop_after_window),
                         ("--with", args.with_levers)):
         if given:
@@ -118,11 +118,13 @@ def run(args) -> int:
     train.progress = False
     cfg = a.config_from(args, ProfileConfig)
     dist = dist_config_from_args(args)
+    from kasoku.run import resolve  # deferred: torch (K-FAC's package)
+    run_cfg = resolve(create_workload(workload_spec(args)), data, train,
+                      accel_config_from_args(args), dist, kfac_config_from_args(args))
     if dist.asked and not under_launcher():
-        return _launch(args, dist, cfg)
-    result = profile_workload(workload_spec(args), data, train, accel_config_from_args(args), cfg,
-                              out=args.out, measure_only=args.measure_only,
-                              argv=args.argv, dist_cfg=dist, kfac=kfac_config_from_args(args))
+        return _launch(args, dist, cfg, run_cfg)
+    result = profile_run(run_cfg, cfg, out=args.out, measure_only=args.measure_only,
+                         argv=args.argv)
     if dist.asked and not World.from_env().is_main:
         return 0  # worker 0 speaks for all
     if args.measure_only:
@@ -167,14 +169,13 @@ def run_script(args) -> int:
                           given=args.with_levers, measure_only=args.measure_only)
 
 
-def _launch(args, dist, cfg) -> int:
+def _launch(args, dist, cfg, run_cfg) -> int:
     """Start the workers (each runs this command as one of them), then, with ``--confirm``,
     run the A/B from here: each side launches its own workers."""
-    from kasoku.accel.compose import check_config  # deferred: torch (module doc)
     from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
     from kasoku.commands.profile import ab_saved  # deferred: torch (module doc)
-    check_config(accel_config_from_args(args))  # a mistake is said once, not by each worker
-    wl = create_workload(workload_spec(args))
+    run_cfg.check()  # a mistake is said once, not by each worker
+    wl = create_workload(run_cfg.workload)
     if args.measure_only:
         return launch(list(args.argv), dist)
     out = out_or_new(args.out, wl.name, "profile", "the profile")

@@ -24,6 +24,7 @@ from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
 from kasoku.distributed.plan import plan_worlds
 from kasoku.train.run_dir import out_or_new
 from kasoku.workloads import create_workload
+from kasoku.workloads.registry import default_batch_sizes
 
 if TYPE_CHECKING:
     from kasoku.commands.bench.rungs import Rung
@@ -110,7 +111,7 @@ def run(args) -> int:
     wl = create_workload(workload_spec(args))
     plan = plan_worlds(gpus=args.gpus, procs=args.procs, from_one=True)
     cfg = scale_config(args, wl, plan.device_type)
-    batch_sizes = args.batch_size or [wl.recipe.batch_size]
+    batch_sizes = args.batch_size or list(default_batch_sizes(wl.recipe.batch_size, "scale"))
     check_data(wl, args.data, args.loader, batch_sizes, plan.world_sizes, args.seed)
     out = out_or_new(args.out, wl.name, "scale", "the results and the chart")
     failed = None

@@ -1,10 +1,15 @@
-"""``kasoku train``: argv -> ``DataConfig``, ``TrainConfig``, ``AccelConfig`` ->
-``kasoku.commands.train.train_workload`` (imported by ``run``: the parser loads no torch)."""
+"""``kasoku train``: argv -> ``DataConfig``, ``TrainConfig``, ``AccelConfig``, ``DistConfig``,
+``KFACConfig`` -> one ``kasoku.run.RunConfig``, checked -> ``kasoku.commands.train.train_run``,
+or the workers of a data-parallel run, each started with its JSON
+(``kasoku.cli.train_worker``). The engine is imported where the command runs: the parser loads
+no torch."""
 from __future__ import annotations
 
+import contextlib
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
@@ -26,6 +31,9 @@ from kasoku.train.config import OPTIMIZERS, TrainConfig
 from kasoku.train.run_dir import SnapshotError, default_out, find_snapshot
 from kasoku.workloads import create_workload
 from kasoku.workloads.registry import with_settings, workload_configs
+
+if TYPE_CHECKING:
+    from kasoku.run import RunConfig
 
 WORKLOAD_HELP = ("a name from `kasoku list` (with a workload's settings: NAME:KEY=VALUE,..., "
                  "or their flags), or FILE.py:NAME for your own (a Workload subclass or a "
@@ -138,60 +146,66 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from kasoku.accel.compose import check_sharding  # deferred: torch (module doc)
-    from kasoku.commands.train import train_workload  # deferred: torch (module doc)
-    from kasoku.kfac import check_levers  # deferred: torch (module doc)
-    from kasoku.train import TrainingInterrupted  # deferred: torch (module doc)
-    data = a.config_from(args, DataConfig)
-    train = a.config_from(args, TrainConfig)
+    from kasoku.commands.train import train_run  # deferred: torch (module doc)
+    from kasoku.run import TrainRequest, resolve  # deferred: torch (K-FAC's package)
     dist = dist_config_from_args(args)
-    accel = accel_config_from_args(args)
-    kfac = kfac_config_from_args(args)
-    if dist.shard:  # refused before the workers start
-        check_sharding(accel, train.optimizer)
-        if not dist.asked and not under_launcher():
-            warn_once("--shard has no effect in one process: it shards over the workers of "
-                      "--procs N or --gpus N")
+    run_cfg = resolve(create_workload(workload_spec(args)), a.config_from(args, DataConfig),
+                      a.config_from(args, TrainConfig), accel_config_from_args(args), dist,
+                      kfac_config_from_args(args))
+    run_cfg.check()  # before the workers start: a mistake is said once
+    if dist.shard and not dist.asked and not under_launcher():
+        warn_once("--shard has no effect in one process: it shards over the workers of "
+                  "--procs N or --gpus N")
     if dist.asked and not under_launcher():
-        if train.optimizer == "kfac":  # refused before the workers start
-            check_levers(accel)
-        argv, out = _worker_argv(args, train)
-        return launch(argv, dist, resume_command=_resume_command(args, out), out=out)
-    try:
-        train_workload(workload_spec(args), data, train, resume=args.resume, accel=accel,
-                       dist_cfg=dist, kfac=kfac)
-    except TrainingInterrupted as exc:
-        if under_launcher() and note("interrupted", iteration=exc.iteration, signal=exc.signum,
-                                     snapshot=str(exc.snapshot)):
-            return 0  # the launching process says where the run stopped and how to go on
-        if not under_launcher() or World.from_env().is_main:
-            print(f"to continue this run: {_resume_command(args, exc.snapshot.parent)}",
-                  file=sys.stderr)
-        raise
+        run_cfg, argv, out = _worker_run(run_cfg, args)
+        request = TrainRequest(run_cfg, args.resume, tuple(argv))
+        return launch([request.to_json()], dist, resume_command=_resume_command(args.argv, out),
+                      out=out, module="kasoku.cli.train_worker")
+    with says_how_to_continue(args.argv):
+        train_run(run_cfg, args.resume)
     return 0
 
 
-def _resume_command(args, folder: Path | None) -> str | None:
+@contextlib.contextmanager
+def says_how_to_continue(argv: list[str]):
+    """Around training in this process (one worker of a data-parallel run under a launcher):
+    a run a signal stopped after its snapshot says the command that continues it (``argv``:
+    this command's words), or, in a worker whose note reached the launching process, ends
+    quietly (exit 0: that process says where the run stopped and how to go on)."""
+    from kasoku.train import TrainingInterrupted  # deferred: torch (module doc)
+    try:
+        yield
+    except TrainingInterrupted as exc:
+        if under_launcher() and note("interrupted", iteration=exc.iteration, signal=exc.signum,
+                                     snapshot=str(exc.snapshot)):
+            return
+        if not under_launcher() or World.from_env().is_main:
+            print(f"to continue this run: {_resume_command(argv, exc.snapshot.parent)}",
+                  file=sys.stderr)
+        raise
+
+
+def _resume_command(argv: list[str], folder: Path | None) -> str | None:
     """The command line that continues this run from the snapshots in ``folder``."""
     if folder is None:
         return None
-    return " ".join(["kasoku", *_without(args.argv, "--resume"), "--resume", str(folder)])
+    return " ".join(["kasoku", *_without(argv, "--resume"), "--resume", str(folder)])
 
 
-def _worker_argv(args, train: TrainConfig) -> tuple[list[str], Path | None]:
-    """The workers' command line: this one, with the run folder fixed (``--out``), so that
-    every worker, and every restart of them, trains in the same one; and that folder (None
-    where it is not known here)."""
-    argv = list(args.argv)
+def _worker_run(run_cfg: RunConfig, args) -> tuple[RunConfig, list[str], Path | None]:
+    """The workers' run: this one, with the run folder fixed, so that every worker, and every
+    restart of them, trains in the same one; the command's words with that folder; and the
+    folder (None where it is not known here)."""
+    argv, train = list(args.argv), run_cfg.train
     if train.out is not None:
-        return argv, Path(train.out)
+        return run_cfg, argv, Path(train.out)
     if args.resume not in (None, "auto"):
         try:  # the run goes on in its snapshot's folder
-            return argv, find_snapshot(args.resume).parent
+            return run_cfg, argv, find_snapshot(args.resume).parent
         except SnapshotError:
-            return argv, None  # the workers say what is wrong with --resume
-    out = default_out(create_workload(args.workload).name)
-    return argv + ["--out", str(out)], Path(out)
+            return run_cfg, argv, None  # the workers say what is wrong with --resume
+    out = Path(default_out(create_workload(run_cfg.workload).name))
+    return replace(run_cfg, train=replace(train, out=out)), argv + ["--out", str(out)], out
 
 
 def _without(argv: list[str], flag: str) -> list[str]:

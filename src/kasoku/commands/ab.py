@@ -3,7 +3,7 @@ process (the run as given, or with some arguments added: a later flag wins):
 
 - ``try_levers``: the verdict's candidate levers, in rounds (the run as given, then each
   candidate), as long as the rounds fit the time budget; judged by
-  ``kasoku.perf.profile.advice`` (the advice);
+  ``kasoku.advisor.advice`` (the advice);
 - ``confirm``: the rule's experiments, which prove the bound, and the advised lever once more
   (``--confirm``).
 """
@@ -15,9 +15,9 @@ import subprocess
 import sys
 import time
 
-from kasoku.perf.profile.advice import Outcome, short
-from kasoku.perf.profile.levers import Lever
-from kasoku.perf.profile.verdict import MIN_GAIN
+from kasoku.advisor.advice import Outcome, short
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.verdict import MIN_GAIN, Experiment
 
 ROUNDS = 3
 """Rounds of the tries where the time allows (the medians over rounds are the figures)."""
@@ -103,21 +103,18 @@ def try_levers(argv: list[str], candidates: list[Lever], say=None,
     return outcomes
 
 
-def confirm(argv: list[str], result: dict, rounds: int = ROUNDS, measure=None,
-            command=None, say=None) -> list[dict]:
-    """The verdict's experiments, which prove the bound, then the advised lever when it was
-    measured faster, each beside the run as given in ``rounds`` interleaved rounds (as
+def confirm(argv: list[str], experiments: list[Experiment], lever: Lever,
+            rounds: int = ROUNDS, measure=None, command=None, say=None) -> list[dict]:
+    """The verdict's ``experiments``, which prove the bound, then the advised ``lever`` when it
+    was measured faster, each beside the run as given in ``rounds`` interleaved rounds (as
     ``try_levers``): a row per side with the median ratio, what was predicted (``MIN_GAIN``:
     at least 10% faster, or less than that) and the outcome: confirmed, refuted, or
     inconclusive where the ratio is within the rounds' noise of ``MIN_GAIN``.
     ``measure`` and ``say`` as ``try_levers``; ``command(args)``: the command line a row
     shows (default: ``kasoku ARGV ARGS``)."""
-    verdict = result["verdict"]
-    sides = [(e["label"], tuple(e["args"]), e["faster"], "the bound")
-             for e in verdict["experiments"]]
-    lever = verdict["lever"]
-    if (lever.get("measured") or {}).get("result") == "faster":
-        sides.append((f"the advice: {' '.join(lever['args'])}", tuple(lever["args"]), True,
+    sides = [(e.label, tuple(e.args), e.faster, "the bound") for e in experiments]
+    if (lever.measured or {}).get("result") == "faster":
+        sides.append((f"the advice: {' '.join(lever.args)}", tuple(lever.args), True,
                       "the advice"))
     outcomes = try_levers(argv, [Lever(label, "", args) for label, args, _, _ in sides],
                           rounds=rounds, budget_s=float("inf"), measure=measure, say=say)
@@ -159,7 +156,7 @@ def ladder_lines(result: dict) -> list[str]:
 
 
 def tried_lines(verdict: dict) -> list[str]:
-    """The candidate levers as measured, fastest first (``kasoku.perf.profile.advice``),
+    """The candidate levers as measured, fastest first (``kasoku.advisor.advice``),
     where the verdict's line does not list them already."""
     tried = verdict.get("tried") or []
     if not tried or "(tried: " in verdict["line"]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from kasoku.commands.bench.results import carry_results
@@ -80,6 +80,26 @@ class AllReduceConfig:
     """Timed batches per size; the median is reported."""
     timeout_s: float = 300.0
     """Seconds the process group waits for a collective (or its start) before failing."""
+
+
+@dataclass(frozen=True)
+class AllReduceRequest:
+    """What each worker of one launch is started with (``python -m
+    kasoku.commands.allreduce_worker REQUEST``, ``to_json``): the settings, the sizes checked,
+    the backend, and the file rank 0 appends its records to."""
+    config: AllReduceConfig
+    backend: str
+    results: Path
+
+    def to_json(self) -> str:
+        return json.dumps({"config": asdict(self.config), "backend": self.backend,
+                           "results": str(self.results)})
+
+    @classmethod
+    def from_json(cls, text: str) -> AllReduceRequest:
+        data = json.loads(text)
+        config = dict(data["config"], sizes=tuple(data["config"]["sizes"]))
+        return cls(AllReduceConfig(**config), data["backend"], Path(data["results"]))
 
 
 class BenchFailed(RuntimeError):
@@ -154,12 +174,12 @@ def run_allreduce_bench(cfg: AllReduceConfig, plan: Plan, out: Path, file=None) 
               f"{plan.device_type}, {cfg.dtype}, sizes {_span(sizes)}, {cfg.warmup} warm-up + "
               f"{cfg.reps} x {cfg.iters} timed per size", file=file, flush=True)
         with tempfile.TemporaryDirectory(prefix="kasoku-allreduce-") as tmp:
-            request = dict(asdict(cfg), sizes=list(sizes), backend=plan.backend,
-                           results=str(Path(tmp) / RESULTS_FILE))
+            request = AllReduceRequest(replace(cfg, sizes=sizes), plan.backend,
+                                       Path(tmp) / RESULTS_FILE)
             try:
                 _launch(n, request, log_dir=Path(tmp) / "logs", keep_in=out)
             finally:  # what was measured before a failure is kept
-                records += carry_results(Path(request["results"]), out)
+                records += carry_results(request.results, out)
     return records
 
 
@@ -168,12 +188,12 @@ def _span(sizes) -> str:
     return text + (f" ({len(sizes)})" if len(sizes) > 2 else "")
 
 
-def _launch(world_size: int, request: dict, log_dir: Path, keep_in: Path) -> None:
+def _launch(world_size: int, request: AllReduceRequest, log_dir: Path, keep_in: Path) -> None:
     """``python -m kasoku.commands.allreduce_worker REQUEST`` in ``world_size`` processes
     (``kasoku.distributed.launch.run_module``); a failure is a ``BenchFailed``."""
     what = f"all-reduce with {world_size} process{'es' * (world_size != 1)}"
     try:
-        run_module("kasoku.commands.allreduce_worker", json.dumps(request), world_size, log_dir,
+        run_module("kasoku.commands.allreduce_worker", request.to_json(), world_size, log_dir,
                    keep_in, what, tag=f"{world_size}procs")
     except WorkersFailed as exc:
         raise BenchFailed(str(exc)) from None

@@ -13,9 +13,15 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from kasoku.commands.allreduce_bench import BACKEND_CHOICE, ELEMENT_BYTES, SCHEMA, bandwidths
+from kasoku.commands.allreduce_bench import (
+    BACKEND_CHOICE,
+    ELEMENT_BYTES,
+    SCHEMA,
+    AllReduceConfig,
+    AllReduceRequest,
+    bandwidths,
+)
 from kasoku.commands.bench.results import append_result
 from kasoku.distributed.launch import failure_recorded, worker_main
 from kasoku.perf.noise import Stability, spread
@@ -24,15 +30,15 @@ from kasoku.perf.sysinfo import environment
 FAIL_ENV = "KASOKU_ALLREDUCE_SIMULATE_FAILURE"
 
 
-def worker(request: dict) -> None:
-    """Measure ``request["sizes"]`` in this process, one rank of a job the launcher's
-    environment describes; rank 0 appends a record per size to ``request["results"]``."""
+def worker(request: AllReduceRequest) -> None:
+    """Measure ``request.config.sizes`` in this process, one rank of a job the launcher's
+    environment describes; rank 0 appends a record per size to ``request.results``."""
     import torch
     import torch.distributed as dist
 
-    backend = request["backend"]
+    backend, cfg = request.backend, request.config
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    group = {"timeout": dt.timedelta(seconds=request["timeout_s"])}
+    group = {"timeout": dt.timedelta(seconds=cfg.timeout_s)}
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # before the group: NCCL binds to this device
         device = torch.device("cuda", local_rank)
@@ -49,41 +55,39 @@ def worker(request: dict) -> None:
             if os.environ.get(FAIL_ENV, "").strip() == str(rank):
                 raise RuntimeError(f"simulated failure of rank {rank} ({FAIL_ENV})")
             shared = _shared_fields(request, device, n) if rank == 0 else {}
-            for size in request["sizes"]:
-                times_us, wrong = measure_size(size, request, device, n)
+            for size in cfg.sizes:
+                times_us, wrong = measure_size(size, cfg, device, n)
                 if rank == 0:
-                    results = Path(request["results"])
-                    append_result(results.parent, _record(shared, size, times_us, wrong, n),
-                                  results.name)
+                    append_result(request.results.parent,
+                                  _record(shared, size, times_us, wrong, n), request.results.name)
     finally:
         dist.destroy_process_group()
 
 
-def measure_size(size_bytes: int, request: dict, device, world_size: int):
+def measure_size(size_bytes: int, cfg: AllReduceConfig, device, world_size: int):
     """``(times_us, wrong)``: per timed batch, the slowest rank's microseconds per
     all-reduce of ``size_bytes`` bytes; and the elements, over all ranks, that the check
     all-reduce got wrong. Every rank must call it with the same arguments."""
     import torch
     import torch.distributed as dist
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        request["dtype"]]
-    buf = torch.ones(size_bytes // ELEMENT_BYTES[request["dtype"]], dtype=dtype, device=device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
+    buf = torch.ones(size_bytes // ELEMENT_BYTES[cfg.dtype], dtype=dtype, device=device)
     dist.all_reduce(buf)  # n ones summed: exact in every dtype for n <= 256
     wrong = (buf != world_size).sum().to(torch.float64)
     buf.zero_()
-    for _ in range(request["warmup"]):
+    for _ in range(cfg.warmup):
         dist.all_reduce(buf)
     def batches(reps: int) -> list[float]:
-        times = torch.tensor([_timed_batch(buf, request["iters"]) / request["iters"]
+        times = torch.tensor([_timed_batch(buf, cfg.iters) / cfg.iters
                               for _ in range(reps)], dtype=torch.float64, device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # done when the slowest rank is done
         return times.tolist()
 
-    times = batches(request["reps"])
+    times = batches(cfg.reps)
     # More batches while they disagree, up to twice as many again: every rank holds the same
     # slowest times, so all decide alike.
-    while not spread(times).stable and len(times) < 3 * request["reps"]:
+    while not spread(times).stable and len(times) < 3 * cfg.reps:
         times += batches(1)
     dist.all_reduce(wrong)
     return times, int(wrong.item())
@@ -109,24 +113,25 @@ def _timed_batch(buf, iters: int) -> float:
     return (time.perf_counter() - t0) * 1e6
 
 
-def _shared_fields(request: dict, device, world_size: int) -> dict:
+def _shared_fields(request: AllReduceRequest, device, world_size: int) -> dict:
     """What every record of this launch says besides its size's figures: the settings and
     where they were measured."""
     import torch
     nccl_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}
     nccl = None
-    if request["backend"] == "nccl":
+    cfg = request.config
+    if request.backend == "nccl":
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    algorithm = f"NCCL_ALGO={nccl_env['NCCL_ALGO']}" if request["backend"] == "nccl" and \
+    algorithm = f"NCCL_ALGO={nccl_env['NCCL_ALGO']}" if request.backend == "nccl" and \
         nccl_env.get("NCCL_ALGO") else BACKEND_CHOICE
     env = environment(device)
     return {"schema": SCHEMA, "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
-            "world_size": world_size, "backend": request["backend"],
+            "world_size": world_size, "backend": request.backend,
             "device_type": device.type, "device_name": env["device_name"],
-            "dtype": request["dtype"], "algorithm": algorithm, "nccl_version": nccl,
+            "dtype": cfg.dtype, "algorithm": algorithm, "nccl_version": nccl,
             "nccl_env": nccl_env, "timing": "cuda events" if device.type == "cuda"
-            else "perf_counter", "warmup": request["warmup"], "iters": request["iters"],
-            "reps": request["reps"], "env": env}
+            else "perf_counter", "warmup": cfg.warmup, "iters": cfg.iters,
+            "reps": cfg.reps, "env": env}
 
 
 def _record(shared: dict, size_bytes: int, times_us: list[float], wrong: int,
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     """A worker: ``python -m kasoku.commands.allreduce_worker REQUEST_JSON`` under the launcher."""
     worker_main(worker, sys.argv[1:] if argv is None else argv,
                 "usage: python -m kasoku.commands.allreduce_worker REQUEST_JSON (started by kasoku "
-                "allreduce-bench, or torchrun)")
+                "allreduce-bench, or torchrun)", parse=AllReduceRequest.from_json)
 
 
 if __name__ == "__main__":

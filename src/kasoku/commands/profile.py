@@ -17,12 +17,14 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
-from kasoku.accel.compose import check_config
+from kasoku.advisor.advice import advise
+from kasoku.advisor.verdict import Verdict, judge
 from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.rungs import Rung, compute_dtype
@@ -30,10 +32,10 @@ from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.commands.profile_config import ProfileConfig
 from kasoku.commands.profile_steps import sync, time_steps
-from kasoku.commands.train import build_trainer, close_run
+from kasoku.commands.train import build_run, close_run
 from kasoku.core.errors import ConfigError
 from kasoku.core.phases import format_phases
-from kasoku.data.registry import check_loader_settings, dataset_kind
+from kasoku.data.registry import dataset_kind
 from kasoku.distributed import World, fsdp, require_single_process
 from kasoku.distributed.launch import under_launcher
 from kasoku.kfac import KFAC
@@ -41,15 +43,13 @@ from kasoku.perf import cpuinfo
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
-from kasoku.perf.profile.advice import advise
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
     kfac_figures,
 )
-from kasoku.perf.profile.levers import Lever
 from kasoku.perf.profile.timeline import draw_timeline
-from kasoku.perf.profile.verdict import Verdict, judge
 from kasoku.perf.profile.window import machine_facts, profile_updater
+from kasoku.run import RunConfig, resolve
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
 
@@ -58,48 +58,56 @@ def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Pat
                      measure_only: bool = False, argv: list[str] | None = None,
                      dist_cfg=None, kfac=None) -> dict:
     """Profile workload ``name`` with the settings of ``kasoku train`` (``data``, ``train``,
-    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``); returns the result dict written
-    to ``out/profile.json``. ``measure_only``:
-    steps 1 and 2 only, the result printed as one JSON line (a side of ``confirm``).
-    ``argv``: the command line, for ``confirm`` to vary.
+    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``), resolved and checked as its
+    ``RunConfig`` (``kasoku.run``): ``profile_run``."""
+    run = resolve(create_workload(name), data, train, accel, dist_cfg, kfac)
+    return profile_run(run, cfg, out=out, measure_only=measure_only, argv=argv)
 
-    ``dist_cfg`` (a ``DistConfig`` asking for workers, in a process the launcher started):
-    this process is one worker of a data-parallel run, every worker steps and is profiled
-    in lockstep, and worker 0 judges, writes and prints (the other workers' traces go to
-    ``out/workerR``); ``confirm`` is left to the launching process."""
+
+def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
+                measure_only: bool = False, argv: list[str] | None = None) -> dict:
+    """Profile ``run``; returns the result dict written to ``out/profile.json``.
+    ``measure_only``: steps 1 and 2 only, the result printed as one JSON line (a side of
+    ``confirm``). ``argv``: the command line, for ``confirm`` to vary.
+
+    ``run.dist`` asking for workers, in a process the launcher started: this process is one
+    worker of a data-parallel run, every worker steps and is profiled in lockstep, and worker
+    0 judges, writes and prints (the other workers' traces go to ``out/workerR``);
+    ``confirm`` is left to the launching process."""
     world = World.from_env()
-    parallel = dist_cfg is not None and dist_cfg.asked
+    parallel = run.dist.asked
     if not parallel:
         require_single_process(world, "kasoku profile")
-    train.check()
-    check_config(accel)
-    check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
+    run.check()
     if cfg.python:
         _require_pyinstrument()
-    workload = create_workload(name)
+    workload = create_workload(run.workload)
     out = out_or_new(out, workload.name, "profile", "the profile")
     if parallel:
-        train = join_as_worker(world, train, dist_cfg, resolve_device(train.device))
+        run = replace(run, train=join_as_worker(world, run.train, run.dist,
+                                                resolve_device(run.train.device)))
         if not world.is_main:
             out = make_out_dir(out / f"worker{world.rank}", "a worker's trace")
     speak = world.is_main or not parallel
     trainer = None
     try:
-        trainer = build_trainer(workload, data, train, accel, out=out,
-                                world=world if parallel else None,
-                                dist_cfg=dist_cfg if parallel else None, kfac=kfac)
-        result = _profile(workload, trainer, data, train, accel, cfg, out, measure_only,
-                          speak=speak, workers=world.world_size if parallel else 1)
+        trainer = build_run(run, workload, out=out, world=world if parallel else None,
+                            parallel=parallel)
+        result = _profile(workload, trainer, run.data, run.train, run.accel, cfg, out,
+                          measure_only, speak=speak, workers=world.world_size if parallel else 1)
     finally:
         if parallel:
-            leave_job(trainer, torch.device(train.device))
-    if measure_only or not speak:
+            leave_job(trainer, torch.device(run.train.device))
+    if measure_only:
+        return result
+    if not speak:
+        result["verdict"] = result["verdict"].to_dict()
         return result
     trainer = None
     _free_device_memory()  # the A/B runs' processes need the GPU's memory, not this one
-    candidates = result.pop("candidates")
     if argv is not None and not under_launcher():
-        _ab(result, argv, cfg, candidates)
+        _ab(result, argv, cfg)
+    result["verdict"] = result["verdict"].to_dict()
     write_outputs(out, result)
     return result
 
@@ -141,12 +149,10 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
                                   samples_per_step=result["samples_per_step"])
-        unprofiled_shares(figures, result)
-        figures.pop("verdict")
-        result["figures"] = figures
-        verdict = judge(figures)
-        result["candidates"] = verdict.candidates
-        result["verdict"] = verdict.to_dict()
+        figures = figures.restated(result["samples_per_step"], result["samples_per_s"],
+                                   result["phases"].get("time/data%", 0.0))
+        result["figures"] = figures.to_dict()
+        result["verdict"] = judge(figures, accel)  # once: a Verdict until profile.json holds it
         if cfg.python:
             result["python_profile"] = str(_python_profile(u, out, cfg.steps))
     finally:
@@ -154,25 +160,22 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
     return result
 
 
-def _ab(result: dict, argv: list[str], cfg: ProfileConfig, candidates=None) -> None:
-    """The candidate levers tried (unless ``cfg.estimate``) and the verdict advised from
-    them; with ``cfg.confirm`` the bound's proof and the advice once more."""
+def _ab(result: dict, argv: list[str], cfg: ProfileConfig) -> None:
+    """The candidate levers of ``result["verdict"]`` (a ``Verdict``) tried (unless
+    ``cfg.estimate``) and the verdict advised from them; with ``cfg.confirm`` the bound's
+    proof and the advice once more."""
+    verdict: Verdict = result["verdict"]
     if not cfg.estimate:
-        verdict = result["verdict"]
-        if candidates is None:
-            candidates = [Lever.from_dict(c) for c in verdict.get("candidates", [])]
-        if any(c.args for c in candidates):
-            print(f"trying the levers for {verdict['rule']}, each beside the run as given "
+        if any(c.args for c in verdict.candidates):
+            print(f"trying the levers for {verdict.rule}, each beside the run as given "
                   f"(--estimate skips this):", file=sys.stderr, flush=True)
-        outcomes = ab.try_levers(argv, candidates, rounds=cfg.rounds)
+        outcomes = ab.try_levers(argv, verdict.candidates, rounds=cfg.rounds)
         if outcomes:
-            v = Verdict(verdict["rule"], verdict["reason"], Lever.from_dict(verdict["lever"]))
-            advised = advise(v, outcomes)
-            result["verdict"].update(lever=advised.to_dict()["lever"], tried=advised.tried,
-                                     line=advised.line)
+            result["verdict"] = verdict = advise(verdict, outcomes)
     if cfg.confirm:
         print("confirming the bound and the advice:", file=sys.stderr, flush=True)
-        result["ladder"] = ab.confirm(argv, result, rounds=cfg.rounds)
+        result["ladder"] = ab.confirm(argv, verdict.experiments, verdict.lever,
+                                      rounds=cfg.rounds)
 
 
 def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
@@ -180,34 +183,16 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     workers (worker 0 wrote ``out/profile.json``): each side launches its own workers. The
     report is written again; returns the result."""
     result = json.loads((Path(out) / "profile.json").read_text())
+    result["verdict"] = Verdict.from_dict(result["verdict"])
     _ab(result, argv, cfg)
+    result["verdict"] = result["verdict"].to_dict()
     write_outputs(Path(out), result)
     return result
 
 
-def unprofiled_shares(figures: dict, result: dict) -> None:
-    """Restate the shares of the step for the run without the profiler, which slows the host
-    (every operator it records costs microseconds) but hardly the kernels: the step time and
-    data wait come from the unprofiled steps (phase clock), the device's busy time from the
-    trace's kernels; the idle rest is split between host launch and other as in the trace.
-    The profiled figures stay under ``profiled``."""
-    keys = ("step_ms", "busy_pct", "data_pct", "idle_data_pct", "idle_host_pct",
-            "idle_other_pct")
-    figures["profiled"] = {k: figures[k] for k in keys if k in figures}
-    step_ms = 1e3 * result["samples_per_step"] / result["samples_per_s"]
-    data = result["phases"].get("time/data%", 0.0)
-    figures.update(step_ms=step_ms, data_pct=data)
-    if "device_ms" in figures:
-        busy = min(100.0, 100.0 * figures["device_ms"] / step_ms)
-        rest = max(0.0, 100.0 - busy - data)
-        host, other = figures["profiled"]["idle_host_pct"], figures["profiled"]["idle_other_pct"]
-        host_share = host / (host + other) if host + other > 0 else 0.0
-        figures.update(busy_pct=busy, idle_data_pct=data, idle_host_pct=rest * host_share,
-                       idle_other_pct=rest * (1 - host_share))
-
-
 def _context(workload, trainer, train, accel, result: dict) -> dict:
-    """What the verdict needs beyond the trace: the levers, the loader, MFU."""
+    """What the verdict needs beyond the trace (the loader, MFU...), and the run's levers as
+    ``profile.json`` saves them (``config``: the verdict reads the ``AccelConfig`` itself)."""
     import dataclasses
     context = {"config": dataclasses.asdict(accel), "loader": train.loader,
                "batch_size": trainer.run_info["batch_size"],

@@ -47,12 +47,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kasoku.accel.config import AccelConfig
 from kasoku.commands.bench.results import carry_results
+from kasoku.commands.bench.worker import config_from_dict
 from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
 from kasoku.commands.table import print_table
+from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import WorkersFailed, run_module
 from kasoku.distributed.plan import cpu_cores
 from kasoku.perf.noise import marked
+from kasoku.run import decode
 
 RESULTS_FILE = "results.jsonl"
 CHART_FILE = "scale.png"
@@ -91,6 +95,34 @@ class ScaleConfig:
     """FSDP2 (``fully_shard``) instead of DDP for the data-parallel step."""
 
 
+@dataclass(frozen=True)
+class ScaleRequest:
+    """What each worker of one launch is started with (``python -m
+    kasoku.commands.scale_worker REQUEST``, ``to_json``): the measurement, the rung's levers
+    (None: the plain loop) and the data-parallel settings, typed; the device type, the CPU
+    threads per worker and the file rank 0 appends its record to."""
+    scale: ScaleConfig
+    accel: AccelConfig | None
+    dist: DistConfig
+    device_type: str
+    threads: int
+    results: Path
+
+    def to_json(self) -> str:
+        return json.dumps({"scale": asdict(self.scale),
+                           "accel": None if self.accel is None else asdict(self.accel),
+                           "dist": asdict(self.dist), "device_type": self.device_type,
+                           "threads": self.threads, "results": str(self.results)})
+
+    @classmethod
+    def from_json(cls, text: str) -> ScaleRequest:
+        data = json.loads(text)
+        return cls(decode(ScaleConfig, data["scale"]),
+                   None if data["accel"] is None else decode(AccelConfig, data["accel"]),
+                   decode(DistConfig, data["dist"]), data["device_type"], data["threads"],
+                   Path(data["results"]))
+
+
 def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None) -> list[dict]:
     """Launch each world size in turn; append its record to ``out/results.jsonl`` as it ends
     and return them all. A failed launch raises ``WorkersFailed`` after the earlier records
@@ -110,13 +142,15 @@ def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None)
                  else "") + f"; {cfg.warmup} warm-up + {cfg.windows} x {cfg.steps} steps, "
               f"alone then data-parallel{source}", file=file, flush=True)
         with tempfile.TemporaryDirectory(prefix="kasoku-scale-") as tmp:
-            request = dict(asdict(cfg), device_type=device_type, threads=threads,
-                           results=str(Path(tmp) / RESULTS_FILE))
+            dist = DistConfig(bucket_mb=cfg.bucket_mb, static_graph=cfg.static_graph,
+                              allreduce_dtype=cfg.allreduce_dtype, shard=cfg.shard)
+            request = ScaleRequest(cfg, config_from_dict(cfg.config), dist, device_type,
+                                   threads, Path(tmp) / RESULTS_FILE)
             try:
-                run_module("kasoku.commands.scale_worker", json.dumps(request), n,
+                run_module("kasoku.commands.scale_worker", request.to_json(), n,
                            Path(tmp) / "logs", out, what, tag=f"{n}workers")
             finally:
-                records += carry_results(Path(request["results"]), out)
+                records += carry_results(request.results, out)
     return records
 
 

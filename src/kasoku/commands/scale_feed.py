@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from kasoku.advisor.levers import input_candidates, input_fallback
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
@@ -42,7 +43,7 @@ from kasoku.data.registry import (
     loader_kind,
     parse_loader_spec,
 )
-from kasoku.perf.profile.levers import input_candidates, input_fallback
+from kasoku.perf.profile.figures import StepFigures
 
 SAMPLES_ENV = "KASOKU_SCALE_RECORD_SAMPLES"
 INPUT_PCT = 15.0
@@ -151,7 +152,7 @@ class ShardFeed:
 
     def close(self) -> None:
         for loader in (self.loader, self.inner):
-            getattr(loader, "close", lambda: None)()
+            loader.close()
 
 
 def sample_fingerprints(batch) -> list[str]:
@@ -176,8 +177,8 @@ def data_cause(r: dict) -> tuple[float, str, list[str]] | None:
         return None
     text = (f"{pct:.0f}% of each step ({wait:.2f} ms of {r['step_ms']:.2f}) waits for the "
             f"{data['loader']} loader's batches")
-    facts = {"data_pct": pct, "loader": data["loader"], "data_kind": data.get("dataset_kind"),
-             "device": r["device_type"]}
+    facts = StepFigures(data_pct=pct, loader=data["loader"], data_kind=data.get("dataset_kind"),
+                        device=r["device_type"])
     levers = input_candidates(facts) or [input_fallback(facts)]
     return pct, text, [lever.text for lever in levers]
 

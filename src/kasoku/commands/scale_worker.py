@@ -41,13 +41,12 @@ from pathlib import Path
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.rungs import Rung
-from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.runner import StepRunner, make_runner
 from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS
-from kasoku.commands.bench.worker import config_from_dict
+from kasoku.commands.scale import ScaleConfig, ScaleRequest
 from kasoku.commands.scale_feed import SAMPLES_ENV, ShardFeed
 from kasoku.core.queues import request_queues
 from kasoku.distributed import ddp, fsdp
-from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import failure_recorded, worker_main
 from kasoku.distributed.world import World
 from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
@@ -60,49 +59,46 @@ COMM_REPS = 5
 """Timed repetitions of the all-reduce-alone measurement."""
 
 
-def worker(request: dict) -> None:
+def worker(request: ScaleRequest) -> None:
     """Measure ``request`` in this process, one rank of the job the launcher's environment
-    describes; rank 0 appends the record to ``request["results"]``."""
+    describes; rank 0 appends the record to ``request.results``."""
     import torch
     import torch.distributed as dist
 
     world = World.from_env()
-    device = ddp.worker_device(world, request["device_type"])
+    device = ddp.worker_device(world, request.device_type)
     if device.type == "cpu":
-        torch.set_num_threads(request["threads"])
-    ddp.join(world, device, request["timeout_s"])
+        torch.set_num_threads(request.threads)
+    ddp.join(world, device, request.scale.timeout_s)
     try:
         with failure_recorded():
             if os.environ.get(FAIL_ENV, "").strip() == str(world.rank):
                 raise RuntimeError(f"simulated failure of rank {world.rank} ({FAIL_ENV})")
             record = measure(request, device, world.world_size)
             if world.rank == 0:
-                results = Path(request["results"])
-                append_result(results.parent, record, results.name)
+                append_result(request.results.parent, record, request.results.name)
     finally:
         dist.destroy_process_group()
 
 
-def measure(request: dict, device, world_size: int) -> dict:
+def measure(request: ScaleRequest, device, world_size: int) -> dict:
     """The record of one world size (every rank computes it; rank 0's is written)."""
     import torch
 
-    wl = create_workload(request["workload"])
-    rung = Rung(request["label"], config_from_dict(request["config"]))
-    cfg = DistConfig(bucket_mb=request["bucket_mb"], static_graph=request["static_graph"],
-                     allreduce_dtype=request["allreduce_dtype"],
-                     shard=request.get("shard", False))
+    scale, cfg = request.scale, request.dist
+    wl = create_workload(scale.workload)
+    rung = Rung(scale.label, request.accel)
     rank = torch.distributed.get_rank()
-    torch.manual_seed(request["seed"])
-    batches, feed, data = _source(request, wl, device, rank, world_size)
+    torch.manual_seed(scale.seed)
+    batches, feed, data = _source(scale, wl, device, rank, world_size)
     notes: list[str] = []
     try:
-        alone, _ = _time_steps(request, wl, rung, device, batches, feed, notes,
+        alone, _ = _time_steps(scale, wl, rung, device, batches, feed, notes,
                                distribute=None)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        wrapped, trained = _time_steps(request, wl, rung, device, batches, feed, notes,
+        wrapped, trained = _time_steps(scale, wl, rung, device, batches, feed, notes,
                                        distribute=fsdp.data_parallel(cfg, device,
                                                                      rung.config.precision))
         if feed is not None:
@@ -123,21 +119,22 @@ def measure(request: dict, device, world_size: int) -> dict:
     more_wait = 0.0 if None in waits else \
         min(max(0.0, waits[0] - waits[1]), max(0.0, step_ms - alone_ms))
     exposed_ms = max(0.0, step_ms - alone_ms - more_wait)
-    b = request["batch_size"] * wl.units_per_sample  # rates in the unit: tokens for gpt
+    b = scale.batch_size * wl.units_per_sample  # rates in the unit: tokens for gpt
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return {
-        "schema": SCHEMA, "workload": request["workload"], "unit": wl.sample_unit,
+        "schema": SCHEMA, "workload": scale.workload, "unit": wl.sample_unit,
         "world_size": world_size, "backend": torch.distributed.get_backend(),
         "device_type": device.type, "rung": rung.label, "config": rung.config_dict(),
-        "batch_size_per_worker": request["batch_size"],
-        "global_batch_size": request["batch_size"] * world_size,
-        "threads_per_worker": request["threads"] if device.type == "cpu" else None,
+        "batch_size_per_worker": scale.batch_size,
+        "global_batch_size": scale.batch_size * world_size,
+        "threads_per_worker": request.threads if device.type == "cpu" else None,
         "strategy": "fsdp2" if cfg.shard else "ddp",
         "comm": "all-gather + reduce-scatter" if cfg.shard else "all-reduce",
         "peak_mem_mb": wrapped["peak_mem_mb"], "alone_peak_mem_mb": alone["peak_mem_mb"],
         "bucket_mb": cfg.bucket_mb, "static_graph": cfg.static_graph,
         "allreduce_dtype": cfg.allreduce_dtype,
-        "settings": {k: request[k] for k in ("steps", "windows", "warmup", "seed")},
+        "settings": {"steps": scale.steps, "windows": scale.windows, "warmup": scale.warmup,
+                     "seed": scale.seed},
         "step_ms": step_ms, "step_ms_windows": wrapped["step_ms_windows"],
         "stability": wrapped["stability"], "alone_stability": alone["stability"],
         "alone_step_ms": alone_ms, "alone_step_ms_windows": alone["step_ms_windows"],
@@ -157,25 +154,25 @@ def measure(request: dict, device, world_size: int) -> dict:
     }
 
 
-def _source(request: dict, wl, device, rank: int, world_size: int):
-    """``(batches(n, start), feed, data)``: with ``request["data"]`` this worker's shard
+def _source(scale: ScaleConfig, wl, device, rank: int, world_size: int):
+    """``(batches(n, start), feed, data)``: with ``scale.data`` this worker's shard
     through the loader (``feed``, a ``ShardFeed``), else a pool of synthetic batches on the
     device (``feed`` None); ``data`` describes the source for the record."""
-    if request.get("data"):
-        feed = ShardFeed(wl, request["data"], request.get("loader"), request["batch_size"],
-                         device, rank, world_size, seed=request["seed"],
+    if scale.data:
+        feed = ShardFeed(wl, scale.data, scale.loader, scale.batch_size,
+                         device, rank, world_size, seed=scale.seed,
                          record_samples=bool(os.environ.get(SAMPLES_ENV)))
         return feed.take, feed, None
     spec = batch_spec(wl, wl.build_model())
     # Each worker its own batches, as a sharded loader gives it.
-    pool = make_pool(spec, request["batch_size"], device, 4, seed=request["seed"] + rank)
+    pool = make_pool(spec, scale.batch_size, device, 4, seed=scale.seed + rank)
 
     def batches(n: int, start: int):
         return cycle(pool, n, start)
     return batches, None, {"source": "synthetic on-device", **spec.describe()}
 
 
-def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str], distribute
+def _time_steps(scale: ScaleConfig, wl, rung, device, batches, feed, notes: list[str], distribute
                 ) -> tuple[dict, object]:
     """Warm-up, then ``windows`` timed windows of ``steps`` steps of the rung's step (DDP's
     when ``distribute`` is given) on ``batches(n, start)``: the slowest rank's time per step
@@ -183,7 +180,7 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
     trains (as wrapped)."""
     import torch
 
-    torch.manual_seed(request["seed"])  # the same weights on every worker and in both runs
+    torch.manual_seed(scale.seed)  # the same weights on every worker and in both runs
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model = wl.build_model().to(device)
@@ -191,10 +188,10 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
         model = distribute(model)
         distribute = None
     runner = make_runner(rung, wl, model, device, wl.recipe.lr, notes, distribute=distribute)
-    steps, done = request["steps"], 0
+    steps, done = scale.steps, 0
     _barrier(device)
     t0 = time.perf_counter()
-    for _ in range(max(1, request["warmup"])):
+    for _ in range(max(1, scale.warmup)):
         runner(batches(1, done))
         done += 1
     _sync(device)
@@ -215,26 +212,27 @@ def _time_steps(request: dict, wl, rung, device, batches, feed, notes: list[str]
             waits.append(feed.wait_ms() / steps)
         done += steps
 
-    for _ in range(request["windows"]):
+    for _ in range(scale.windows):
         window()
     slowest = _max_over_ranks(windows, device)
     # More windows while they disagree, up to twice as many again within their time: every
     # rank holds the same slowest times, so all decide alike (no exchange needed).
     budget_ms = min(1e3 * EXTRA_BUDGET_S, 2 * steps * sum(slowest))
     while (not spread(slowest).stable and budget_ms > 0
-           and len(windows) < (1 + EXTRA_WINDOWS) * request["windows"]):
+           and len(windows) < (1 + EXTRA_WINDOWS) * scale.windows):
         window()
         slowest = _max_over_ranks(windows, device)
         budget_ms -= steps * slowest[-1]
     stability = Stability(spread(slowest), watch.stop(),
-                          len(windows) - request["windows"]).to_dict()
+                          len(windows) - scale.windows).to_dict()
     waited = _max_over_ranks(waits, device) if feed is not None else None
     peak = _max_over_ranks([torch.cuda.max_memory_allocated(device) / 1e6], device)[0] \
         if device.type == "cuda" else None
     return {"peak_mem_mb": peak, "step_ms": statistics.median(slowest), "step_ms_windows": slowest,
             "warmup_s": warmup_s, "stability": stability,
             "data_wait_ms": statistics.median(waited) if waited else None,
-            "data_wait_ms_windows": waited}, getattr(runner, "model", model)
+            "data_wait_ms_windows": waited}, \
+        runner.model if isinstance(runner, StepRunner) else model
 
 
 def _time_allreduce(params: list, cfg, device) -> dict:
@@ -330,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     request_queues()
     worker_main(worker, sys.argv[1:] if argv is None else argv,
                 "usage: python -m kasoku.commands.scale_worker REQUEST_JSON (started by kasoku "
-                "scale, or torchrun)")
+                "scale, or torchrun)", parse=ScaleRequest.from_json)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ then ``--measure-steps`` timed) and stops it there; its figures come back in a f
 (``measure.json`` in a folder of its own), since the script's stdout is the script's.
 
 The rounds, the noise rule and the advice are the workloads' (``kasoku.commands.ab``,
-``kasoku.perf.profile.advice``); only the side differs.
+``kasoku.advisor.advice``); only the side differs.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kasoku.advisor.advice import advise
+from kasoku.advisor.levers import Lever
+from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
-from kasoku.perf.profile.advice import advise
-from kasoku.perf.profile.levers import Lever
-from kasoku.perf.profile.verdict import Verdict
 
 MEASURE_FILE = "measure.json"
 
@@ -90,9 +90,10 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")
         kept, left = script_experiments(verdict, facts)
-        confirmed = dict(result, verdict=dict(verdict, experiments=kept))
-        result["ladder"] = ab.confirm([], confirmed, rounds=cfg.rounds, measure=sides.measure,
-                                      command=sides.text, say=lambda line: say(line.strip()))
+        result["ladder"] = ab.confirm([], [Experiment(e["label"], tuple(e["args"]), e["faster"])
+                                           for e in kept], advised.lever, rounds=cfg.rounds,
+                                      measure=sides.measure, command=sides.text,
+                                      say=lambda line: say(line.strip()))
         if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not
             result["ladder"] = []
         verdict["unconfirmed"] = left

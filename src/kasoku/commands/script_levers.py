@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
+from kasoku.advisor.levers import Lever, estimate, idle_speedup
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpu import usable_cores
-from kasoku.perf.profile.levers import Lever, estimate, idle_speedup
 
 NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16", "pin-memory")
 

@@ -20,9 +20,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from kasoku.accel.config import AccelConfig
+from kasoku.advisor.verdict import judge
 from kasoku.commands import script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
-from kasoku.commands.profile import ProfileConfig, unprofiled_shares, write_outputs
+from kasoku.commands.profile import ProfileConfig, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers, numerics
@@ -31,7 +33,6 @@ from kasoku.commands.script_watch import StepWatch, check_window
 from kasoku.core.errors import ConfigError
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
-from kasoku.perf.profile.verdict import judge
 from kasoku.perf.profile.window import machine_facts
 from kasoku.train.run_dir import make_out_dir, out_or_new
 
@@ -156,13 +157,13 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
     context = {"loader": loader, "batch_size": watch.batch_size, "has_conv": facts.has_conv,
                "config": {"precision": precision},
                "unprofiled_samples_per_s": measured["samples_per_s"], **machine_facts(device)}
-    figures = watch.window.analyse(context, samples_per_step=watch.batch_size)
-    unprofiled_shares(figures, measured)
-    figures.pop("verdict")
-    verdict = judge(figures).to_dict()
+    figures = watch.window.analyse(context, samples_per_step=watch.batch_size).restated(
+        measured["samples_per_step"], measured["samples_per_s"],
+        measured["phases"].get("time/data%", 0.0))
+    verdict = judge(figures, AccelConfig(precision=precision)).to_dict()
     first = cfg.skip + cfg.measure_steps + cfg.warmup + 2  # the anchor step is not analysed
     return {"workload": command.name, "script": list(command.argv), "device": str(device),
-            "out": str(watch.out), "figures": figures, "verdict": verdict,
+            "out": str(watch.out), "figures": figures.to_dict(), "verdict": verdict,
             "phases": measured["phases"], "stability": measured["stability"],
             "unprofiled": measured, "facts": vars(facts),
             "steps_seen": watch.steps, "profiled_steps": [first, first + cfg.steps - 1],

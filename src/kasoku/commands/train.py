@@ -7,6 +7,7 @@ Everything a lever needs is decided by ``kasoku.accel.accelerate``; every loader
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -14,28 +15,31 @@ from pathlib import Path
 
 import torch
 
-from kasoku.accel.compose import accelerate, check_config, check_sharding, prewarm
+from kasoku.accel.compose import accelerate, prewarm
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.loader_cores import describe as describe_cores
 from kasoku.accel.loader_cores import loader_split, release_cores
 from kasoku.accel.loss_scale import PrecisionState
-from kasoku.accel.scaling import goyal_warmup_epochs, linear_scaling_lr
+from kasoku.accel.lr_rules import goyal_warmup_epochs, linear_scaling_lr
 from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
-from kasoku.core.errors import ConfigError, KasokuWarning, warn_once
+from kasoku.commands.resume import resumed_settings
+from kasoku.core.errors import KasokuWarning, warn_once
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
-from kasoku.data.registry import check_loader_settings, create_loader
+from kasoku.data.registry import create_loader
 from kasoku.distributed import World, ddp, fsdp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.ddp import local_world_size
 from kasoku.distributed.launch import under_launcher
-from kasoku.kfac import KFACConfig, check_levers
-from kasoku.optim import OPTIMIZERS, make_optimizer
+from kasoku.kfac import KFACConfig
+from kasoku.optim import make_optimizer
+from kasoku.run import RunConfig, resolve
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
 from kasoku.train.config import TrainConfig
-from kasoku.train.run_dir import default_out, resolve_run
+from kasoku.train.run_dir import default_out
+from kasoku.train.run_dir import resolve_run as resolve_run_dir
 from kasoku.train.signals import defer_signals
 from kasoku.train.standard import (
     extend_reports,
@@ -55,7 +59,8 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     extensions of ``kasoku train``, writing to ``out`` (default ``train.out``); ``seed``
     replaces ``train.seed`` (a resume builds with its snapshot's). The optimizer is
     ``train.optimizer`` or else the recipe's; ``kfac`` configures optimizer kfac (default
-    ``KFACConfig()``).
+    ``KFACConfig()``). The settings are resolved and checked as ``kasoku train``'s
+    (``kasoku.run``), then ``build_run`` builds.
 
     ``world``/``dist_cfg``: this process is one worker of a data-parallel run whose process
     group is joined (``kasoku.distributed.ddp.join``): the model is wrapped in DDP before it is
@@ -63,29 +68,34 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     only worker 0 logs, prints and plots (every worker takes part in a snapshot; worker 0
     writes it). ``train.batch_size`` is per worker. A CPU loader split pins this process
     (``loader_cores``): ``close_run(trainer)`` when done; a failed build unpins itself."""
-    train.check()
-    recipe, accel = workload.recipe, accel or AccelConfig()
+    run = resolve(workload, data, train, accel, dist_cfg, kfac)
+    run.check()
+    return build_run(run, workload, out=out, seed=seed, world=world,
+                     parallel=dist_cfg is not None)
+
+
+def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
+              seed: int | None = None, world: World | None = None, parallel: bool = False
+              ) -> Trainer:
+    """``build_trainer`` of a checked ``run`` (``RunConfig.check``) and the ``workload`` its
+    spec makes; ``parallel``: this process is one worker of a data-parallel run configured
+    by ``run.dist``."""
+    train, accel, recipe = run.train, run.accel, workload.recipe
     world = world or World()
-    parallel = dist_cfg is not None
-    epochs = train.epochs if train.epochs is not None else recipe.epochs
-    batch_size = train.batch_size if train.batch_size is not None else recipe.batch_size
-    lr = train.lr if train.lr is not None else recipe.lr
-    grad_clip = train.grad_clip if train.grad_clip is not None else recipe.grad_clip
-    optimizer = train.optimizer or recipe.optimizer
-    check_optimizer(optimizer, accel, kfac)
-    if optimizer != recipe.optimizer and train.lr is None:
+    epochs, batch_size, lr, optimizer = train.epochs, train.batch_size, train.lr, train.optimizer
+    if optimizer != recipe.optimizer and "lr" not in run.given:
         warn_once(f"optimizer {optimizer}: the learning rate is the workload's {lr:g}, tuned "
                   f"for its {recipe.optimizer}; pass --lr to set one for {optimizer}")
-    if kfac is not None and optimizer != "kfac":
+    if run.kfac is not None and optimizer != "kfac":
         warn_once(f"the K-FAC settings have no effect: the optimizer is {optimizer}, not kfac")
     warmup_epochs = recipe.warmup_epochs
-    if parallel and dist_cfg.scale_lr and world.world_size > 1:
+    if parallel and run.dist.scale_lr and world.world_size > 1:
         # The recipe's rate is for its batch; the global batch is world x the per-worker one.
         lr = linear_scaling_lr(lr, batch_size * world.world_size, base_batch=batch_size)
         warmup_epochs = max(warmup_epochs, min(goyal_warmup_epochs(
             batch_size * world.world_size, base_batch=batch_size), epochs / 2))
     device = resolve_device(train.device)
-    seed = seed if seed is not None else 0 if train.seed is None else train.seed
+    seed = seed if seed is not None else train.seed
     threads = train.threads or (workload.cpu_threads if device.type == "cpu" else None)
     if parallel and device.type == "cpu" and not threads:
         # The workers of one machine share its cores.
@@ -98,9 +108,10 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
     pinned = {"worker_cpus": worker_cpus} if worker_cpus else {}
     built: list = []  # the loaders made so far, closed if building fails
     try:
-        prewarm(accel, device, optimizer, recipe.weight_decay)  # overlaps loading the data
+        # overlaps loading the data
+        prewarm(accel.optimizer_impl, device, optimizer, recipe.weight_decay)
         torch.manual_seed(seed)
-        train_set, val_set = workload.build_datasets(data, seed=seed)
+        train_set, val_set = workload.build_datasets(run.data, seed=seed)
         if batch_size > len(train_set):
             warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
                       f"samples: each step takes all of them")
@@ -118,10 +129,10 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
             lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
                                                 momentum=recipe.momentum,
                                                 weight_decay=recipe.weight_decay,
-                                                model=model, kfac=kfac),
-            distribute=fsdp.data_parallel(dist_cfg, device, accel.precision) if parallel
+                                                model=model, kfac=run.kfac),
+            distribute=fsdp.data_parallel(run.dist, device, accel.precision) if parallel
             else None,
-            grad_clip=grad_clip)
+            grad_clip=train.grad_clip, checked=True)
         model = accelerated.model
         _share_loss_scale(accelerated)
         shard = {"rank": world.rank, "world_size": world.world_size} if world.world_size > 1 else {}
@@ -164,7 +175,7 @@ def build_trainer(workload: Workload, data: DataConfig, train: TrainConfig,
             trainer.extend(ext.BadFileLog())  # their shards' bad files join worker 0's list
     except BaseException:
         for made in built:
-            getattr(made, "close", lambda: None)()
+            made.close()
         release_cores(cores)  # the caller's threads back where they were
         raise
     return trainer
@@ -181,16 +192,6 @@ def loader_cores(train: TrainConfig, device: torch.device, threads: int | None) 
     return cores
 
 
-def check_optimizer(name: str, accel: AccelConfig, kfac: KFACConfig | None = None) -> None:
-    """Refuse an unknown optimizer, and K-FAC's bad settings and the levers it cannot run
-    with (``ConfigError`` saying what to do)."""
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
-    if name == "kfac":
-        (kfac or KFACConfig()).check()
-        check_levers(accel)
-
-
 def _share_loss_scale(accelerated) -> None:
     """An optimizer that reads gradients during the backward pass (K-FAC's G factors, through
     its ``loss_scale``) sees them multiplied by fp16's loss scale: hand it the scaler's scale
@@ -201,111 +202,88 @@ def _share_loss_scale(accelerated) -> None:
             accelerated.optimizer.loss_scale = extension.scaler.scale_value
 
 
-def _resumed_settings(trainer: Trainer, train: TrainConfig, state: dict) -> None:
-    """What a resume does with the settings given again: ``--lr`` replaces the snapshot's
-    rate (``_set_base_lr``); ``--seed`` cannot change a run under way (its weights, order and
-    augmentation come from the snapshot), said once."""
-    if train.lr is not None:
-        _set_base_lr(trainer, train.lr)
-    saved_world = int((state.get("loader") or {}).get("world_size", 1))
-    world = World.from_env().world_size if under_launcher() else 1
-    if saved_world != world:
-        batch = trainer.run_info["batch_size"]
-        warn_once(f"the snapshot was taken with {saved_world} worker"
-                  f"{'s' * (saved_world != 1)}, this run has {world}: it goes on from the "
-                  f"same sample of epoch {trainer.updater.epoch_detail:.4g}, but with a global "
-                  f"batch of {batch * world} instead of {batch * saved_world}, so it is not "
-                  f"the run {saved_world} workers would have made (the batches, their order "
-                  f"over the workers and the random streams differ)")
-    saved = (state.get("loader") or {}).get("seed")
-    if train.seed is not None and saved is not None and train.seed != saved:
-        warn_once(f"--seed {train.seed} is not used: a resumed run keeps its snapshot's seed "
-                  f"({saved}) for its data order and augmentation")
-
-
-def _set_base_lr(trainer: Trainer, lr: float) -> None:
-    """After a resume: make ``lr`` the base learning rate (the snapshot's optimizer state
-    brought its own), scaling every group's rate and schedule base alike, with a warning: the
-    run no longer continues the snapshot's exactly."""
-    groups = trainer.optimizer.param_groups
-    old = float(groups[0].get("initial_lr", groups[0]["lr"]))
-    if old == lr:
-        return
-    factor = lr / old
-    for group in groups:
-        if "initial_lr" in group:
-            group["initial_lr"] = float(group["initial_lr"]) * factor
-        if torch.is_tensor(group["lr"]):
-            group["lr"].mul_(factor)  # in place: a captured CUDA graph reads this tensor
-        else:
-            group["lr"] = group["lr"] * factor
-    warn_once(f"--lr {lr:g} replaces the snapshot's learning rate {old:g} from iteration "
-              f"{trainer.updater.iteration} on; the resumed run is no longer the one the "
-              f"snapshot would have continued")
-
-
 def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
                    accel: AccelConfig | None = None, dist_cfg: DistConfig | None = None,
                    kfac: KFACConfig | None = None) -> Trainer:
     """Train workload ``name`` (a registered name or ``FILE.py:NAME``) into ``train.out`` (a
     new folder under ``runs/`` when None); ``resume``: None, ``"auto"``, a run folder or a
     snapshot file. Returns the trainer (its LogReport holds the figures). ``kfac``: the
-    settings of optimizer kfac (``train.optimizer`` or the workload's).
+    settings of optimizer kfac (``train.optimizer`` or the workload's). The settings are
+    resolved and checked (``kasoku.run``), then ``train_run`` trains.
 
     In a process started by a launcher (``kasoku.distributed.launch.under_launcher``: kasoku's own
     ``--gpus``/``--procs``, torchrun, a scheduler) this is one worker of a data-parallel run,
     configured by ``dist_cfg``; a worker group the launcher restarted resumes from the run's
     latest snapshot."""
-    # Settings are checked before a folder is made: a mistake leaves nothing behind.
-    accel = accel or AccelConfig()
-    train.check()
-    check_config(accel)
-    check_loader_settings(train.loader, accel.steps_per_call, train.prefetch)
-    device = resolve_device(train.device)
-    workload = create_workload(name)
-    check_optimizer(train.optimizer or workload.recipe.optimizer, accel, kfac)
-    if dist_cfg is not None and dist_cfg.shard:
-        check_sharding(accel, train.optimizer or workload.recipe.optimizer)
+    run = resolve(create_workload(name), data, train, accel, dist_cfg, kfac)
+    run.check()
+    return train_run(run, resume)
+
+
+def train_run(run: RunConfig, resume=None) -> Trainer:
+    """Train ``run``, a checked ``RunConfig`` (``RunConfig.check``), as ``train_workload``
+    says: here, or as one worker of a data-parallel run under a launcher."""
+    device = resolve_device(run.train.device)
+    workload = create_workload(run.workload)
     if under_launcher():
-        return _train_worker(workload, data, train, resume, accel, dist_cfg or DistConfig(),
-                             device, kfac)
-    existed = train.out is not None and Path(train.out).exists()
+        return _train_worker(run, workload, resume, device)
     # What building says (a lever skipped here, a setting ignored) comes after the line that
     # names the run; a mistake found while building is the only line printed.
-    failure, out, trainer = None, None, None
+    failure, trainer = None, None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", KasokuWarning)
         try:
-            if data.synthetic and data.root is not None:
-                warn_once(f"--synthetic: the data in --data {data.root} is not read")
-            out, snapshot = resolve_run(workload.name, train.out, resume, train.overwrite)
-            # A resumed run's data is built with its snapshot's seed (synthetic and generated
-            # sets depend on it), whatever --seed says.
-            state = load_snapshot(snapshot) if snapshot is not None else None
-            seed = (state.get("loader") or {}).get("seed") if state is not None else None
-            trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, kfac=kfac)
-            if state is not None:  # refuses another run's snapshot before it trains
-                trainer.load_state_dict(state, source=snapshot)
+            trainer, out, snapshot, state = _start(run, workload, resume)
         except BaseException as exc:
             failure = exc
-            if trainer is not None:  # built, then refused the snapshot: its loaders and cores
-                close_run(trainer)
-            if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
-                out.rmdir()  # nothing ran: leave no empty run folder behind
     said = list(said)  # the warnings are said again outside the recording
     if failure is not None:
         _say_again(said)
         raise failure
     cores = trainer.setup.get("cpu_threads")
-    print(f"# {workload.name}  data: {_data_source(workload, data)}  device: {device}  "
+    print(f"# {workload.name}  data: {_data_source(workload, run.data)}  device: {device}  "
           f"out: {out}" + (f"  cores: {describe_cores(cores)}" if cores else ""),
           file=sys.stderr, flush=True)
     _say_again(said)
     if snapshot is not None:
         trainer.resumed_from(snapshot)
-        _resumed_settings(trainer, train, state)
+        resumed_settings(trainer, run, state)
     _run_and_close(trainer)
     return trainer
+
+
+def _start(run: RunConfig, workload: Workload, resume, world: World | None = None
+           ) -> tuple[Trainer, Path, Path | None, dict | None]:
+    """What every run starts with: its folder located (in a data-parallel run, ``world``, by
+    worker 0, which tells the others), its snapshot loaded, the trainer built with the
+    snapshot's seed (a resumed run's data is built with it: synthetic and generated sets
+    depend on it, whatever --seed says), and the snapshot's state loaded (another run's is
+    refused before anything trains). Returns ``(trainer, out, snapshot, state)``. On a failure
+    a built trainer is closed and, in one process, a run folder made here and left empty is
+    removed."""
+    parallel = world is not None
+    existed = run.train.out is not None and Path(run.train.out).exists()
+    out, trainer = None, None
+    try:
+        located = None
+        if not parallel or world.is_main:
+            if run.data.synthetic and run.data.root is not None:
+                warn_once(f"--synthetic: the data in --data {run.data.root} is not read")
+            located = resolve_run_dir(workload.name, run.train.out, resume, run.train.overwrite)
+        out, snapshot = ddp.broadcast_object(located) if parallel else located
+        state = load_snapshot(snapshot) if snapshot is not None else None
+        seed = (state.get("loader") or {}).get("seed") if state is not None else None
+        trainer = build_run(run, workload, out=out, seed=seed, world=world, parallel=parallel)
+        if state is not None:
+            trainer.load_state_dict(state, source=snapshot)
+    except BaseException:
+        if trainer is not None:  # built, then refused the snapshot: its loaders and cores
+            close_run(trainer)
+        if not parallel and out is not None and not existed and out.is_dir() \
+                and not any(out.iterdir()):
+            out.rmdir()  # nothing ran: leave no empty run folder behind
+        raise
+    return trainer, out, snapshot, state
 
 
 def _data_source(workload: Workload, data: DataConfig):
@@ -326,43 +304,29 @@ def close_run(trainer: Trainer) -> None:
     parallel loaders; this process's threads go back to the CPUs the loader split took them
     from (``release_cores``)."""
     for loader in loaders_of(trainer):
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
+        loader.close()
     release_cores(trainer.setup.get("cpu_threads"))
 
 
-def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resume,
-                  accel: AccelConfig, dist_cfg: DistConfig, device: torch.device,
-                  kfac: KFACConfig | None = None) -> Trainer:
+def _train_worker(run: RunConfig, workload: Workload, resume, device: torch.device
+                  ) -> Trainer:
     """One worker of a data-parallel run (see ``train_workload``)."""
     defer_signals()  # a Ctrl-C while the worker starts: kept for its first step
     world = World.from_env()
-    train = join_as_worker(world, train, dist_cfg, device)
+    run = dataclasses.replace(run, train=join_as_worker(world, run.train, run.dist, device))
     # Agreed by the workers as they joined, not the launcher's count (torchrun's c10d counts a
     # restart only on the machine whose worker failed).
     restarts = ddp.attempt()
     if restarts:
         resume = "auto"  # the job's workers were restarted: on from the latest snapshot
-    device = torch.device(train.device)
+    device = torch.device(run.train.device)
     trainer = None
     try:
-        located = None
-        if world.is_main:
-            if data.synthetic and data.root is not None:
-                warn_once(f"--synthetic: the data in --data {data.root} is not read")
-            located = resolve_run(workload.name, train.out, resume, train.overwrite)
-        out, snapshot = ddp.broadcast_object(located)
-        state = load_snapshot(snapshot) if snapshot is not None else None
-        seed = (state.get("loader") or {}).get("seed") if state is not None else None
-        trainer = build_trainer(workload, data, train, accel, out=out, seed=seed, world=world,
-                                dist_cfg=dist_cfg, kfac=kfac)
-        if state is not None:
-            trainer.load_state_dict(state, source=snapshot)
+        trainer, out, snapshot, state = _start(run, workload, resume, world)
         if world.is_main:
             batch = trainer.run_info["batch_size"]
             kind = "GPUs" if device.type == "cuda" else "processes"
-            print(f"# {workload.name}  data: {_data_source(workload, data)}  "
+            print(f"# {workload.name}  data: {_data_source(workload, run.data)}  "
                   f"{world.world_size} {kind} "
                   f"({ddp.backend_for(device)}), batch {batch} per worker, "
                   f"{batch * world.world_size} in all  out: {out}"
@@ -373,7 +337,7 @@ def _train_worker(workload: Workload, data: DataConfig, train: TrainConfig, resu
                 trainer.resumed_from(snapshot)
             else:
                 trainer.last_snapshot_iteration = trainer.updater.iteration
-            _resumed_settings(trainer, train, state)
+            resumed_settings(trainer, run, state)
         _run_and_close(trainer)
         return trainer
     finally:

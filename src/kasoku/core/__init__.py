@@ -6,5 +6,6 @@ it (and no torch but the phase clock's).
 - ``phases``: the always-on phase clock every training step marks (``PhaseClock``)
 - ``queues``: ``CUDA_DEVICE_MAX_CONNECTIONS``, set before CUDA starts
 - ``lazy_kernel``: Triton kernels defined on first use, once per interpreter mode
+- ``snapshot_names``: the names of a run's snapshot files, for training and the launcher alike
 - ``version``: kasoku's version
 """

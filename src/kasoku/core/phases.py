@@ -1,7 +1,7 @@
 """Always-on phase timing: where each training step's time goes -- data wait, host-to-device
-copy, forward, backward, optimizer update, K-FAC's curvature work, other -- measured on every
-step at a cost kept under 1% of throughput (``benchmarks/phase_overhead.py`` measures it;
-docs/benchmarks.md records it).
+copy, forward, backward, optimizer update, the phases a part above declares (K-FAC's curvature
+work: ``declare_phases``), other -- measured on every step at a cost kept under 1% of
+throughput (``benchmarks/phase_overhead.py`` measures it; docs/benchmarks.md records it).
 
 A step is cut by *marks*: ``clock.mark("forward")`` says "the forward phase begins now"; the
 time until the next mark belongs to that phase, so marks made several times per call (several
@@ -35,8 +35,8 @@ A short interval may still hold no inverse step, or several: read the run's aver
 (``run_summary``), or ``kasoku profile``, which times every step of whole K-FAC cycles.
 
 The step function is marked only where it runs eagerly (``StandardStep``, reached through
-wrappers that declare ``passes_marks``); a step captured as one CUDA graph is one ``compute``
-phase (``kasoku profile`` splits it from a profiled window).
+wrappers that declare ``passes_marks``: ``kasoku.train.step.markable``); a step captured as
+one CUDA graph is one ``compute`` phase (``kasoku profile`` splits it from a profiled window).
 
 Written here rather than with torch.profiler: the profiler costs far more than 1% and keeps
 every event; this keeps a few numbers per step.
@@ -44,25 +44,59 @@ every event; this keeps a few numbers per step.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import math
 import random
 import time
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-KFAC_PHASES = ("kfac_factors", "kfac_inverse", "kfac_precondition")
-"""K-FAC's curvature work (``kasoku.kfac``), split out of the phases it runs in:
-``kfac_factors``: each layer's batch factors (``A`` in forward hooks, ``G`` in backward hooks,
-on factor steps), their running averages and, with data-parallel workers, their average over
-the workers; ``kfac_inverse``: the eigendecompositions or inverses (inverse steps);
-``kfac_precondition``: the preconditioned gradients and the KL clip (every step). ``update``
-is then the base optimizer's own step."""
+STEP_PHASES = ("data", "h2d", "forward", "backward", "update")
+"""The phases of every step, in step order."""
+LAST_PHASES = ("allreduce", "compute", "other")
+"""The phases after the declared ones (``declare_phases``). ``compute``: forward, backward and
+update unsplit (a step captured as a CUDA graph); ``allreduce``: the gradient exchange of
+data-parallel runs."""
 
-PHASES = ("data", "h2d", "forward", "backward", "update", *KFAC_PHASES, "allreduce",
-          "compute", "other")
-"""Phase names in step order (K-FAC's beside the update, though its factors are made in
-forward and backward). ``compute``: forward, backward and update unsplit (a step captured as a
-CUDA graph); ``allreduce``: the gradient exchange of data-parallel runs."""
+_declared: list[str] = []
+
+
+def declare_phases(names) -> tuple[str, ...]:
+    """Declare the phases of work a part of kasoku above this layer times on its own (K-FAC's
+    curvature work: ``kasoku.kfac.phases``), split out of the phases it runs in; returns them
+    as a tuple. They come after ``update`` in ``PHASES`` (beside the update, though the work
+    may run in forward and backward), in the order declared; declaring a name again changes
+    nothing. A part declares its phases when it is imported, so they are known wherever its
+    work is marked."""
+    names = tuple(names)
+    for name in names:
+        if name in STEP_PHASES or name in LAST_PHASES:
+            raise ValueError(f"phase {name!r} is one of the step's own; declare another name")
+        if name not in _declared:
+            _declared.append(name)
+    return names
+
+
+class _PhaseNames(collections.abc.Sequence):
+    """Every phase name in step order: ``STEP_PHASES``, the declared ones, ``LAST_PHASES``.
+    Read live, so that a module that imported ``PHASES`` before a declaration sees it."""
+
+    def _names(self) -> tuple[str, ...]:
+        return (*STEP_PHASES, *_declared, *LAST_PHASES)
+
+    def __getitem__(self, index):
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(STEP_PHASES) + len(_declared) + len(LAST_PHASES)
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+PHASES = _PhaseNames()
+"""Phase names in step order (``_PhaseNames``)."""
 
 SPLIT_PHASES = ("forward", "backward", "update")
 
@@ -71,16 +105,13 @@ def no_mark(phase: str) -> None:
     """The mark of a step that nobody times (returns None: no phase to hand back to)."""
 
 
-def markable(step_fn):
-    """The eager step under ``step_fn`` that takes marks (has a ``mark`` attribute), reached
-    through wrappers declaring ``passes_marks = True`` (their inner step is ``step_fn``);
-    None when a wrapper that does not pass them (a CUDA graph) is in the way."""
-    fn = step_fn
-    while fn is not None:
-        if hasattr(fn, "mark"):
-            return fn
-        fn = getattr(fn, "step_fn", None) if getattr(fn, "passes_marks", False) else None
-    return None
+@runtime_checkable
+class TakesMarks(Protocol):
+    """What marks phases on a clock it is handed: its ``mark`` (``no_mark`` until then) is set
+    to the clock's. The eager step (``kasoku.train.step.StandardStep``, found through its
+    wrappers by ``kasoku.train.step.markable``) and an optimizer that times phases of its own
+    (K-FAC's) are."""
+    mark: Callable[[str], str | None]
 
 
 class PhaseClock:

@@ -44,7 +44,12 @@ class SerialLoader:
     continued from the same sample position of its epoch: the ranks together had consumed the
     first ``position x batch_size x world_size`` samples of the epoch's permutation, and go on
     from there (rounded down to a whole step of the new layout).
+
+    A ``kasoku.data.base.Loader``: one batch per call (``batches_per_call``,
+    ``last_chunk_batches``: 1), no worker to stop (``close``).
     """
+    batches_per_call = 1
+    last_chunk_batches = 1
 
     def __init__(self, dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, repeat: bool = True, rank: int = 0,
@@ -110,6 +115,9 @@ class SerialLoader:
 
     def __iter__(self):
         return self
+
+    def close(self) -> None:
+        """Nothing to stop: the batches are made in the calling process."""
 
     def __next__(self):
         self._start_epoch_if_needed()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from kasoku.core.queues import check_queues
+from kasoku.data.base import Loader
 from kasoku.data.device_loader import DeviceLoader
 
 _VIEW = ("epoch", "position", "is_new_epoch", "epoch_detail", "last_chunk_batches")
@@ -53,7 +54,7 @@ class DevicePrefetcher:
 
     yields_device_batches = True
 
-    def __init__(self, loader, device):
+    def __init__(self, loader: Loader, device):
         self.loader = loader
         device = torch.device(device)
         if device.type == "cuda":
@@ -143,9 +144,7 @@ class DevicePrefetcher:
 
     def close(self) -> None:
         self._drop()
-        close = getattr(self.loader, "close", None)
-        if close is not None:
-            close()
+        self.loader.close()
 
     def __enter__(self):
         return self

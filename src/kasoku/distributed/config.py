@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from kasoku.core.errors import ConfigError
 
-ALLREDUCE_DTYPES = ("fp32", "bf16", "fp16")
+AllreduceDtype = Literal["fp32", "bf16", "fp16"]
+ALLREDUCE_DTYPES: tuple[str, ...] = get_args(AllreduceDtype)
 
 
 @dataclass
@@ -36,7 +38,7 @@ class DistConfig:
     static_graph: bool = False
     """Tell DDP the set of parameters used does not change between steps (lets it skip
     per-step bookkeeping and overlap better)."""
-    allreduce_dtype: str = "fp32"
+    allreduce_dtype: AllreduceDtype = "fp32"
     """The gradients' dtype on the wire: fp32, or bf16/fp16 (half the bytes; DDP's
     compression hooks, the sum taken in that dtype)."""
     sync_bn: bool = False

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -69,25 +71,33 @@ def shard(model: nn.Module, device: torch.device, precision: str = "fp32") -> nn
     return model
 
 
-def sharder(device: torch.device, precision: str = "fp32"):
-    """``shard`` as the ``distribute`` step ``kasoku.accel.compose.accelerate`` takes; marked
-    so that ``--compile`` compiles each block before the wrap, inside its own unit (as
-    torchtitan does: FSDP2's hooks stay outside the compiled code) instead of the whole
-    model after it."""
-    def distribute(model: nn.Module) -> nn.Module:
-        return shard(model, device, precision)
-    distribute.compiles_blocks = True
-    return distribute
+@dataclass(frozen=True)
+class Distribute:
+    """The ``distribute`` step ``kasoku.accel.compose.accelerate`` takes: ``wrap(model) ->
+    model`` for data-parallel training (DDP's wrap, FSDP2's ``shard``), called as
+    ``distribute(model)``. ``compiles_blocks``: ``--compile`` compiles each block of the model
+    before the wrap, inside its own unit (as torchtitan does with FSDP2: its hooks stay outside
+    the compiled code), instead of the whole model after it."""
+    wrap: Callable[[nn.Module], nn.Module]
+    compiles_blocks: bool = False
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        return self.wrap(model)
 
 
-def data_parallel(dist_cfg, device: torch.device, precision: str = "fp32"):
+def sharder(device: torch.device, precision: str = "fp32") -> Distribute:
+    """``shard`` as a ``Distribute`` step, its blocks compiled before the wrap."""
+    return Distribute(lambda model: shard(model, device, precision), compiles_blocks=True)
+
+
+def data_parallel(dist_cfg, device: torch.device, precision: str = "fp32") -> Distribute:
     """The ``distribute`` step of ``dist_cfg`` (a ``DistConfig``): FSDP2's ``sharder`` with
     ``shard`` (its parameters' dtype from ``precision``, ``AccelConfig.precision``), else DDP's
     wrap (``kasoku.distributed.ddp.wrap``) in its settings."""
     if dist_cfg.shard:
         return sharder(device, precision)
     from kasoku.distributed import ddp  # beside this module: its process group, its wrap
-    return lambda model: ddp.wrap(model, dist_cfg, device)
+    return Distribute(lambda model: ddp.wrap(model, dist_cfg, device))
 
 
 def kept_whole(index: int, count: int) -> bool:

@@ -2,12 +2,13 @@
 (``torch.distributed.launcher.api.elastic_launch``, what ``torchrun`` runs): kasoku starts
 no process and opens no socket of its own.
 
-``kasoku train WORKLOAD --gpus N`` (or ``--procs N``) re-runs the same command line in N
-worker processes (``python -m kasoku ...``), each told its rank by the launcher's environment.
-A worker knows it is one because that environment is set (``under_launcher``); the same command
-started by ``torchrun`` or a scheduler that sets it runs as a worker directly. A binary
-entrypoint rather than a Python function: each worker is a fresh interpreter that parses the
-same arguments, which is also what a restart and a second machine run.
+``kasoku train WORKLOAD --gpus N`` (or ``--procs N``) starts N worker processes, each given the
+run it resolved as JSON (``python -m kasoku.cli.train_worker REQUEST``; ``kasoku profile``
+re-runs its own command line, ``python -m kasoku ...``), each told its rank by the launcher's
+environment. A worker knows it is one because that environment is set (``under_launcher``); the
+same command started by ``torchrun`` or a scheduler that sets it runs as a worker directly. A
+binary entrypoint rather than a Python function: each worker is a fresh interpreter, which is
+also what a restart and a second machine run.
 
 The rendezvous is static (torchrun's ``--master-addr``/``--node-rank`` form): at
 ``--rdzv-endpoint``, hosted by ``--node-rank 0``; on one machine at a free local port.
@@ -28,6 +29,7 @@ import traceback
 import uuid
 from pathlib import Path
 
+from kasoku.core.snapshot_names import snapshots
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.failures import JOB_DIR_ENV, blame, how, read_notes
 
@@ -73,14 +75,14 @@ def failure_recorded():
         raise
 
 
-def worker_main(work, argv: list[str], usage: str) -> None:
+def worker_main(work, argv: list[str], usage: str, parse=json.loads) -> None:
     """``python -m MODULE REQUEST_JSON`` as a worker started by ``run_module``:
-    ``work(request)``, then ``exit_worker`` with 0, or with 1 after the traceback (stderr,
-    which the launch keeps for a failed rank)."""
+    ``work(parse(REQUEST_JSON))`` (a typed request's ``from_json``), then ``exit_worker`` with
+    0, or with 1 after the traceback (stderr, which the launch keeps for a failed rank)."""
     if len(argv) != 1:
         raise SystemExit(usage)
     try:
-        work(json.loads(argv[0]))
+        work(parse(argv[0]))
     except BaseException:
         traceback.print_exc()
         exit_worker(1)
@@ -109,8 +111,9 @@ def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
 
 
 def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
-           out: Path | None = None) -> int:
-    """Run ``python -m kasoku ARGV`` in ``cfg.workers`` processes on this machine (the job
+           out: Path | None = None, module: str = "kasoku") -> int:
+    """Run ``python -m MODULE ARGV`` (``kasoku``'s command line by default) in
+    ``cfg.workers`` processes on this machine (the job
     spanning ``cfg.nnodes`` machines), restarted up to ``cfg.max_restarts`` times. Returns the
     exit code: 0; the failed worker's (1 or 2); 128 + N after signal N.
 
@@ -132,7 +135,7 @@ def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
         folder = Path(folder)
         try:
             with quiet_launcher():
-                elastic_launch(config, sys.executable)("-m", "kasoku", *argv)
+                elastic_launch(config, sys.executable)("-m", module, *argv)
         except ChildFailedError as exc:
             if stop.received is not None:
                 return _stopped(stop.received, folder, resume_command, out)
@@ -182,9 +185,7 @@ def _say_resume(command: str | None, out: Path | None, restarts: int | None = No
     if command is None or out is None:
         return
     # a file, or a sharded run's folder (its trainer state beside the shards)
-    has_snapshot = Path(out).is_dir() and (
-        any(Path(out).glob("snapshot_*.pt"))
-        or any((p / "trainer.pt").is_file() for p in Path(out).glob("snapshot_*.dcp")))
+    has_snapshot = bool(snapshots(out))
     hint = " (--max-restarts 1 would have restarted the workers from it by itself)" \
         if restarts == 0 else ""
     if has_snapshot:
@@ -249,7 +250,8 @@ def _children() -> list[int]:
     workers = []
     for pid in pids:  # not a short-lived helper the launcher or torch may start
         with contextlib.suppress(OSError):
-            if b"kasoku" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if any(w == b"kasoku" or w.startswith(b"kasoku.") for w in words):
                 workers.append(pid)
     return workers
 

@@ -6,6 +6,8 @@ Linear and Conv2d layers in front of a base optimizer (``--optimizer kfac``).
 - ``factors``: one batch's ``A`` and ``G`` factors of a Linear or Conv2d layer
 - ``eigen``: eigenbases (float64 retry), the preconditioned gradient, the KL-clip scale
 - ``preconditioner``: the hooks, the running factors and the in-place preconditioning
+- ``phases``: K-FAC's phases on the phase clock (``kfac_factors``, ``kfac_inverse``,
+  ``kfac_precondition``), declared to it
 - ``optimizer``: ``KFAC``, the preconditioner and a base optimizer as one torch optimizer;
   ``check_levers``
 - ``distributed``: with data-parallel workers, the factors averaged over them and the

@@ -8,29 +8,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from kasoku.core.errors import ConfigError
 
 FACTOR_PRECISIONS = ("fp32", "tf32", "bf16")
 """How the factors' products are made (``kasoku.kfac.factors``; ``KFACConfig.factor_precision``).
 Here, not there, so that the settings load without torch."""
-KFAC_BASES = ("momentum", "sgd", "adam")
+KFACBase = Literal["momentum", "sgd", "adam"]
+KFAC_BASES: tuple[str, ...] = get_args(KFACBase)
 """The optimizers K-FAC can feed its preconditioned gradients to (``KFACConfig.base``)."""
 
-KFAC_METHODS = ("eigen", "inverse")
+KFACMethod = Literal["eigen", "inverse"]
+KFAC_METHODS: tuple[str, ...] = get_args(KFACMethod)
 """How the factors are inverted (``KFACConfig.method``; ``kasoku.kfac.eigen``)."""
 
-KFAC_COMM_DTYPES = ("fp32", "bf16", "fp16")
+KFACCommDtype = Literal["fp32", "bf16", "fp16"]
+KFAC_COMM_DTYPES: tuple[str, ...] = get_args(KFACCommDtype)
 """The dtypes of the factors' all-reduce over data-parallel workers
 (``KFACConfig.factor_comm_dtype``)."""
 
 
 @dataclass(frozen=True)
 class KFACConfig:
-    base: str = "momentum"
+    base: KFACBase = "momentum"
     """The optimizer that takes K-FAC's preconditioned gradients: momentum (SGD with the
     workload's momentum) | sgd | adam."""
-    method: str = "eigen"
+    method: KFACMethod = "eigen"
     """eigen (the factors' eigendecompositions, damping on the products of their eigenvalues)
     | inverse (Cholesky inverses of the factors each damped by sqrt(damping): about a tenth of
     the inverse step's time on a GPU, with damping that grows with the factors)."""
@@ -53,7 +57,7 @@ class KFACConfig:
     """How the factors' products are made on a GPU (the factors themselves are fp32): fp32 |
     tf32 (TF32 tensor cores) | bf16 (inputs rounded to bf16, fp32 sums). A CPU makes them in
     fp32."""
-    factor_comm_dtype: str = "fp32"
+    factor_comm_dtype: KFACCommDtype = "fp32"
     """With data-parallel workers, the dtype the batch factors are averaged in over them:
     fp32 | bf16 | fp16 (half the bytes; the average is kept in fp32)."""
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from kasoku.core.errors import ConfigError
 from kasoku.kfac.config import KFACConfig
+from kasoku.kfac.phases import PHASES
 from kasoku.kfac.preconditioner import KFACPreconditioner
 
 
@@ -34,12 +35,16 @@ class KFAC(torch.optim.Optimizer):
     gradients by it). kasoku's ``accelerate`` sets it to its loss scaler's scale.
 
     ``mark``: the preconditioner's phase mark (kasoku's Updater sets it to its phase clock's:
-    K-FAC's work is timed as ``kfac_factors``, ``kfac_inverse`` and ``kfac_precondition``);
-    ``cycle_steps``: the steps after which its schedule of factor and inverse steps repeats.
+    K-FAC's work is timed as ``phases``: ``kfac_factors``, ``kfac_inverse`` and
+    ``kfac_precondition``, ``kasoku.kfac.phases``); ``cycle_steps``: the steps after which
+    its schedule of factor and inverse steps repeats.
 
     The step reads nothing on the host except in ``eigh`` on inverse steps; it cannot be
     captured in a CUDA graph (inverse and factor steps differ from the others), and the hooks
     need the model to run eagerly (``check_levers``)."""
+
+    phases: tuple[str, ...] = PHASES
+    """The phases K-FAC's work is timed as (``kasoku.kfac.phases``)."""
 
     def __init__(self, model: nn.Module, base: torch.optim.Optimizer,
                  config: KFACConfig | None = None, loss_scale=None):

@@ -26,7 +26,7 @@ Each training forward pass of the whole model starts over: the statistics of a p
 never ran (a loss-scaled step skipped for an overflow) are dropped, not mixed into the next.
 So with gradient accumulation over several passes, only the last pass's factors count.
 
-Its work is timed as phases of its own (``kasoku.core.phases.KFAC_PHASES``) when a
+Its work is timed as phases of its own (``kasoku.kfac.phases``) when a
 phase clock's ``mark`` is given (``mark``; kasoku's Updater gives it the one the step takes):
 ``kfac_factors`` in the hooks and for the running averages, ``kfac_inverse``,
 ``kfac_precondition``; each hands back to the phase it interrupted (forward, backward,
@@ -52,6 +52,7 @@ from kasoku.core.phases import no_mark
 from kasoku.distributed import ddp
 from kasoku.kfac import distributed, eigen, factors
 from kasoku.kfac.config import KFACConfig
+from kasoku.kfac.phases import FACTORS, INVERSE, PRECONDITION
 
 _STATE_KEYS = ("A", "G", "QA", "LA", "QG", "LG")
 """A layer's state in a state dict: the two running factors, then per factor either its
@@ -214,7 +215,7 @@ class KFACPreconditioner:
     def _read_input(self, layer: KFACLayer, module, args, output) -> None:
         if not args or not self._capturing(module):
             return
-        was = self.mark("kfac_factors")
+        was = self.mark(FACTORS)
         # Outside autocast: the factors are float32 products whatever the training dtype.
         with torch.no_grad(), torch.autocast(output.device.type, enabled=False):
             layer.add_a(factors.a_factor(module, args[0], layer.bias,
@@ -227,7 +228,7 @@ class KFACPreconditioner:
     def _read_grad(self, layer: KFACLayer, grad: torch.Tensor) -> None:
         # On a GPU this runs on autograd's device thread; the clock is not locked, which is
         # safe because the training thread waits inside backward() meanwhile.
-        was = self.mark("kfac_factors")
+        was = self.mark(FACTORS)
         with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
             g = factors.g_factor(layer.module, grad, self.config.factor_precision)
             scale = self.loss_scale() if callable(self.loss_scale) else self.loss_scale
@@ -247,20 +248,20 @@ class KFACPreconditioner:
         parallel = ddp.active()
         was = None  # the phase this step interrupted (update), handed back at the end
         if self.steps % cfg.factor_update_freq == 0:
-            was = mark("kfac_factors")
+            was = mark(FACTORS)
             if parallel:
                 self._average_batch_factors()
             for layer in self.layers.values():
                 layer.update_factors(cfg.factor_decay)
         if self.steps % cfg.inv_update_freq == 0:
-            interrupted = mark("kfac_inverse")
+            interrupted = mark(INVERSE)
             was = was or interrupted
             if parallel:
                 self._share_eigenbases()
             else:
                 for layer in self.layers.values():
                     layer.update_inverse(cfg.method, cfg.damping)
-        interrupted = mark("kfac_precondition")
+        interrupted = mark(PRECONDITION)
         was = was or interrupted
         self._precondition(lr_of)
         self.steps += 1

@@ -8,12 +8,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from kasoku.core.errors import ConfigError
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lars", "lamb", "kfac")
-"""The optimizers a run can name (``TrainConfig.optimizer``; ``kasoku.optim.make_optimizer``
-builds them), here rather than in ``optim`` (which imports torch) for the command line."""
+Optimizer = Literal["sgd", "momentum", "adam", "adamw", "lars", "lamb", "kfac"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+"""The optimizers ``kasoku.optim.make_optimizer`` builds by name."""
 
 
 @dataclass
@@ -28,7 +29,7 @@ class TrainConfig:
     """Clip the gradients' global L2 norm to this before each update (GPT-2's recipe: 1.0);
     the norm before clipping is logged as main/grad_norm (default: the workload's recipe,
     none so far)."""
-    optimizer: str | None = None
+    optimizer: Optimizer | None = None
     """sgd | momentum | adam | lars | lamb | kfac (K-FAC preconditioning Linear and Conv2d
     layers in front of momentum SGD; see the --kfac-* settings) (default: the workload's
     recipe)."""

@@ -15,31 +15,28 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kasoku.core import snapshot_names
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.snapshot_names import is_sharded_snapshot, snapshots
 
 AUTO = "auto"
 """``--resume auto``: resume from the output folder's snapshot when it has one, else start
 fresh (what a restarted worker of a distributed job needs)."""
 OUTPUT_ROOT = Path("runs")
 """Where every kasoku command writes by default (training runs, bench and data bench results)."""
-SNAPSHOT = "snapshot_latest.pt"
-RUN_FILES = ("log.jsonl", "log.failed.jsonl", "snapshot_*.pt", "snapshot_*.dcp", "loss.png",
-             "accuracy.png", "bad_files.jsonl")
+SNAPSHOT = snapshot_names.LATEST
+"""The snapshot a run writes by default (the names are said in ``kasoku.core.snapshot_names``,
+where the launcher, a layer below, reads them too)."""
+RUN_FILES = ("log.jsonl", "log.failed.jsonl", snapshot_names.FILES, snapshot_names.SHARDED,
+             "loss.png", "accuracy.png", "bad_files.jsonl")
 """What a training run writes into its folder (glob patterns; ``snapshot_*.dcp`` are folders,
 a sharded run's snapshots): what marks a folder as holding a run, and what ``overwrite``
 removes (nothing else in the folder is touched)."""
-TRAINER_FILE = "trainer.pt"
-"""In a sharded snapshot's folder: the trainer's state but the model and the optimizer."""
 
 
 class SnapshotError(ValueError):
     """A snapshot file is missing, truncated or not a kasoku snapshot. (Here, beside the run
     folder's files, rather than in ``snapshot``: this module loads without torch.)"""
-
-
-def is_sharded_snapshot(path) -> bool:
-    """Whether ``path`` is a sharded snapshot's folder (``snapshot.save_sharded_snapshot``)."""
-    return (Path(path) / TRAINER_FILE).is_file()
 
 
 def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = None,
@@ -149,9 +146,7 @@ def find_snapshot(path) -> Path:
         latest = path / SNAPSHOT
         if latest.is_file():
             return latest
-        found = sorted([*path.glob("snapshot_*.pt"),
-                        *filter(is_sharded_snapshot, path.glob("snapshot_*.dcp"))],
-                       key=lambda p: p.stat().st_mtime)
+        found = sorted(snapshots(path), key=lambda p: p.stat().st_mtime)
         if found:
             return found[-1]
         raise SnapshotError(f"--resume {path}: the folder holds no snapshot (snapshot_*.pt); "

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import KasokuWarning
+from kasoku.core.snapshot_names import TRAINER_FILE, is_sharded_snapshot
 from kasoku.distributed import ddp
 from kasoku.distributed.fsdp import MODEL_KEYS, save_sharded
-from kasoku.train.run_dir import TRAINER_FILE, SnapshotError, is_sharded_snapshot
+from kasoku.train.run_dir import SnapshotError
 
 
 def save_snapshot(state: dict, path) -> Path:

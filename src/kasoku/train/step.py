@@ -2,32 +2,89 @@
 
 Features (mixed precision, CUDA graphs, compilation, gradient accumulation) attach from
 outside by wrapping or replacing the step function (``trainer.step_fn``), never as ``if``s in
-here. A step function is ``step(model, batch, optimizer) -> observations``, where the
-observations are detached 0-dim tensors: converting them to floats would be a host sync.
+here. A step function is a ``Step``: ``step(model, batch, optimizer) -> observations``, where
+the observations are detached 0-dim tensors: converting them to floats would be a host sync.
+A step around another is a ``StepWrapper``, its inner step ``inner``; ``steps_of`` walks the
+chain, ``markable`` finds the eager step that takes phase marks in it.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import time
-from typing import Callable
+from typing import Callable, ClassVar, Protocol
 
 import torch
 
 from kasoku.core.errors import ConfigError
-from kasoku.core.phases import NoClock, PhaseClock, markable, no_mark
+from kasoku.core.phases import NoClock, PhaseClock, TakesMarks, no_mark
+from kasoku.data.base import Loader, check_loader
 from kasoku.train.reporter import Reporter
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-StepFn = Callable[[torch.nn.Module, tuple, torch.optim.Optimizer], dict]
+
+
+class Step(Protocol):
+    """The trainer's step: ``step(model, batch, optimizer) -> observations`` on ``batch =
+    (inputs, targets)`` already on the model's device (a chunk of several batches for a step
+    that runs several per call), the observations detached 0-dim tensors by name."""
+
+    def __call__(self, model: torch.nn.Module, batch: tuple,
+                 optimizer: torch.optim.Optimizer) -> dict: ...
+
+
+class StepWrapper:
+    """A step around another, ``inner``: how a lever attaches to the step from outside
+    (channels_last inputs, a pinned attention kernel, several steps per call, a CUDA graph).
+    ``passes_marks``: whether ``inner`` runs eagerly inside this step, so that phase marks
+    reach it (``markable``); a CUDA graph's replay runs no Python, and does not."""
+    passes_marks: ClassVar[bool] = True
+
+    def __init__(self, inner: Step):
+        self.inner = inner
+
+
+def steps_of(step: Step | None) -> list[Step]:
+    """``step`` and the steps it wraps, outermost first, down each ``StepWrapper``'s ``inner``
+    (``[]`` for None)."""
+    chain: list[Step] = []
+    while step is not None and not any(s is step for s in chain):
+        chain.append(step)
+        step = step.inner if isinstance(step, StepWrapper) else None
+    return chain
+
+
+def markable(step: Step | None) -> TakesMarks | None:
+    """The eager step in ``step``'s chain that takes phase marks (``StandardStep``), reached
+    through wrappers that pass them (``StepWrapper.passes_marks``); None when one that does not
+    (a CUDA graph) is in the way, or no step of the chain takes marks."""
+    for inner in steps_of(step):
+        if isinstance(inner, TakesMarks):
+            return inner
+        if not (isinstance(inner, StepWrapper) and inner.passes_marks):
+            return None
+    return None
+
+
+class Update(Protocol):
+    """How a step turns a loss into a weight update (``PlainUpdate``, a loss scaler,
+    ``ClippedUpdate``); see ``PlainUpdate``."""
+
+    def zero_grad(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def observation(self) -> dict: ...
 
 
 class PlainUpdate:
     """How ``StandardStep`` turns a loss into a weight update when nothing is attached:
     ``loss.backward()`` then ``optimizer.step()``.
 
-    The protocol a replacement implements (``kasoku.accel.loss_scale.LossScaler`` does, for
-    fp16; ``ClippedUpdate`` wraps an inner one):
+    The protocol a replacement implements (``Update``; ``kasoku.accel.loss_scale.LossScaler``
+    does, for fp16; ``ClippedUpdate`` wraps an inner one):
     ``zero_grad(model, optimizer)``, ``backward(loss)``, ``step(optimizer)`` and
     ``observation() -> dict`` (0-dim tensors merged into the step's observations).
     """
@@ -60,7 +117,7 @@ class ClippedUpdate:
     (0-dim, on the device): NaN on a step a loss scaler skipped without calling the optimizer,
     inf where the optimizer skips it itself (the gradients overflowed)."""
 
-    def __init__(self, inner, max_norm: float):
+    def __init__(self, inner: Update, max_norm: float):
         if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
                 or not math.isfinite(max_norm) or max_norm <= 0:
             raise ConfigError(f"gradient clipping needs a positive, finite norm, got "
@@ -122,9 +179,10 @@ class StandardStep:
     mark = staticmethod(no_mark)
 
     def __init__(self, loss_fn: LossFn, metric_fn: LossFn | None = None,
-                 autocast: Callable = contextlib.nullcontext, update=None):
+                 autocast: Callable = contextlib.nullcontext, update: Update | None = None):
         self.loss_fn, self.metric_fn = loss_fn, metric_fn or _no_metric
-        self.autocast, self.update = autocast, update or PlainUpdate()
+        self.autocast = autocast
+        self.update: Update = update or PlainUpdate()
 
     def __call__(self, model, batch, optimizer) -> dict:
         inputs, targets = batch
@@ -165,14 +223,15 @@ class Updater:
     window's) gives the step that clock's marks from the next step on.
     """
 
-    def __init__(self, loader, model, optimizer, step_fn: Callable, device: torch.device,
+    def __init__(self, loader: Loader, model, optimizer, step_fn: Step, device: torch.device,
                  reporter: Reporter, phase_timing: bool = True):
+        check_loader(loader)
         self.loader, self.model, self.optimizer = loader, model, optimizer
         self.step_fn, self.device, self.reporter = step_fn, device, reporter
         self.iteration = self.previous_iteration = self.samples = 0
         self.previous_epoch_detail = 0.0
         # A chunk of K batches is [K, B, ...]: its samples are the first two dimensions.
-        self._sample_dims = 2 if getattr(loader, "batches_per_call", 1) > 1 else 1
+        self._sample_dims = 2 if loader.batches_per_call > 1 else 1
         self._elapsed_before, self._started_at = 0.0, None
         self._marked_fn, self._marks_inside = None, False
         self.phases = PhaseClock(device) if phase_timing else NoClock()
@@ -200,7 +259,7 @@ class Updater:
         self.samples += targets.shape[:self._sample_dims].numel()  # a shape: no device sync
         # A loader that hands out several batches per call (``batches_per_call``, for a step
         # that runs one optimizer step per batch) says how many the chunk held.
-        self.iteration += getattr(self.loader, "last_chunk_batches", 1)
+        self.iteration += self.loader.last_chunk_batches
 
     @property
     def phases(self):
@@ -213,12 +272,12 @@ class Updater:
 
     def _attach_marks(self) -> None:
         """Give the step function's eager step (if it has one) this updater's clock, and the
-        optimizer too when it times phases of its own (has a ``mark``: K-FAC's factors,
+        optimizer too when it times phases of its own (``TakesMarks``: K-FAC's factors,
         inverses and preconditioning, each handing back to the phase it interrupts)."""
         inner = markable(self.step_fn)
         if inner is not None:
             inner.mark = self.phases.mark
-        if hasattr(self.optimizer, "mark"):
+        if isinstance(self.optimizer, TakesMarks):
             self.optimizer.mark = self.phases.mark
         self._marked_fn, self._marks_inside = self.step_fn, inner is not None
 

@@ -17,10 +17,11 @@ from typing import Callable
 import torch
 
 from kasoku.core.errors import KasokuWarning, warn_once
+from kasoku.data.base import Loader
 from kasoku.distributed import ddp, fsdp
 from kasoku.distributed.ddp import unwrap
 from kasoku.train.reporter import PRIORITY_READER, PRIORITY_WRITER, Reporter
-from kasoku.train.run_dir import prepare_out
+from kasoku.train.run_dir import SNAPSHOT, prepare_out
 from kasoku.train.signals import StopSignals
 from kasoku.train.snapshot import (
     SnapshotError,
@@ -29,7 +30,7 @@ from kasoku.train.snapshot import (
     restore_rng_state,
     save_snapshot,
 )
-from kasoku.train.step import StandardStep, Updater
+from kasoku.train.step import StandardStep, Step, Updater
 from kasoku.train.triggers import IntervalTrigger, get_trigger
 
 SNAPSHOT_FORMAT = 1
@@ -90,9 +91,9 @@ class Trainer:
     (``module``), so they load in runs with any number of workers.
     """
 
-    def __init__(self, model, optimizer, train_loader, loss_fn, metric_fn=None,
+    def __init__(self, model, optimizer, train_loader: Loader, loss_fn, metric_fn=None,
                  device="cpu", stop_trigger=(20, "epoch"), out="result", scheduler=None,
-                 step_fn=None, run_info: dict | None = None, overwrite: bool = False,
+                 step_fn: Step | None = None, run_info: dict | None = None, overwrite: bool = False,
                  phase_timing: bool = True, writer: bool = True, handle_signals: bool = True):
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -241,7 +242,7 @@ class Trainer:
         writer = next((e.extension for e in self.extensions
                        if hasattr(e.extension, "write_snapshot")), None)
         path = writer.write_snapshot(self) if writer is not None else \
-            save_snapshot(self.state_dict(), self.out / "snapshot_latest.pt")
+            save_snapshot(self.state_dict(), self.out / SNAPSHOT)
         self.last_snapshot_iteration = self.updater.iteration
         raise TrainingInterrupted(signum, self.updater.iteration, path)
 

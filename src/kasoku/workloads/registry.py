@@ -15,9 +15,10 @@ them.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Literal
 
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
@@ -48,6 +49,26 @@ class Recipe:
     """Validation batch (None: at least the training batch; 1,000 with the device loader, 100
     otherwise). Evaluation keeps no activations for a backward pass, so a small model can
     take its whole validation set in a few launches."""
+
+
+CPU_MAX_BATCH = 100
+"""The largest default batch ``kasoku compare`` times on a CPU (seed 001's batch; ResNet-152's
+recipe batch of 2048 would take minutes per step)."""
+
+
+def default_batch_sizes(recipe_batch: int, command: Literal["bench", "compare", "scale", "data"],
+                        device_type: str = "cpu") -> tuple[int, ...]:
+    """The batch sizes a command measures when ``--batch-size`` is not given, from the recipe's
+    batch ``b``: ``kasoku bench`` sweeps b/8 and b/4, on a GPU also b/2 and b (each at least
+    1); ``compare`` times b, on a CPU at most ``CPU_MAX_BATCH``; ``scale`` and ``data bench``
+    time b."""
+    b = recipe_batch
+    if command == "bench":
+        sizes = [b // 8, b // 4, b // 2, b] if device_type == "cuda" else [b // 8, b // 4]
+        return tuple(sorted({max(1, s) for s in sizes}))
+    if command == "compare" and device_type == "cpu":
+        return (min(b, CPU_MAX_BATCH),)
+    return (b,)
 
 
 class Workload:
@@ -84,6 +105,16 @@ class Workload:
     def __init__(self, config=None):
         self.config = config if config is not None or self.config_class is None \
             else self.config_class()
+
+    @property
+    def spec(self) -> str:
+        """What makes this workload again (``create_workload``): ``FILE.py:NAME`` for one of
+        a file, else its name with every one of its settings, ``NAME:KEY=VALUE,...``."""
+        if getattr(self, "_spec", None) is not None:
+            return self._spec
+        settings = dataclasses.asdict(self.config) if dataclasses.is_dataclass(self.config) \
+            else {}
+        return with_settings(self.name, settings)
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -142,6 +173,7 @@ def create_workload(name: str, **recipe_overrides) -> Workload:
     name, settings = split_settings(spec)
     if is_file_spec(name):
         wl = _workload_from_file(name)
+        wl._spec = name
         if settings:
             raise ConfigError(f"workload {spec!r}: a workload of your own takes no settings "
                               f"in its name")

@@ -37,13 +37,11 @@ from kasoku.commands.bench.results import append_result, median_rate, read_resul
 from kasoku.commands.bench.rungs import ladder_or_specs
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
 from kasoku.workloads import create_workload
+from kasoku.workloads.registry import default_batch_sizes
 
 SCHEMA = "kasoku.compare/1"
 RESULTS_FILE = "results.jsonl"
 CHART_FILE = "compare.png"
-CPU_MAX_BATCH = 100
-"""On a CPU the recipe's batch, at most this (seed 001's batch; ResNet-152's recipe batch of
-2048 would take minutes per step)."""
 TIMED_BUDGET_S = {"cpu": 30.0, "cuda": 10.0}
 """Time a run's timed windows may take, by an estimate of the step: past it, fewer steps."""
 ASSUMED_FLOPS_PER_S = {"cpu": 1e11, "cuda": 1e14}
@@ -59,7 +57,7 @@ class CompareConfig:
     """``cpu``, ``cuda`` or ``cuda:N``, each at most once."""
     out: Path
     batch_sizes: tuple[int, ...] | None = None
-    """None: the recipe's batch (on a CPU at most ``CPU_MAX_BATCH``)."""
+    """None: the recipe's batch, on a CPU at most 100 (``default_batch_sizes``)."""
     configs: dict | None = None
     """Device type -> rung specs (``--cpu-config``, ``--gpu-config``); unset: the ladder."""
     steps: int | None = None
@@ -108,10 +106,6 @@ def plan_window(flops_per_step: float | None, device_type: str, windows: int,
                   est, assumed, shortened)
 
 
-def default_batch(recipe_batch: int, device_type: str) -> int:
-    return min(recipe_batch, CPU_MAX_BATCH) if device_type == "cpu" else recipe_batch
-
-
 def best_run(records: list[dict]) -> tuple[dict | None, str]:
     """The fastest ok run whose numerics check passed, and how it was chosen. Where the guard
     was off (every verdict "n/a") the fastest ok run, said so; a failed check never counts."""
@@ -158,7 +152,7 @@ def _measure_side(cfg: CompareConfig, name: str, wl, device: str, say, stream,
     """One device's sweep of workload ``name`` (as given: the workers build it by that
     name), and its figures for the compare line."""
     device_type = torch.device(device).type
-    sizes = cfg.batch_sizes or (default_batch(wl.recipe.batch_size, device_type),)
+    sizes = cfg.batch_sizes or default_batch_sizes(wl.recipe.batch_size, "compare", device_type)
     model = wl.build_model()
     spec = batch_spec(wl, model)
     flops = wl.step_flops(model, spec.make_batch, max(sizes)).total

@@ -70,6 +70,7 @@ from kasoku.data.config import DataConfig
 from kasoku.data.registry import expand_loaders  # noqa: F401  (kasoku data bench --loader)
 from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
+from kasoku.workloads.registry import default_batch_sizes
 
 SCHEMA = "kasoku.data_bench/1"
 DEFAULT_BATCH_SIZE = 64
@@ -131,8 +132,9 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
     _check(req)
     device = resolve_device(req.device)
     model = LoaderModel(req.model, req.accel, device, req.seed) if req.model else None
-    batch_sizes = req.batch_sizes or (model.workload.recipe.batch_size if model
-                                      else DEFAULT_BATCH_SIZE,)
+    batch_sizes = req.batch_sizes or (
+        default_batch_sizes(model.workload.recipe.batch_size, "data") if model
+        else (DEFAULT_BATCH_SIZE,))
     image_size = req.image_size or _model_image_size(model) or DEFAULT_IMAGE_SIZE
     sources = resolve_sources(req, image_size, say)
     for source in sources:

@@ -144,9 +144,8 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
         if loader is not None:
             figures["skipped_files"] = bad_files.write_skipped(loader, source=source.label,
                                                                loader=spec)
-        close = getattr(loader, "close", None)
-        if close is not None:
-            close()
+        if loader is not None:
+            loader.close()
 
 
 def _take(loader, n: int) -> int:

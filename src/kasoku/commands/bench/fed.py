@@ -97,6 +97,4 @@ class FedBatches:
                 "root": str(root), "train_samples": self.samples}
 
     def close(self) -> None:
-        close = getattr(self.loader, "close", None)
-        if close is not None:
-            close()
+        self.loader.close()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from kasoku.accel.loader_cores import describe
 from kasoku.commands.bench.results import median_rate, read_results
-from kasoku.commands.bench.verdicts import amended
+from kasoku.commands.bench.rung_advice import amended
 from kasoku.commands.table import print_table
 from kasoku.perf.cpuinfo import describe_peak
 
@@ -105,7 +105,7 @@ def bottleneck(runs: list[dict]) -> str:
 def verdict_lines(records: list[dict]) -> list[str]:
     """What goes under the table: ``RUNG (bs N): LINE`` for each rung and rule it got, at the
     largest batch size of that rule (the others are in results.jsonl), with what the next rung
-    measured of its advice (``verdicts.amended``); for a rung never judged, why (its profiled
+    measured of its advice (``rung_advice.amended``); for a rung never judged, why (its profiled
     window failed, or its verdict could not be judged)."""
     rungs, sizes, cells = _grid(records)
     lines = []
@@ -221,8 +221,8 @@ def print_ladder(records: list[dict], title: str | None = None, file=None) -> No
     rows = []
     for rung in rungs:
         runs = [cells[(rung, bs)] for bs in sizes if (rung, bs) in cells]
-        verdicts = {r.get("numerics", {}).get("status") for r in runs}
-        numerics = "FAIL" if "FAIL" in verdicts else "ok" if "ok" in verdicts else "n/a"
+        checks = {r.get("numerics", {}).get("status") for r in runs}
+        numerics = "FAIL" if "FAIL" in checks else "ok" if "ok" in checks else "n/a"
         rows.append([rung, *[_cell(cells.get((rung, bs)), cells.get(("plain", bs)))
                              for bs in sizes], bottleneck(runs), numerics])
     headers = ["rung", *[f"bs {bs}" for bs in sizes], "bottleneck", "numerics"]

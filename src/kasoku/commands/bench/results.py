@@ -37,7 +37,7 @@ A line (schema ``kasoku.bench/1``)::
               and operators...; step shares restated for the unprofiled step, the
               profiled ones under ``profiled``), or {"error": its last line}
     verdict:  (ok runs with a profile) the bottleneck verdict of
-              ``kasoku.perf.profile.verdict``: rule, reason, line, lever {text, expect, args,
+              ``kasoku.advisor.verdict``: rule, reason, line, lever {text, expect, args,
               speedup}, experiments, secondary; or {"error": ...} when it could not be judged
     numerics: status ("ok" | "FAIL" | "n/a"), losses (the first K), loss (step K),
               mean_loss, reference_mean_loss, rel_diff, tolerance, steps, reason

@@ -6,19 +6,37 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from kasoku.accel.compose import accelerate
 from kasoku.commands.bench import plain
 from kasoku.commands.bench.rungs import Rung
+from kasoku.distributed.fsdp import Distribute
 from kasoku.optim import make_optimizer
+from kasoku.train.step import Step
 
 
-def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], distribute=None):
+class StepRunner:
+    """A kasoku rung's ``Runner``: ``step`` (``accelerate``'s, where a profiled window attaches
+    its phase marks) on each batch it is given, on ``model`` and ``optimizer``; returns the
+    last step's loss."""
+
+    def __init__(self, step: Step, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.step, self.model, self.optimizer = step, model, optimizer
+
+    def __call__(self, batches):
+        for batch in batches:
+            observation = self.step(self.model, batch, self.optimizer)
+        return observation["main/loss"]
+
+
+def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str],
+                distribute: Distribute | None = None):
     """The rung's training steps as a ``Runner`` (``kasoku.commands.bench.timing``): one step per
     batch it is given, returning the last loss. The plain rung is the hand-written loop of
     ``kasoku.commands.bench.plain``; every other rung is ``accelerate``'s step for its config. Notes
-    of levers skipped on this device are appended to ``notes``. A kasoku rung's runner
-    carries its step function as ``step_fn`` (where a profiled window attaches its phase
-    marks) and its model as ``model``; the plain loop takes none. ``distribute``: as
+    of levers skipped on this device are appended to ``notes``. A kasoku rung's runner is a
+    ``StepRunner``, its step function and model named; the plain loop has none. ``distribute``: as
     ``accelerate`` takes it (``kasoku scale``'s data-parallel steps)."""
     r = wl.recipe
     if rung.is_plain:
@@ -39,13 +57,4 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str], dist
                      distribute=distribute, grad_clip=r.grad_clip)
     notes.extend(acc.notes)
     acc.model.train()
-    step_fn, acc_model, optimizer = acc.step_fn, acc.model, acc.optimizer
-
-    def run_steps(batches):
-        for batch in batches:
-            observation = step_fn(acc_model, batch, optimizer)
-        return observation["main/loss"]
-
-    run_steps.step_fn = step_fn
-    run_steps.model = acc_model
-    return run_steps
+    return StepRunner(acc.step_fn, acc.model, acc.optimizer)

@@ -9,7 +9,7 @@ numerics verdict is known when its line is written: lines reach ``results.jsonl`
 and an interrupted sweep keeps what it measured.
 
 Each run also profiles a short window (``profile_steps``) whose figures it records; the
-bottleneck verdict (``kasoku.perf.profile.verdict``) is judged here, once the run's MFU is
+bottleneck verdict (``kasoku.advisor.verdict``) is judged here, once the run's MFU is
 known, and recorded beside them, so the ladder says why each rung is as fast as it is.
 """
 from __future__ import annotations
@@ -25,7 +25,9 @@ from pathlib import Path
 import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
+from kasoku.accel.config import AccelConfig
 from kasoku.accel.memory_format import has_conv2d
+from kasoku.advisor.verdict import judge
 from kasoku.commands.bench import fed, numerics
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.process import parse_record, run_process
@@ -42,7 +44,7 @@ from kasoku.commands.bench.worker import WorkerRequest, request_to_json
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
-from kasoku.perf.profile.verdict import judge
+from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.sysinfo import environment
 from kasoku.train.run_dir import make_out_dir
 from kasoku.workloads import create_workload
@@ -325,12 +327,14 @@ def _add_verdict(rec: dict, rung: Rung) -> None:
     if rec["status"] != "ok" or not profile or "error" in profile:
         return
     f = rec["figures"]
-    context = {"config": rec.get("config"), "batch_size": rec["batch_size"],
-               "loader": rung.loader or "synthetic on-device", "mfu": f.get("mfu")}
+    context = {"batch_size": rec["batch_size"], "loader": rung.loader or "synthetic on-device",
+               "mfu": f.get("mfu")}
     if profile.get("device") == "cpu" and f.get("compute_dtype") == "fp32":
         context["peak_fraction"] = f.get("mfu")  # the CPU rule says "of its fp32 peak"
     try:
-        rec["verdict"] = judge({**profile, **context}).to_dict()
+        figures = StepFigures.from_dict(profile).adding(**context)
+        # a plain rung is PyTorch's loop: none of kasoku's levers on
+        rec["verdict"] = judge(figures, rung.config or AccelConfig()).to_dict()
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         # A figure the rule's sentence needs is missing: the run's rate still stands.
         rec["verdict"] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -40,18 +40,20 @@ from kasoku.commands.bench.fed import FedBatches
 from kasoku.commands.bench.numerics import DEFAULT_STEPS
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.rungs import Rung, compute_dtype
-from kasoku.commands.bench.runner import make_runner
+from kasoku.commands.bench.runner import StepRunner, make_runner
 from kasoku.commands.bench.timing import measure_windows, settle, timed
-from kasoku.commands.profile import cpu_bf16, unprofiled_shares
-from kasoku.core.phases import NoClock, markable, no_mark
+from kasoku.commands.profile import cpu_bf16
+from kasoku.core.phases import NoClock, no_mark
 from kasoku.core.queues import request_queues
 from kasoku.perf.activations import saved_activation_bytes
 from kasoku.perf.cpuinfo import PEAK_DTYPES, theoretical_peak
 from kasoku.perf.noise import MachineWatch, Stability, spread
 from kasoku.perf.peak import measure_matmul_peak
+from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kernels import profile_steps
 from kasoku.perf.profile.window import Window
 from kasoku.perf.sysinfo import environment
+from kasoku.train.step import markable
 from kasoku.workloads import create_workload
 
 OOM_ENV = "KASOKU_BENCH_SIMULATE_OOM"
@@ -251,17 +253,16 @@ def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.devi
                    "has_blocks": checkpointable_blocks(model) is not None, **cpu_bf16()}
         figures = profile_window(runner, batches, start, device, req.profile_steps, context,
                                  per_step)
-        unprofiled_shares(figures, {"samples_per_step": per_step,
-                                     "samples_per_s": per_step / (step_ms / 1e3),
-                                     "phases": {"time/data%": figures.get("data_pct", 0.0)}})
+        figures = figures.restated(per_step, per_step / (step_ms / 1e3),
+                                   0.0 if figures.data_pct is None else figures.data_pct)
     except Exception as exc:  # noqa: BLE001 - recorded, the rung is measured already
         traceback.print_exc(file=sys.stderr)
         return {"error": _last_line(exc)}
-    return figures
+    return figures.to_dict()
 
 
 def profile_window(runner, batches, start: int, device: torch.device, steps: int,
-                   context: dict, samples_per_step: int) -> dict:
+                   context: dict, samples_per_step: int) -> StepFigures:
     """Run ``PROFILE_WARMUP + steps`` steps on ``batches(1, start + i)`` under the profiler
     and return the trace's figures (``Window.analyse``) plus ``context``, without the verdict
     (the sweep judges with the MFU, known only there) and with the top lists cut to
@@ -270,7 +271,7 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
     Each step is marked as the analysis cuts it: ``data`` while the batch is taken (a loader
     rung loads it then), then the step's own marks (forward, backward, update, other) where
     its eager step takes them, else one ``compute``."""
-    inner = markable(getattr(runner, "step_fn", None))
+    inner = markable(runner.step) if isinstance(runner, StepRunner) else None
     with tempfile.TemporaryDirectory(prefix="kasoku-bench-profile-") as tmp:
         window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP)
         clock = window.start(NoClock())  # the trace's spans only: nothing else to time
@@ -291,11 +292,8 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
             if inner is not None:
                 inner.mark = no_mark
         figures = window.analyse(context, samples_per_step)
-    figures.pop("verdict", None)
-    for key in ("top_kernels", "top_operators"):
-        if key in figures:
-            figures[key] = figures[key][:PROFILE_TOP]
-    return figures
+    return figures.adding(**{key: figures.rest[key][:PROFILE_TOP]
+                             for key in ("top_kernels", "top_operators") if key in figures.rest})
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""K-FAC's cost in ``kasoku profile``: its phases (``phases.KFAC_PHASES``: the factors, the
+"""K-FAC's cost in ``kasoku profile``: its phases (``KFAC.phases``: the factors, the
 inverses, the preconditioning) against the rest of the step, measured over a window that
 holds each kind of K-FAC step at its rate.
 
@@ -20,7 +20,7 @@ base optimizer's run itself).
 """
 from __future__ import annotations
 
-from kasoku.core.phases import KFAC_PHASES, PhaseClock
+from kasoku.core.phases import PhaseClock
 
 _WORDS = {"kfac_factors": "factors", "kfac_inverse": "inverse",
           "kfac_precondition": "preconditioning"}
@@ -44,8 +44,8 @@ def every_step_clock(device) -> PhaseClock:
 
 def kfac_figures(phases: dict, optimizer, steps: int | None = None) -> dict:
     """``{"kfac": {...}, "kfac_pct": % of the step}`` from ``phases`` (``PhaseClock.take``'s
-    dict) of a K-FAC ``optimizer`` (``kasoku.kfac.KFAC``: the caller tells), ``{}`` when the
-    phases hold no step. ``kfac``: ``ms_per_step`` and ``pct`` (all
+    dict) of a K-FAC ``optimizer`` (``kasoku.kfac.KFAC``: the caller tells; its ``phases`` are
+    the ones read), ``{}`` when the phases hold no step. ``kfac``: ``ms_per_step`` and ``pct`` (all
     its phases), ``phases_ms`` and ``phases_pct`` (each), ``step_ms``, ``without_ms`` (the
     step less K-FAC's phases), ``ratio`` (the step over that), its settings (``base``,
     ``method``, ``factor_update_freq``, ``inv_update_freq``, ``cycle_steps``) and ``steps``
@@ -53,8 +53,8 @@ def kfac_figures(phases: dict, optimizer, steps: int | None = None) -> dict:
     if "time/step" not in phases:
         return {}
     step_ms = phases["time/step"]
-    phases_ms = {p: phases.get(f"time/{p}", 0.0) for p in KFAC_PHASES}
-    phases_pct = {p: phases.get(f"time/{p}%", 0.0) for p in KFAC_PHASES}
+    phases_ms = {p: phases.get(f"time/{p}", 0.0) for p in optimizer.phases}
+    phases_pct = {p: phases.get(f"time/{p}%", 0.0) for p in optimizer.phases}
     total_ms = sum(phases_ms.values())
     without_ms = step_ms - total_ms
     c = optimizer.config
@@ -75,7 +75,7 @@ def ms(x: float) -> str:
 
 def format_kfac(k: dict) -> str:
     """One line: ``K-FAC: 41 of the 102 ms step (40%): factors 5.1 + inverse 30 + ...``."""
-    parts = " + ".join(f"{_WORDS[p]} {ms(k['phases_ms'][p])}" for p in KFAC_PHASES)
+    parts = " + ".join(f"{_WORDS[p]} {ms(t)}" for p, t in k["phases_ms"].items())
     ratio = f", x{k['ratio']:.2f}" if k.get("ratio") else ""
     steps = f"; {k['steps']} steps measured" if k.get("steps") else ""
     return (f"K-FAC: {ms(k['ms_per_step'])} of the {ms(k['step_ms'])} ms step "

@@ -1,13 +1,14 @@
 """A profiled window of training steps: torch.profiler on for a few steps only, with kasoku's
 phase marks written into the trace as host spans (``kasoku/forward``...), then the trace
-analysed (``kasoku.perf.profile.trace``) and judged (``kasoku.perf.profile.verdict``).
+analysed (``kasoku.perf.profile.trace``). The window measures; the advisor
+(``kasoku.advisor``) judges what it measured.
 
 Three ways in, one mechanism (``Window``):
 
 - ``profile_updater(updater, ...)``: what ``kasoku profile`` runs on a built trainer;
-- ``ProfileWindow``: a trainer extension that profiles steps ``start .. start + steps`` of a
-  run and writes ``profile/`` into the run folder;
-- ``profiling(device, ...)``: a context manager for a user's own loop
+- ``kasoku.advisor.profiling.ProfileWindow``: a trainer extension that profiles steps
+  ``start .. start + steps`` of a run and writes ``profile/`` into the run folder;
+- ``kasoku.advisor.profiling.profiling(device, ...)``: a context manager for a user's own loop
   (``for batch in prof.iterate(loader): ...``).
 
 Before and after the window the profiler is not running: it is entered at the window's first
@@ -17,7 +18,6 @@ step and left at its last (zero cost outside; inside, its own cost is in the fig
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
@@ -27,10 +27,9 @@ from pathlib import Path
 
 import torch
 
-from kasoku.core.phases import PhaseClock
 from kasoku.perf import cpuinfo
 from kasoku.perf.profile import trace as trace_mod
-from kasoku.perf.profile.verdict import judge
+from kasoku.perf.profile.figures import StepFigures
 
 
 class TracingClock:
@@ -144,16 +143,17 @@ class Window:
         self.recompiles = compiled_graphs() - self._compiles_before
 
     def analyse(self, context: dict | None = None, samples_per_step: int | None = None
-                ) -> dict:
-        """``analyse``'s figures of the trace, the context keys (see ``verdict.judge``), the
-        window's peak memory and recompilations, and ``verdict``."""
+                ) -> StepFigures:
+        """The window's figures, filled here: ``analyse``'s of the trace, the machine's
+        facts, ``context`` (what the caller knows of the run: ``StepFigures``' fields, and
+        figures kept as they are, such as the run's ``config`` as saved), the window's peak
+        memory and recompilations."""
         figures = trace_mod.analyse(trace_mod.load(self.trace_path), samples_per_step)
         figures.update(machine_facts(self.device))
         figures.update(context or {})
         figures.update(mem_peak_gib=self.mem_peak_gib, recompiles=self.recompiles,
                        profiled_steps=self.steps)
-        figures["verdict"] = judge(figures).to_dict()
-        return figures
+        return StepFigures.from_dict(figures)
 
 
 def machine_facts(device) -> dict:
@@ -213,9 +213,10 @@ def compiled_graphs() -> int:
 
 
 def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
-                    context: dict | None = None, samples_per_step: int | None = None) -> dict:
+                    context: dict | None = None, samples_per_step: int | None = None
+                    ) -> StepFigures:
     """Profile ``warmup + steps`` calls of ``updater.update()`` (a ``kasoku.train.Updater``,
-    warm already) and return the analysed figures with the verdict; the trace is
+    warm already) and return the analysed figures (the caller judges them); the trace is
     ``out/trace.json``."""
     window = Window(updater.device, out, steps, warmup)
     clock = updater.phases
@@ -229,109 +230,3 @@ def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
         window.stop()
         updater.phases = clock
     return window.analyse(context, samples_per_step)
-
-
-class ProfileWindow:
-    """Trainer extension: profile iterations ``start + 1 .. start + warmup + steps`` and write
-    ``trace.json`` and ``profile.json`` (figures, verdict) into ``trainer.out / folder``; the
-    verdict line is printed. Call with ``trigger`` every iteration (its default)."""
-    trigger = (1, "iteration")
-    name = "ProfileWindow"
-
-    def __init__(self, start: int = 10, steps: int = 10, warmup: int = 3,
-                 folder: str = "profile"):
-        self.start, self.steps, self.warmup, self.folder = start, steps, warmup, folder
-        self.window: Window | None = None
-        self.figures: dict | None = None
-        self._clock = None
-
-    def __call__(self, trainer) -> None:
-        u = trainer.updater
-        if self.window is None and self.figures is None and u.iteration >= self.start:
-            self.window = Window(u.device, trainer.out / self.folder, self.steps, self.warmup)
-            self._clock = u.phases
-            u.phases = self.window.start(self._clock)
-        elif self.window is not None and self.window.step():
-            self._restore(u)
-            self.figures = self.window.analyse({"batch_size": _batch_size(u)})
-            self.window = None
-            (trainer.out / self.folder / "profile.json").write_text(
-                json.dumps(self.figures, indent=1, default=str))
-            print(f"profile: {self.figures['verdict']['line']}", flush=True)
-
-    def _restore(self, u) -> None:
-        u.phases = self._clock
-
-    def finalize(self, trainer) -> None:
-        if self.window is not None:
-            self.window.stop()
-            self._restore(trainer.updater)
-            self.window = None
-
-
-def _batch_size(updater) -> int | None:
-    return getattr(updater.loader, "batch_size", None)
-
-
-class _Profiling:
-    """What ``profiling()`` yields: ``iterate(loader)`` marks each batch's wait as the data
-    phase; ``mark(phase)`` marks the step's phases (forward, backward, update, other);
-    ``figures`` and ``verdict`` are set when the window ends."""
-
-    def __init__(self, device, out, steps: int, warmup: int, skip: int):
-        self.device = torch.device(device)
-        self.window = Window(self.device, out, steps, warmup)
-        self.skip = skip
-        self.clock = None
-        self.figures: dict | None = None
-        self._plain = PhaseClock(self.device)
-
-    def mark(self, phase: str) -> str | None:
-        return self.clock.mark(phase) if self.clock is not None else None
-
-    def iterate(self, loader):
-        it = iter(loader)
-        seen = 0
-        while True:
-            if seen == self.skip and self.window is not None and self.clock is None:
-                self.clock = self.window.start(self._plain)
-            elif self.clock is not None and self.window.step():
-                self.clock = None
-                self.figures = self.window.analyse()
-            self.mark("data")
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            self.mark("compute")
-            seen += 1
-            yield batch
-
-    @property
-    def verdict(self) -> str | None:
-        return None if self.figures is None else self.figures["verdict"]["line"]
-
-
-@contextlib.contextmanager
-def profiling(device="cpu", out="profile", steps: int = 10, warmup: int = 3, skip: int = 5):
-    """Profile a loop of your own::
-
-        with profiling("cuda", out="runs/my-profile") as prof:
-            for inputs, targets in prof.iterate(loader):
-                prof.mark("forward");  loss = loss_fn(model(inputs.cuda()), targets.cuda())
-                prof.mark("backward"); loss.backward()
-                prof.mark("update");   opt.step(); opt.zero_grad()
-        print(prof.verdict)
-
-    Iterations ``skip + 1 ..`` (after compilation and warm-up) are profiled: ``warmup`` then
-    ``steps``; ``mark`` is optional (unmarked, the step is one ``compute`` phase). The trace
-    and ``prof.figures`` (with the verdict) are ready after the window or at the end of the
-    ``with`` block."""
-    p = _Profiling(device, out, steps, warmup, skip)
-    try:
-        yield p
-    finally:
-        if p.clock is not None:
-            p.window.stop()
-            if p.window.trace_path.exists():
-                p.figures = p.window.analyse()

@@ -8,6 +8,7 @@ import torch
 
 from kasoku.distributed.fsdp import is_sharded
 from kasoku.train.reporter import PRIORITY_SNAPSHOT
+from kasoku.train.run_dir import SNAPSHOT
 from kasoku.train.snapshot import remove_snapshot, save_sharded_snapshot, save_snapshot
 
 
@@ -41,7 +42,7 @@ class Snapshot:
     priority = PRIORITY_SNAPSHOT
     name = "Snapshot"
 
-    def __init__(self, trigger=(1, "epoch"), filename: str = "snapshot_latest.pt",
+    def __init__(self, trigger=(1, "epoch"), filename: str = SNAPSHOT,
                  keep: int = 1, background: bool = True, at_end: bool = True):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")

@@ -1,14 +1,17 @@
-"""The levers a bound can be pulled with: for each rule of ``kasoku.perf.profile.verdict``,
+"""The levers a bound can be pulled with: for each rule of ``kasoku.advisor.verdict``,
 the candidates that apply to this run (a lever already on, or one this device or model cannot
 use, is left out), best first by what is known of them beforehand.
 
 A lever's ``expect`` and ``speedup`` before it is measured are estimates, and say so; ``kasoku
-profile`` measures the candidates (``kasoku.perf.profile.advice``) and advises the best one
+profile`` measures the candidates (``kasoku.advisor.advice``) and advises the best one
 measured.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from kasoku.accel.config import AccelConfig
+from kasoku.perf.profile.figures import StepFigures
 
 
 @dataclass(frozen=True)
@@ -48,22 +51,23 @@ def estimate(ratio: float | None, words: str = "") -> str:
     return f"estimate ~{ratio:.1f}x" + (f", {words}" if words else "")
 
 
-def cfg(f: dict) -> dict:
-    return f.get("config") or {}
+def given(value, default):
+    """``value``, or ``default`` where the figure was not measured (None)."""
+    return default if value is None else value
 
 
-def synthetic(f: dict) -> tuple[str, ...]:
+def synthetic(f: StepFigures) -> tuple[str, ...]:
     """Arguments that feed the step synthetic batches from the device (no loading, no copy):
     a set small enough to be held whole, of whole batches (at least two and 512 samples: an
     epoch's last, partial batch would run outside a CUDA graph, measured 2x slower on a
     0.26 ms MNIST step)."""
-    batch = int(f.get("batch_size") or 1)
+    batch = int(f.batch_size or 1)
     size = batch * max(2, -(-512 // batch))
     return ("--synthetic", "--synthetic-size", str(size), "--loader", "device")
 
 
-def batch_x2(f: dict) -> tuple[str, ...]:
-    return ("--batch-size", str(2 * int(f.get("batch_size") or 1)))
+def batch_x2(f: StepFigures) -> tuple[str, ...]:
+    return ("--batch-size", str(2 * int(f.batch_size or 1)))
 
 
 def idle_speedup(idle_pct: float, cap: float = 4.0) -> float:
@@ -74,42 +78,42 @@ def idle_speedup(idle_pct: float, cap: float = 4.0) -> float:
 BATCH_CAVEAT = "changes the training: twice the samples per step (scale the learning rate)"
 
 
-def _bigger_batch(f: dict, why: str) -> Lever:
+def _bigger_batch(f: StepFigures, why: str) -> Lever:
     return Lever(f"more work per {why}: {' '.join(batch_x2(f))}",
                  estimate(None, "more samples per second at the same overhead per step"),
                  batch_x2(f), None, BATCH_CAVEAT)
 
 
-def _compile(f: dict, gain: float, why: str) -> list[Lever]:
-    if cfg(f).get("compile"):
+def _compile(accel: AccelConfig, gain: float, why: str) -> list[Lever]:
+    if accel.compile:
         return []
     return [Lever(f"{why}: --compile", estimate(gain), ("--compile",), gain)]
 
 
-def _bf16(f: dict, gain: float, why: str) -> list[Lever]:
-    if cfg(f).get("precision", "fp32") not in ("fp32", "tf32"):
+def _bf16(f: StepFigures, accel: AccelConfig, gain: float, why: str) -> list[Lever]:
+    if accel.precision not in ("fp32", "tf32"):
         return []
-    if f.get("device") == "cpu" and not f.get("cpu_bf16"):
+    if f.device == "cpu" and not f.cpu_bf16:
         return []  # no bf16 units: autocast would convert to bf16 and compute in fp32
     return [Lever(f"{why}: --precision bf16", estimate(gain), ("--precision", "bf16"), gain)]
 
 
-def _channels_last(f: dict, gain: float) -> list[Lever]:
-    if not f.get("has_conv") or cfg(f).get("channels_last"):
+def _channels_last(f: StepFigures, accel: AccelConfig, gain: float) -> list[Lever]:
+    if not f.has_conv or accel.channels_last:
         return []
     return [Lever("NHWC convolutions: --channels-last", estimate(gain), ("--channels-last",),
                   gain)]
 
 
-def input_candidates(f: dict) -> list[Lever]:
-    gain = idle_speedup(f.get("data_pct", 0.0))
-    loader = (f.get("loader") or "serial").split(":")[0]
-    kind = f.get("data_kind")
+def input_candidates(f: StepFigures, accel: AccelConfig | None = None) -> list[Lever]:
+    gain = idle_speedup(given(f.data_pct, 0.0))
+    loader = (f.loader or "serial").split(":")[0]
+    kind = f.data_kind
     out = []
-    if f.get("device") == "cuda" and kind == "in-memory" and loader != "device":
+    if f.device == "cuda" and kind == "in-memory" and loader != "device":
         out.append(Lever("the dataset resident on the GPU: --loader device",
                          estimate(gain, "up to"), ("--loader", "device"), gain))
-    if f.get("device") == "cuda" and kind == "image-folder" and loader != "gpu-jpeg":
+    if f.device == "cuda" and kind == "image-folder" and loader != "gpu-jpeg":
         out.append(Lever("decode the JPEGs on the GPU: --loader gpu-jpeg",
                          estimate(gain, "up to"), ("--loader", "gpu-jpeg"), gain))
     if loader in ("serial", "threads"):
@@ -118,15 +122,15 @@ def input_candidates(f: dict) -> list[Lever]:
     return out
 
 
-def input_fallback(f: dict) -> Lever:
+def input_fallback(f: StepFigures) -> Lever:
     return Lever("more loader workers (--loader KIND:N), smaller images, or faster storage",
-                 estimate(idle_speedup(f.get("data_pct", 0.0)), "up to"))
+                 estimate(idle_speedup(given(f.data_pct, 0.0)), "up to"))
 
 
-def communication_candidates(f: dict) -> list[Lever]:
+def communication_candidates(f: StepFigures, accel: AccelConfig | None = None) -> list[Lever]:
     out = [_bigger_batch(f, "exchange (the same all-reduce over twice the samples)")]
     # DDP's bf16 compression hook: NCCL's; gloo's all-reduce refused it on a CPU.
-    if f.get("device") == "cuda" and (f.get("allreduce_dtype") or "fp32") == "fp32":
+    if f.device == "cuda" and (f.allreduce_dtype or "fp32") == "fp32":
         out.append(Lever("all-reduce the gradients in bf16: --allreduce-dtype bf16",
                          estimate(None, "half the bytes on the wire"),
                          ("--allreduce-dtype", "bf16"), None,
@@ -134,88 +138,121 @@ def communication_candidates(f: dict) -> list[Lever]:
     return out
 
 
-def _graphable(f: dict) -> bool:
+def _graphable(f: StepFigures, accel: AccelConfig) -> bool:
     """Whether the step could be captured as a CUDA graph: on CUDA, not captured yet, not
     sharded (FSDP2's all-gathers allocate and free memory each step: ``--shard`` refuses
     ``--cuda-graph``)."""
-    return f.get("device") == "cuda" and not cfg(f).get("cuda_graph") and not f.get("sharded")
+    return f.device == "cuda" and not accel.cuda_graph and not f.sharded
 
 
-def host_candidates(f: dict) -> list[Lever]:
-    gain = idle_speedup(f.get("idle_host_pct", 0.0) + f.get("idle_other_pct", 0.0))
-    if f.get("sharded"):  # FSDP2's host work is per unit and step: more samples per step
-        return [_bigger_batch(f, "launch")] + _compile(f, min(gain, 1.3), "fewer kernels "
+def host_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    gain = idle_speedup(given(f.idle_host_pct, 0.0) + given(f.idle_other_pct, 0.0))
+    if f.sharded:  # FSDP2's host work is per unit and step: more samples per step
+        return [_bigger_batch(f, "launch")] + _compile(accel, min(gain, 1.3), "fewer kernels "
                                                        "to launch per block")
     out = []
-    if _graphable(f):
+    if _graphable(f, accel):
         out.append(Lever("capture the step as a CUDA graph: --cuda-graph", estimate(gain),
                          ("--cuda-graph",), gain))
-    out += _compile(f, min(gain, 1.3), "fewer, fused kernels to launch")
+    out += _compile(accel, min(gain, 1.3), "fewer, fused kernels to launch")
     return out + [_bigger_batch(f, "launch")]
 
 
-def latency_candidates(f: dict) -> list[Lever]:
+def latency_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     out = [_bigger_batch(f, "kernel")]
-    if _graphable(f):
+    if _graphable(f, accel):
         out.append(Lever("capture the step as a CUDA graph: --cuda-graph", estimate(None),
                          ("--cuda-graph",), None))
-    return out + _compile(f, 1.2, "fused kernels")
+    return out + _compile(accel, 1.2, "fused kernels")
 
 
-def gpu_compute_candidates(f: dict) -> list[Lever]:
-    return (_bf16(f, 2.0, "tensor cores in bf16") + _channels_last(f, 1.3))
+def gpu_compute_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    return (_bf16(f, accel, 2.0, "tensor cores in bf16") + _channels_last(f, accel, 1.3))
 
 
-def gpu_memory_candidates(f: dict) -> list[Lever]:
-    out = _compile(f, 1.3, "fuse the element-wise kernels")
-    if f.get("has_conv") and cfg(f).get("channels_last") and not cfg(f).get("fused_bn"):
+def gpu_memory_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    out = _compile(accel, 1.3, "fuse the element-wise kernels")
+    if f.has_conv and accel.channels_last and not accel.fused_bn:
         out.append(Lever("batch norm + ReLU as kasoku's fused kernels: --fused-bn",
                          estimate(1.1), ("--fused-bn",), 1.1))
-    return out + _bf16(f, 1.5, "half the bytes per activation") + _channels_last(f, 1.2)
+    return (out + _bf16(f, accel, 1.5, "half the bytes per activation")
+            + _channels_last(f, accel, 1.2))
 
 
-def gpu_memory_fallback(f: dict) -> Lever:
-    kinds = {k: v for k, v in f.get("by_kind_ms", {}).items() if k != "conv/matmul"}
+def gpu_memory_fallback(f: StepFigures) -> Lever:
+    kinds = {k: v for k, v in (f.by_kind_ms or {}).items() if k != "conv/matmul"}
     top = max(kinds, key=kinds.get) if kinds else "other"
     return nothing_left(f"the time is in memory-bound kernels ({top}: "
                         f"{kinds.get(top, 0.0):.1f} ms/step)")
 
 
-def cpu_dispatch_candidates(f: dict) -> list[Lever]:
-    return _compile(f, 1.3, "fewer operators to dispatch") + [_bigger_batch(f, "operator")]
+def cpu_dispatch_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    return _compile(accel, 1.3, "fewer operators to dispatch") + [_bigger_batch(f, "operator")]
 
 
-def cpu_latency_candidates(f: dict) -> list[Lever]:
-    out = _compile(f, 1.3, "fused operators")
-    if (f.get("threads") or 1) > 1:
+def cpu_latency_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    out = _compile(accel, 1.3, "fused operators")
+    if (f.threads or 1) > 1:
         out.append(Lever("one thread (small operators spend their time synchronizing "
                          "threads): --threads 1", estimate(None), ("--threads", "1"), None))
     return out + [_bigger_batch(f, "operator")]
 
 
-def cpu_compute_candidates(f: dict) -> list[Lever]:
-    isa = f.get("cpu_bf16_isa") or "bf16"
-    return (_bf16(f, 1.5, f"the {isa} units of this CPU") + _channels_last(f, 1.3)
-            + _compile(f, 1.1, "fused operators around the matrix products"))
+def cpu_compute_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    isa = f.cpu_bf16_isa or "bf16"
+    return (_bf16(f, accel, 1.5, f"the {isa} units of this CPU")
+            + _channels_last(f, accel, 1.3)
+            + _compile(accel, 1.1, "fused operators around the matrix products"))
 
 
-def cpu_memory_candidates(f: dict) -> list[Lever]:
-    out = _compile(f, 1.3, "fuse the element-wise operators") + _channels_last(f, 1.3)
-    if not cfg(f).get("keep_memory"):
+def cpu_memory_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    out = (_compile(accel, 1.3, "fuse the element-wise operators")
+           + _channels_last(f, accel, 1.3))
+    if not accel.keep_memory:
         out.append(Lever("keep freed memory instead of returning it to the OS: --keep-memory",
                          estimate(None), ("--keep-memory",), None))
     return out
+
+
+def kfac_lever(f: StepFigures, accel: AccelConfig | None = None) -> Lever:
+    """Half as many of K-FAC's costliest steps: the inverse steps or the factor steps (each
+    step's share of that phase halves), else, for the preconditioning (every step), the
+    inverse method's two products per layer. Fewer curvature updates may slow the loss's
+    fall: compare the runs' accuracy over time, not only their speed."""
+    k = f.kfac
+    top = max(k["phases_pct"], key=k["phases_pct"].get)
+    gain = 100.0 / max(1.0, 100.0 - k["phases_pct"][top] / 2)
+    method = " (or --kfac-method inverse: Cholesky inverses)" if k["method"] == "eigen" else ""
+    caveat = "fewer curvature updates: compare the accuracy over time too"
+    if top in ("kfac_inverse", "kfac_factors"):
+        what, key = (("inverses", "inv_update_freq") if top == "kfac_inverse"
+                     else ("factors", "factor_update_freq"))
+        flag = f"--kfac-{key.replace('_', '-')}"
+        args = (flag, str(2 * k[key]))
+        return Lever(f"update K-FAC's {what} half as often: {' '.join(args)}"
+                     + (method if top == "kfac_inverse" else ""),
+                     estimate(gain), args, gain, caveat)
+    if k["method"] == "eigen":
+        return Lever("precondition with the factors' inverses: --kfac-method inverse",
+                     estimate(None, "faster preconditioning"), ("--kfac-method", "inverse"),
+                     None, "damping that grows with the factors")
+    return nothing_left("K-FAC's preconditioning runs every step")
+
+
+def kfac_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    lever = kfac_lever(f)
+    return [lever] if lever.args else []
 
 
 RECOMPUTE_CAVEAT = ("recomputes activations in the backward pass: slower at this batch; the "
                     "memory it frees takes a larger batch or model")
 
 
-def memory_full_candidates(f: dict) -> list[Lever]:
+def memory_full_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     """Activation checkpointing, for a model whose ``blocks`` it can wrap: selective first
     (recomputes only element-wise operators), then full."""
-    done = cfg(f).get("activation_checkpointing", "none")
-    if not f.get("has_blocks") or done == "full":
+    done = accel.activation_checkpointing
+    if not f.has_blocks or done == "full":
         return []
     modes = ("selective", "full") if done == "none" else ("full",)
     return [Lever(f"keep fewer activations: --activation-checkpointing {mode}",
@@ -224,19 +261,19 @@ def memory_full_candidates(f: dict) -> list[Lever]:
             for mode in modes]
 
 
-def memory_full_fallback(f: dict) -> Lever:
+def memory_full_fallback(f: StepFigures) -> Lever:
     return Lever("shard the weights, gradients and optimizer state over several GPUs (FSDP2: "
                  "--gpus N --shard), or a smaller batch", estimate(None, "less memory per GPU"))
 
 
-def attention_candidates(f: dict) -> list[Lever]:
-    if cfg(f).get("sdpa_backend") != "math":
+def attention_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    if accel.sdpa_backend != "math":
         return []
     return [Lever("a fused attention kernel: --sdpa-backend auto", estimate(None),
                   ("--sdpa-backend", "auto"), None)]
 
 
-def attention_fallback(f: dict) -> Lever:
+def attention_fallback(f: StepFigures) -> Lever:
     return Lever("attention through scaled_dot_product_attention (gpt: --attention sdpa), "
                  "its flash or memory-efficient kernel (--sdpa-backend auto)",
                  estimate(None, "no [T, T] scores in memory"))

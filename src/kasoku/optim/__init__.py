@@ -1,4 +1,7 @@
-"""Optimizers by name, from a workload's recipe, in the implementation the caller picks."""
+"""Optimizers by name, from a workload's recipe, in the implementation the caller picks
+(``make_optimizer``); kasoku's own layer-wise optimizers beside it: ``lars.LARS``,
+``lamb.LAMB`` (``_layerwise``: what they share). The Triton Adam stays in ``kasoku.accel``
+(``triton_adam``), whose ``accelerate`` compiles its kernels early."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -6,15 +9,16 @@ from typing import Iterable
 import torch
 
 from kasoku.accel.compile import has_cxx_compiler, import_compiler
-from kasoku.accel.lamb import LAMB
-from kasoku.accel.lars import LARS
+from kasoku.accel.config import OPTIMIZER_IMPLS
 from kasoku.accel.notes import warn_once
 from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
 from kasoku.core.errors import ConfigError
 from kasoku.kfac import KFAC, KFACConfig
+from kasoku.optim.lamb import LAMB
+from kasoku.optim.lars import LARS
 from kasoku.train.config import OPTIMIZERS
 
-IMPLS = ("loop", "foreach", "fused", "compiled", "triton")
+IMPLS = OPTIMIZER_IMPLS
 """loop: one kernel per tensor per op; foreach: multi-tensor kernels; fused: one kernel for all
 weights (torch's ``fused=True``; SGD, momentum, Adam and AdamW only); compiled: the foreach
 update compiled by ``torch.compile`` (SGD, momentum, Adam and AdamW; see ``compile_step``);

@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
+from kasoku.advisor.levers import Lever
 from kasoku.perf.noise import spread
-from kasoku.perf.profile.levers import Lever
 
 MIN_EFFECT = 0.05
 """No lever is called faster or slower for less than 5%, however quiet the machine."""
@@ -86,7 +86,7 @@ def short(outcome: dict) -> str:
 
 
 def advise(verdict, outcomes: list[Outcome]):
-    """``verdict`` (``kasoku.perf.profile.verdict.Verdict``) with its lever the fastest
+    """``verdict`` (``kasoku.advisor.verdict.Verdict``) with its lever the fastest
     candidate measured faster, its ``tried`` list every outcome (fastest first), and, where
     none was faster, a lever that says so and what was tried."""
     if not outcomes:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kasoku.accel import _layerwise as lw
+from kasoku.optim import _layerwise as lw
 
 
 class LARS(lw.LayerwiseOptimizer):

@@ -1,4 +1,4 @@
-"""A rung's verdict read beside the ladder: a run's own profiled window advises a lever, and
+"""A rung's advice read beside the ladder: a run's own profiled window advises a lever, and
 the next rung of the same sweep often is that lever, measured. Where it is, the advice says
 what the next rung measured (``amended``): faster, within the noise, or slower; a lever the
 next rung measured slower is not advised.

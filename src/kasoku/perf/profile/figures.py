@@ -1,0 +1,116 @@
+"""The figures of a profiled window of steps, typed: what ``trace.analyse`` measured of its
+trace, the machine's facts (``window.machine_facts``), the run's context, the window's own
+(peak memory, recompilations) and the shares of the step restated for the run without the
+profiler (``restated``). ``Window.analyse`` fills them in one place; the advisor
+(``kasoku.advisor``) reads them.
+
+A figure not measured (a GPU's busy share on a CPU, the card's memory of a script's CPU run)
+is None here and absent from ``to_dict``, which is ``profile.json``'s ``figures``: the same
+keys, values and order as the window measured them (``from_dict`` reads one back). The figures
+no rule reads (the top kernels, the phases, the peak's provenance, the run's config as saved)
+ride along in ``rest``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    device: str | None = None
+    """``cuda`` (the trace has device rows) or ``cpu``."""
+    step_ms: float | None = None
+    busy_pct: float | None = None
+    """% of the step the device runs kernels, copies or fills (a GPU's)."""
+    device_ms: float | None = None
+    idle_data_pct: float | None = None
+    idle_host_pct: float | None = None
+    """% of the step the device waits for the host to launch its work."""
+    idle_other_pct: float | None = None
+    data_pct: float | None = None
+    """% of the step spent waiting for the batch."""
+    host_ms: float | None = None
+    kernels_per_step: float | None = None
+    launches_per_step: float | None = None
+    by_kind_ms: dict | None = None
+    by_kind_pct: dict | None = None
+    comm_pct: float | None = None
+    attention_ms: dict | None = None
+    """``{"fused": ms, "softmax": ms}`` per step (``kernels.attention_kind``)."""
+    h2d_ms: float | None = None
+    h2d_pageable: bool | None = None
+    operator_ms: float | None = None
+    """A CPU's: the operators' self time per step."""
+    operator_pct: float | None = None
+    ops_per_step: float | None = None
+    samples_per_step: int | None = None
+    threads: int | None = None
+    card_gib: float | None = None
+    cpu_bf16: bool | None = None
+    cpu_bf16_isa: str | None = None
+    loader: str | None = None
+    """The loader spec (``--loader``), ``serial`` where a script's DataLoader has no workers."""
+    batch_size: int | None = None
+    has_conv: bool | None = None
+    """Whether the model has 2-d convolutions; None where unknown (a script's, before its
+    forward is seen)."""
+    has_blocks: bool | None = None
+    sharded: bool | None = None
+    data_kind: str | None = None
+    """``in-memory``, ``image-folder``, ... (``data.registry.dataset_kind``)."""
+    mfu: float | None = None
+    peak_fraction: float | None = None
+    """A CPU's step against its measured matmul peak (its MFU)."""
+    peak_dtype: str | None = None
+    kfac: dict | None = None
+    """K-FAC's share of the step (``kfac_cost.kfac_figures``)."""
+    kfac_pct: float | None = None
+    allreduce_dtype: str | None = None
+    mem_peak_gib: float | None = None
+    profiled: dict | None = None
+    """The shares as the profiled steps measured them, before ``restated``."""
+    rest: dict = field(default_factory=dict)
+    """The figures no rule reads, as saved."""
+    order: tuple[str, ...] = ()
+    """The figures measured, in the order ``profile.json`` lists them."""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepFigures":
+        """Figures as ``profile.json`` holds them (``to_dict``), or as measured."""
+        typed = {k: v for k, v in d.items() if k in TYPED}
+        return cls(**typed, rest={k: v for k, v in d.items() if k not in TYPED},
+                   order=tuple(d))
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) if k in TYPED else self.rest[k] for k in self.order}
+
+    def adding(self, **figures) -> "StepFigures":
+        """These figures with ``figures`` added (a figure measured already takes the new
+        value and keeps its place)."""
+        return StepFigures.from_dict({**self.to_dict(), **figures})
+
+    def restated(self, samples_per_step: float, samples_per_s: float, data_pct: float
+                 ) -> "StepFigures":
+        """The shares of the step restated for the run without the profiler, which slows the
+        host (every operator it records costs microseconds) but hardly the kernels: the step
+        time (``samples_per_step / samples_per_s``) and data wait (``data_pct``) from the
+        unprofiled steps, the device's busy time from the trace's kernels; the idle rest
+        split between host launch and other as in the trace. The profiled figures are kept
+        under ``profiled``."""
+        keys = ("step_ms", "busy_pct", "data_pct", "idle_data_pct", "idle_host_pct",
+                "idle_other_pct")
+        profiled = {k: getattr(self, k) for k in keys if k in self.order}
+        step_ms = 1e3 * samples_per_step / samples_per_s
+        new = {"profiled": profiled, "step_ms": step_ms, "data_pct": data_pct}
+        if self.device_ms is not None:
+            busy = min(100.0, 100.0 * self.device_ms / step_ms)
+            rest = max(0.0, 100.0 - busy - data_pct)
+            host, other = profiled["idle_host_pct"], profiled["idle_other_pct"]
+            host_share = host / (host + other) if host + other > 0 else 0.0
+            new.update(busy_pct=busy, idle_data_pct=data_pct, idle_host_pct=rest * host_share,
+                       idle_other_pct=rest * (1 - host_share))
+        return self.adding(**new)
+
+
+TYPED = frozenset(f.name for f in fields(StepFigures)) - {"rest", "order"}
+"""The figures ``StepFigures`` holds as fields."""
