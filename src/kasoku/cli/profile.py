@@ -118,7 +118,7 @@ def run(args) -> int:
     train.progress = False
     cfg = a.config_from(args, ProfileConfig)
     dist = dist_config_from_args(args)
-    from kasoku.run import resolve  # deferred: torch (K-FAC's package)
+    from kasoku.run import resolve  # deferred: with the engine, when the command runs
     run_cfg = resolve(create_workload(workload_spec(args)), data, train,
                       accel_config_from_args(args), dist, kfac_config_from_args(args))
     if dist.asked and not under_launcher():

@@ -147,7 +147,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from kasoku.commands.train import train_run  # deferred: torch (module doc)
-    from kasoku.run import TrainRequest, resolve  # deferred: torch (K-FAC's package)
+    from kasoku.run import TrainRequest, resolve  # deferred: with the engine, when it runs
     dist = dist_config_from_args(args)
     run_cfg = resolve(create_workload(workload_spec(args)), a.config_from(args, DataConfig),
                       a.config_from(args, TrainConfig), accel_config_from_args(args), dist,
