@@ -12,6 +12,7 @@ from PIL import Image
 from kasoku.cli import main
 from kasoku.commands.bench.sweep import SweepResult
 from kasoku.commands.bench.worker import DIVERGE_ENV, OOM_ENV
+from kasoku.perf.cpuinfo import cpu_info
 
 pytestmark = pytest.mark.slow  # one sweep of 12 worker processes, ~30 s on 2 cores
 
@@ -20,6 +21,10 @@ MLP_FLOPS_PER_SAMPLE = 2 * 1_794_000 * 2 + 2 * (1000 * 1000 + 1000 * 10)
 all layers but the first."""
 BROKEN = "precision=bf16"
 """A custom rung whose learning rate the worker's test hook multiplies by 1e4."""
+BF16_UNITS = cpu_info().bf16_hardware
+"""With bf16 units the CPU ladder's +channels_last builds on +bf16 and, channels_last dropped
+for an MLP, equals it (skipped); without them it builds on +keep-memory, in fp32, and runs."""
+MEASURED = ("plain", "fp32", "+bf16", BROKEN) + (() if BF16_UNITS else ("+channels_last",))
 FAST = ["--device", "cpu", "--steps", "2", "--windows", "2", "--warmup", "1",
         "--numerics-steps", "4", "--threads", "1", "--peak-size", "128"]
 
@@ -46,9 +51,11 @@ def sweep(tmp_path_factory):
 
 def test_cpu_ladder_writes_the_documented_results(sweep):
     code, text, records, out = sweep
-    assert "+channels_last skipped" in text and "channels_last does not apply" in text
+    assert "channels_last does not apply" in text
+    assert ("rung +channels_last skipped: without channels_last it equals rung +bf16"
+            in text) == BF16_UNITS
     assert {(r["rung"], r["batch_size"]) for r in records} == \
-        {(rung, bs) for rung in ("plain", "fp32", "+bf16", BROKEN) for bs in (8, 16, 64)}
+        {(rung, bs) for rung in MEASURED for bs in (8, 16, 64)}
     assert len({r["sweep_id"] for r in records}) == 1
     for r in records:
         assert r["schema"] == "kasoku.bench/1" and r["workload"] == "mnist-mlp"
@@ -68,7 +75,8 @@ def test_cpu_ladder_writes_the_documented_results(sweep):
         assert 0 < s["min"] <= s["median"] <= s["max"]
         assert f["step_time_ms"]["median"] > 0 and f["warmup_s"] > 0 and f["mem_peak_gib"] > 0
         assert f["model_flops_per_step"] == MLP_FLOPS_PER_SAMPLE * r["batch_size"]
-        assert f["compute_dtype"] == ("fp32" if r["rung"] in ("plain", "fp32") else "bf16")
+        fp32 = ("plain", "fp32") if BF16_UNITS else ("plain", "fp32", "+channels_last")
+        assert f["compute_dtype"] == ("fp32" if r["rung"] in fp32 else "bf16")
         assert f["peak"]["dtype"] == f["compute_dtype"] and f["peak_flops_per_s"] > 0
         assert "mfu" in f and (f["mfu"] is None or 0 < f["mfu"] <= 1) and f["mfu_note"]
         assert len(r["numerics"]["losses"]) == 4

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from kasoku.core.errors import ConfigError
 
-PYTHON_SHOWWARNING = warnings.showwarning
-"""Python's own way to print a warning, taken when this module is imported (with the command
-line, before ``kasoku.cli.main`` prints warnings as kasoku's lines): the script's warnings are
-its own, printed as Python prints them."""
+PYTHON_SHOWWARNING = warnings._showwarning_orig
+"""Python's own way to print a warning, for the script's warnings: the warnings module's
+original function (its ``_showwarning_orig``), not ``warnings.showwarning`` as this module
+finds it, since ``kasoku.cli.main`` replaces that with kasoku's lines before it imports the
+command's engine (this module among them)."""
 
 PYTHON = re.compile(r"python(\d+(\.\d+)?)?(\.exe)?$")
 """What names the interpreter in front of a script: python, python3, python3.11."""
