@@ -84,11 +84,12 @@ class ArrayDataset:
         return f"ArrayDataset({self.name}, n={len(self)}, input={tuple(self.inputs.shape[1:])})"
 
 
-LOADER_MEMBERS = ("batches_per_call", "last_chunk_batches", "epoch", "is_new_epoch",
-                  "batches_per_epoch", "epoch_detail", "__next__", "__len__", "state_dict",
-                  "load_state_dict", "close")
-"""``Loader``'s members, for the message that names those a loader lacks (Python 3.10's
-typing keeps no list of a protocol's members)."""
+LOADER_MEMBERS = (*Loader.__annotations__, *(
+    name for name, value in vars(Loader).items()
+    if isinstance(value, property) or callable(value) and name in ("__next__", "__len__")
+    or callable(value) and not name.startswith("_")))
+"""``Loader``'s members, read off the protocol, for the message that names those a loader
+lacks (Python 3.10's typing keeps no public list of a protocol's members)."""
 
 
 def check_loader(loader) -> None:
