@@ -13,6 +13,7 @@ import sys
 import typing
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import FLAGS
 from kasoku.data.registry import parse_loader_spec
 from kasoku.train.config import max_threads
 
@@ -174,6 +175,12 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
+RUN_SECTIONS = {"DataConfig": "data", "TrainConfig": "train", "AccelConfig": "accel",
+                "DistConfig": "dist", "KFACConfig": "kfac"}
+"""The configs of a run (``kasoku.run.RunConfig``), by class name, and their section in
+``kasoku.core.flags.FLAGS``."""
+
+
 def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
     """Add one option per entry of ``flags`` (field name -> argparse overrides, or None for
     the defaults) for fields of dataclass ``cls``: the flag is ``--field-name`` unless the
@@ -181,12 +188,18 @@ def add_fields(group, cls, flags: dict[str, dict | None]) -> None:
     type follows the annotation (int: a whole number >= 1, float: a positive finite number)
     unless the overrides give one. The option's ``dest`` is the field name and its default
     None (unset: the config's default applies), so ``config_from(args, cls)`` builds the
-    config."""
+    config. A field of a run's configs (``kasoku.run.RunConfig``) takes its flag from
+    ``kasoku.core.flags.FLAGS``, the one map of them."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    section = RUN_SECTIONS.get(cls.__name__)
     for name, overrides in flags.items():
         kwargs = dict(overrides or {})
-        flag = kwargs.pop("flag", "--" + name.replace("_", "-"))
+        if section is not None:
+            assert "flag" not in kwargs, f"{section}.{name}: its flag is kasoku.core.flags'"
+            flag = FLAGS[f"{section}.{name}"]
+        else:
+            flag = kwargs.pop("flag", "--" + name.replace("_", "-"))
         hint = hints[name]
         kwargs.setdefault("help", docs.get(name, "").replace("%", "%%"))
         field = cls.__dataclass_fields__[name]

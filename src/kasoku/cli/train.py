@@ -49,10 +49,10 @@ TRAIN_FLAGS = {
     "log_interval": {"metavar": "ITERS"},
     "snapshot_interval": {"metavar": "ITERS"},
     "threads": {"type": a.threads},
-    "progress": {"flag": "--no-progress", "action": "store_false", "help": "no progress bar"},
+    "progress": {"action": "store_false", "help": "no progress bar"},
 }
 LOADER_CORES_FLAG = {
-    "flag": "--no-loader-cores", "action": "store_false",
+    "action": "store_false",
     "help": "on a CPU, leave the loader's worker processes or threads on the cores of "
             "PyTorch's threads (by default each side is pinned to cores of its own: the "
             "workers one core each, at most a quarter of them, none below 4 cores; with "
@@ -60,28 +60,25 @@ LOADER_CORES_FLAG = {
             "loader with little to do, such as one over an in-memory dataset, leaves its "
             "cores idle: the step may be faster with all of them"}
 DATA_FLAGS = {
-    "root": {"flag": "--data", "type": Path, "metavar": "DIR"},
+    "root": {"type": Path, "metavar": "DIR"},
     "download": None, "synthetic": None,
-    "synthetic_train_size": {"flag": "--synthetic-size", "metavar": "N"},
-    "cache": {"flag": "--data-cache", "type": Path, "metavar": "DIR"},
-    "strict": {"flag": "--strict-data"},
+    "synthetic_train_size": {"metavar": "N"},
+    "cache": {"type": Path, "metavar": "DIR"},
+    "strict": None,
 }
 
 
 KFAC_FLAGS = {
-    "base": {"flag": "--kfac-base", "type": a.choice(KFAC_BASES),
-             "metavar": "{" + ",".join(KFAC_BASES) + "}"},
-    "method": {"flag": "--kfac-method", "type": a.choice(KFAC_METHODS),
-               "metavar": "{" + ",".join(KFAC_METHODS) + "}"},
-    "damping": {"flag": "--kfac-damping"},
-    "factor_decay": {"flag": "--kfac-factor-decay", "type": a.fraction},
-    "kl_clip": {"flag": "--kfac-kl-clip"},
-    "factor_update_freq": {"flag": "--kfac-factor-update-freq", "metavar": "STEPS"},
-    "inv_update_freq": {"flag": "--kfac-inv-update-freq", "metavar": "STEPS"},
-    "factor_precision": {"flag": "--kfac-factor-precision",
-                         "type": a.choice(FACTOR_PRECISIONS),
+    "base": {"type": a.choice(KFAC_BASES), "metavar": "{" + ",".join(KFAC_BASES) + "}"},
+    "method": {"type": a.choice(KFAC_METHODS), "metavar": "{" + ",".join(KFAC_METHODS) + "}"},
+    "damping": None,
+    "factor_decay": {"type": a.fraction},
+    "kl_clip": None,
+    "factor_update_freq": {"metavar": "STEPS"},
+    "inv_update_freq": {"metavar": "STEPS"},
+    "factor_precision": {"type": a.choice(FACTOR_PRECISIONS),
                          "metavar": "{" + ",".join(FACTOR_PRECISIONS) + "}"},
-    "factor_comm_dtype": {"flag": "--kfac-factor-comm-dtype", "type": a.choice(KFAC_COMM_DTYPES),
+    "factor_comm_dtype": {"type": a.choice(KFAC_COMM_DTYPES),
                           "metavar": "{" + ",".join(KFAC_COMM_DTYPES) + "}"},
 }
 
