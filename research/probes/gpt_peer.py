@@ -10,7 +10,9 @@ inductor's per-kernel bytes and FLOPs (``benchmark_kernel``), the kernel time gr
 nano: nanoGPT's ``model.py`` (bias=False, as its bench.py); kasoku: ``kasoku.models.gpt.GPT``
 small with biases, its loss (cross-entropy) and metric (argmax accuracy) as kasoku's step
 computes them; -nobias: its linear and norm biases removed; -nometric: no accuracy;
--cudnn: attention pinned to cuDNN's kernel; -exactgelu: erf GELU as nanoGPT.
+-cudnn: attention pinned to cuDNN's kernel; -exactgelu: erf GELU as nanoGPT; -closs: the loss
+and the metric compiled, each a graph of its own (kasoku's ``--compile`` since); -inloss: the
+loss inside the model's compiled graph (nanoGPT's way), no metric.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ V, T = 50304, 1024
 def build(variant: str, nanogpt: Path):
     if variant.startswith("nano"):
         sys.path.insert(0, str(nanogpt))
-        from model import GPT as NanoGPT, GPTConfig  # the peer's code, carried, not committed
+        from model import GPT as NanoGPT  # the peer's code, carried, not committed
+        from model import GPTConfig
         model = NanoGPT(GPTConfig(block_size=T, n_layer=12, n_head=12, n_embd=768, dropout=0.0,
                                   bias=False))
 
@@ -52,10 +55,25 @@ def build(variant: str, nanogpt: Path):
         g.MLP.forward = lambda self, x: self.proj(F.gelu(self.fc(x)))
     metric = "nometric" not in variant
 
+    def ce(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    def accuracy(out, y):
+        return (out.argmax(dim=-1) == y).float().mean()
+
+    if "closs" in variant:  # each a compiled graph of its own, as kasoku's --compile now
+        ce, accuracy = torch.compile(ce), torch.compile(accuracy)
+    if "inloss" in variant:  # the loss inside the model's compiled graph, as nanoGPT
+        def loss_of(model, x, y):
+            return model.loss_in_graph(x, y), None
+        model.loss_in_graph = torch.compile(lambda x, y: ce(model(x), y))
+        return model, loss_of
+
     def loss_of(model, x, y):
         out = model(x)
-        loss = F.cross_entropy(out.flatten(0, 1), y.flatten())
-        acc = (out.detach().argmax(dim=-1) == y).float().mean() if metric else None
+        loss = ce(out, y)
+        with torch.no_grad():
+            acc = accuracy(out.detach(), y) if metric else None
         return loss, acc
     return model, loss_of
 
@@ -90,7 +108,7 @@ def run(variant: str, args) -> dict:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                              {"params": other, "weight_decay": 0.0}], lr=1e-4,
                             betas=(0.9, 0.95), fused=True)
-    cmodel = torch.compile(model)
+    cmodel = model if "inloss" in variant else torch.compile(model)
     b = args.batch
     x = torch.randint(V, (b, T), device="cuda")
     y = torch.randint(V, (b, T), device="cuda")

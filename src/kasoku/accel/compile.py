@@ -5,10 +5,18 @@ class, with the same ``state_dict`` keys (``torch.compile(model)`` would return 
 keys gain an ``_orig_mod.`` prefix, and snapshots would not load across the lever). Compilation
 happens at the first forward and the first backward, so its time lands in the warm-up steps,
 which a benchmark measures apart from the steady rate.
+
+The step's loss and metric are compiled too (``compile_fn``), each a graph of its own: outside
+the model's compiled code a cross-entropy runs eagerly, and over a language model's logits
+that is most of a step's memory traffic (the logits copied to fp32 for the loss, PyTorch's
+softmax kernels forward and back, the fp32 gradient filled), where inductor reads the bf16
+logits once each way in fused kernels. nanoGPT's model computes its loss inside the compiled
+forward for the same reason.
 """
 from __future__ import annotations
 
 import shutil
+from typing import Callable
 
 import torch
 from torch import nn
@@ -75,3 +83,18 @@ def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
         mode = None
     model.compile(mode=mode, backend=backend, options=options)
     return model
+
+
+def compile_fn(fn: Callable | None, device=None, backend: str = "inductor") -> Callable | None:
+    """``fn`` (the step's loss or metric: outputs and targets to a 0-dim tensor) compiled in
+    torch.compile's default mode, or ``fn`` itself where inductor cannot run (a CPU without
+    a C++ compiler: ``apply_compile`` says so). Default mode whatever the model's: a mode that
+    captures CUDA graphs of its own would capture the loss apart from the step."""
+    if fn is None:
+        return None
+    device = torch.device(device) if device is not None else None
+    if backend == "inductor" and device is not None and device.type == "cpu" \
+            and not has_cxx_compiler():
+        return fn
+    import_compiler(backend)
+    return torch.compile(fn, backend=backend)

@@ -10,7 +10,7 @@ import torch
 
 from kasoku.accel.attention import apply_sdpa_backend
 from kasoku.accel.checkpointing import apply_activation_checkpointing, checkpointable_blocks
-from kasoku.accel.compile import GRAPHING_MODES, apply_compile
+from kasoku.accel.compile import GRAPHING_MODES, apply_compile, compile_fn
 from kasoku.accel.config import (
     CHECKPOINTING_MODES,
     COMPILE_MODES,
@@ -233,6 +233,8 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     # the Parameter objects).
     if cfg.compile and not per_block:
         model = apply_compile(model, device, notes, **compile_options)
+    if cfg.compile:  # the loss and the metric too: each read the whole output
+        loss_fn, metric_fn = compile_fn(loss_fn, device), compile_fn(metric_fn, device)
     optimizer = make_optimizer(params, cfg.optimizer_impl)
     step_fn = precision.make_step(loss_fn, metric_fn)
     if grad_clip is not None:

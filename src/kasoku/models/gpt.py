@@ -7,6 +7,10 @@ transform can wrap them one by one (activation checkpointing, FSDP2's per-block 
 No dropout: pretraining at these sizes uses none (nanoGPT's default), and a model without it
 draws no random numbers in its step.
 
+``bias=False`` leaves out every linear layer's and layer norm's bias (GPT-2 has them;
+nanoGPT's benchmark, and most models trained since, do not): fewer parameters, and fewer
+kernels in the backward pass (each bias's gradient is a sum over every token).
+
 ``attention`` picks how a block attends, with the same weights and the same state dict:
 ``sdpa`` is ``torch.nn.functional.scaled_dot_product_attention`` with ``is_causal`` (a fused
 kernel where the device has one); ``plain`` is the textbook's matrix product, causal mask,
@@ -36,7 +40,7 @@ def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, shape: GPTShape, attention: str = "sdpa"):
+    def __init__(self, shape: GPTShape, attention: str = "sdpa", bias: bool = True):
         super().__init__()
         if shape.n_embd % shape.n_head:
             raise ValueError(f"n_embd {shape.n_embd} is not a multiple of n_head {shape.n_head}")
@@ -44,8 +48,8 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got "
                              f"{attention!r}")
         self.n_head = shape.n_head
-        self.qkv = nn.Linear(shape.n_embd, 3 * shape.n_embd)
-        self.proj = nn.Linear(shape.n_embd, shape.n_embd)
+        self.qkv = nn.Linear(shape.n_embd, 3 * shape.n_embd, bias=bias)
+        self.proj = nn.Linear(shape.n_embd, shape.n_embd, bias=bias)
         self.attend = sdpa_attention if attention == "sdpa" else plain_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,10 +61,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, n_embd: int):
+    def __init__(self, n_embd: int, bias: bool = True):
         super().__init__()
-        self.fc = nn.Linear(n_embd, 4 * n_embd)
-        self.proj = nn.Linear(4 * n_embd, n_embd)
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # GPT-2's GELU
@@ -69,12 +73,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One residual unit: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
 
-    def __init__(self, shape: GPTShape, attention: str = "sdpa"):
+    def __init__(self, shape: GPTShape, attention: str = "sdpa", bias: bool = True):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(shape.n_embd)
-        self.attn = CausalSelfAttention(shape, attention)
-        self.ln_2 = nn.LayerNorm(shape.n_embd)
-        self.mlp = MLP(shape.n_embd)
+        self.ln_1 = nn.LayerNorm(shape.n_embd, bias=bias)
+        self.attn = CausalSelfAttention(shape, attention, bias)
+        self.ln_2 = nn.LayerNorm(shape.n_embd, bias=bias)
+        self.mlp = MLP(shape.n_embd, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -85,13 +89,13 @@ class GPT(nn.Module):
     """Token ids ``[B, T]`` (int64, ``T <= block_size``) -> next-token logits
     ``[B, T, vocab_size]``."""
 
-    def __init__(self, shape: GPTShape, attention: str = "sdpa"):
+    def __init__(self, shape: GPTShape, attention: str = "sdpa", bias: bool = True):
         super().__init__()
         self.shape = shape
         self.wte = nn.Embedding(shape.vocab_size, shape.n_embd)
         self.wpe = nn.Embedding(shape.block_size, shape.n_embd)
-        self.blocks = nn.ModuleList(Block(shape, attention) for _ in range(shape.n_layer))
-        self.ln_f = nn.LayerNorm(shape.n_embd)
+        self.blocks = nn.ModuleList(Block(shape, attention, bias) for _ in range(shape.n_layer))
+        self.ln_f = nn.LayerNorm(shape.n_embd, bias=bias)
         self.head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
         self.head.weight = self.wte.weight  # tied, as GPT-2
         self._init_weights()

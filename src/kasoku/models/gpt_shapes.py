@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTIONS = ("sdpa", "plain")
+BIASES = ("yes", "no")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.data.config import DataConfig
-from kasoku.models.gpt_shapes import ATTENTIONS, GPT_SHAPES
+from kasoku.models.gpt_shapes import ATTENTIONS, BIASES, GPT_SHAPES
 from kasoku.workloads.dataset_facts import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload
 
@@ -58,7 +58,11 @@ class GPTConfig:
     attention: str = "sdpa"
     """sdpa (torch.nn.functional.scaled_dot_product_attention, fused where the device has a
     kernel) or plain (matrix product, causal mask, softmax, matrix product)"""
-    choices: ClassVar[dict] = {"model_size": tuple(GPT_SHAPES), "attention": ATTENTIONS}
+    bias: str = "yes"
+    """yes (GPT-2's: a bias in every linear layer and layer norm) or no (none, as nanoGPT's
+    benchmark and most models since: fewer parameters and kernels)"""
+    choices: ClassVar[dict] = {"model_size": tuple(GPT_SHAPES), "attention": ATTENTIONS,
+                               "bias": BIASES}
 
     def __post_init__(self):
         for name, allowed in self.choices.items():
@@ -82,7 +86,9 @@ class GPTWorkload(Workload):
         s, plain = self.shape, self.config.attention == "plain"
         self.description = (f"GPT-2-shaped decoder, {self.config.model_size} ({s.n_layer} "
                             f"layers, {s.n_embd} wide, {s.block_size}-token block"
-                            f"{', plain attention' if plain else ''}), next byte of text")
+                            f"{', plain attention' if plain else ''}"
+                            f"{', no biases' if self.config.bias == 'no' else ''}), next byte "
+                            f"of text")
 
     @property
     def epoch_samples(self) -> int:
@@ -96,7 +102,7 @@ class GPTWorkload(Workload):
 
     def build_model(self) -> nn.Module:
         from kasoku.models.gpt import GPT  # deferred: torch (workloads.registry's doc)
-        return GPT(self.shape, self.config.attention)
+        return GPT(self.shape, self.config.attention, bias=self.config.bias == "yes")
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
         from kasoku.data.text import stdlib_files, text_files, tokenize  # deferred: PIL
