@@ -192,9 +192,9 @@ def test_confirm_proves_the_bound_and_the_advice_by_the_noise_rule(monkeypatch):
         rate = next(calls[extra])
         return {"samples_per_s": rate, "phases": {}, "window_rates": [rate]}
     monkeypatch.setattr(ab, "measure_side", side)
-    experiments = [Experiment("synthetic data", ("--synthetic",), False),
-                   Experiment("batch x2 (200)", ("--batch-size", "200"), True)]
-    lever = Lever("", "", ("--compile",), measured={"result": "faster", "noise": 0.05})
+    experiments = [Experiment("synthetic data", {"data.synthetic": True}, False),
+                   Experiment("batch x2 (200)", {"train.batch_size": 200}, True)]
+    lever = Lever("", "", {"accel.compile": True}, measured={"result": "faster", "noise": 0.05})
     rows = ab.confirm(["mnist-mlp", "--confirm"], experiments, lever, rounds=3)
     assert [r["label"] for r in rows] == ["as given", "synthetic data", "batch x2 (200)",
                                           "the advice: --compile"]

@@ -120,8 +120,9 @@ def test_the_verdicts_levers_in_the_scripts_terms():
     done = ScriptFacts(autocast="bfloat16", tf32=True)
     assert script_candidates(dict(verdict, candidates=[]), done, "cuda") == []
     kept, left = script_experiments(verdict, facts)
-    assert kept == [{"label": "replayed batches (no wait for data)",
-                     "args": ["--with", "replay"], "faster": False}]
+    assert kept == [Experiment("replayed batches (no wait for data)", {"with.replay": True},
+                               False)]
+    assert kept[0].args == ("--with", "replay")
     assert left == ["batch x2 (256)"]
     # nothing to replay where the steps take no batch from a DataLoader
     kept, left = script_experiments(verdict, ScriptFacts(loader_steps=False))
@@ -133,8 +134,8 @@ def test_confirm_calls_a_large_effect_despite_noisy_rounds():
     threshold."""
     rates = {(): iter([100.0, 125.0]), ("--with", "replay"): iter([3000.0, 3900.0]),
              ("--with", "tf32"): iter([115.0, 144.0])}
-    experiments = [Experiment("replay", ("--with", "replay"), True),
-                   Experiment("tf32", ("--with", "tf32"), True)]
+    experiments = [Experiment("replay", {"with.replay": True}, True),
+                   Experiment("tf32", {"with.tf32": True}, True)]
 
     def measure(extra):
         rate = next(rates[tuple(extra)])

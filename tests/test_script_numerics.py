@@ -159,10 +159,10 @@ def test_replay_trains_on_other_batches_and_says_so(script, capsys):
 def test_advice_that_changes_the_arithmetic_carries_its_note():
     facts = ScriptFacts(forward_site="train.py:30")
     bf16 = script_lever(Lever("bf16: --precision bf16", "estimate ~2.0x",
-                              ("--precision", "bf16"), 2.0), facts, "cuda")
+                              {"accel.precision": "bf16"}, 2.0), facts, "cuda")
     assert bf16.args == ("--with", "bf16") and bf16.caveat == NUMERICS["bf16"]
     threads = script_lever(Lever("one thread: --threads 1", "estimate: unknown",
-                                 ("--threads", "1")), facts, "cpu")
+                                 {"train.threads": 1}), facts, "cpu")
     assert threads.caveat == NUMERICS["threads"]
     # the advice says it under the verdict
     result = {"verdict": {"line": "device-bound -> bf16", "lever": bf16.to_dict(),

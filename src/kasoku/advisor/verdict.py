@@ -17,23 +17,43 @@ again.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
 from kasoku.accel.config import AccelConfig
 from kasoku.advisor import levers as lv
-from kasoku.advisor.levers import Lever, given
+from kasoku.advisor.levers import Change, Lever, given, read_change
+from kasoku.core.flags import args_text, change_args
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kfac_cost import ms
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """One side of ``--confirm``: the run with ``args`` changed; ``faster``: whether the rule
-    predicts at least ``MIN_GAIN`` more throughput (True) or less than it (False)."""
+    """One side of ``--confirm``: the run with ``change`` made (its fields, as a lever's);
+    ``faster``: whether the rule predicts at least ``MIN_GAIN`` more throughput (True) or less
+    than it (False)."""
     label: str
-    args: tuple[str, ...]
+    change: Mapping[str, object] | Change
     faster: bool
+
+    def __post_init__(self):
+        object.__setattr__(self, "change", tuple(dict(self.change).items()))
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The command-line arguments that make the change (the A/B runs')."""
+        return change_args(dict(self.change))
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "args": list(self.args), "faster": self.faster,
+                "change": dict(self.change)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Experiment":
+        """``to_dict`` read back, or a ``profile.json``'s with only ``args``."""
+        return cls(d["label"], read_change(d), d["faster"])
 
 
 @dataclass(frozen=True)
@@ -105,16 +125,15 @@ class Verdict:
                 "lever": self.lever.to_dict(),
                 "candidates": [c.to_dict() for c in self.candidates],
                 "tried": list(self.tried),
-                "experiments": [{"label": e.label, "args": list(e.args), "faster": e.faster}
-                                for e in self.experiments],
+                "experiments": [e.to_dict() for e in self.experiments],
                 "secondary": list(self.secondary)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
         """A verdict as ``profile.json`` holds it (``to_dict``), read back."""
         return cls(d["rule"], d["reason"], Lever.from_dict(d["lever"]),
-                   [Experiment(e["label"], tuple(e["args"]), e["faster"])
-                    for e in d.get("experiments") or []], list(d.get("secondary") or []),
+                   [Experiment.from_dict(e) for e in d.get("experiments") or []],
+                   list(d.get("secondary") or []),
                    [Lever.from_dict(c) for c in d.get("candidates") or []],
                    list(d.get("tried") or []))
 
@@ -199,8 +218,9 @@ def _cpu_ops(f: StepFigures) -> str:
 def _kfac_experiments(f: StepFigures) -> list[Experiment]:
     """The base optimizer alone: the step K-FAC's work is added to."""
     without = 100.0 / max(1.0, 100.0 - f.kfac["pct"])
-    return [Experiment(f"the base optimizer alone (--optimizer {f.kfac['base']})",
-                       ("--optimizer", f.kfac["base"]), without >= MIN_GAIN)]
+    change = {"train.optimizer": f.kfac["base"]}
+    return [Experiment(f"the base optimizer alone ({args_text(change)})", change,
+                       without >= MIN_GAIN)]
 
 
 def _kfac_reason(f: StepFigures) -> str:
@@ -222,12 +242,13 @@ def _on_device(f: StepFigures) -> list[Experiment]:
     not by the bound)."""
     if lv.idle_speedup(given(f.data_pct, 0.0)) >= MIN_GAIN:
         return []
-    args = lv.synthetic(f) if _gpu(f) else ("--synthetic",)
-    return [Experiment("synthetic data" + (" on the device" if _gpu(f) else ""), args, False)]
+    change = lv.synthetic(f) if _gpu(f) else {"data.synthetic": True}
+    return [Experiment("synthetic data" + (" on the device" if _gpu(f) else ""), change, False)]
 
 
 def _batch(f: StepFigures, faster: bool) -> Experiment:
-    return Experiment(f"batch x2 ({lv.batch_x2(f)[1]})", lv.batch_x2(f), faster)
+    change = lv.batch_x2(f)
+    return Experiment(f"batch x2 ({change['train.batch_size']})", change, faster)
 
 
 RULES: list[Rule] = [

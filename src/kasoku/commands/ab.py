@@ -1,5 +1,6 @@
 """The A/B runs of ``kasoku profile``, each side a fresh ``kasoku profile --measure-only``
-process (the run as given, or with some arguments added: a later flag wins):
+process (the run as given, or with a lever's change added as arguments, ``Lever.args``: a
+later flag wins). The one place a lever turns back into a command line:
 
 - ``try_levers``: the verdict's candidate levers, in rounds (the run as given, then each
   candidate), as long as the rounds fit the time budget; judged by
@@ -18,6 +19,7 @@ import time
 from kasoku.advisor.advice import Outcome, short
 from kasoku.advisor.levers import Lever
 from kasoku.advisor.verdict import MIN_GAIN, Experiment
+from kasoku.core.flags import option
 
 ROUNDS = 3
 """Rounds of the tries where the time allows (the medians over rounds are the figures)."""
@@ -25,8 +27,11 @@ BUDGET_S = 60.0
 """The tries stop after the round that would take them past this (one round at least)."""
 SIDE_TIMEOUT_S = 900.0
 
-_OWN_FLAGS = {"--confirm": 0, "--python": 0, "--out": 1, "--measure-only": 0,
-              "--estimate": 0, "--rounds": 1}
+_OWN_FLAGS = {option(name): values for name, values in (
+    ("confirm", 0), ("python", 0), ("out", 1), ("measure_only", 0), ("estimate", 0),
+    ("rounds", 1))}
+"""``kasoku profile``'s options that say what this profile writes, not the run: each with the
+number of values it takes."""
 
 
 def without_own(argv: list[str]) -> list[str]:
@@ -47,7 +52,7 @@ def without_own(argv: list[str]) -> list[str]:
 def measure_side(argv: list[str], timeout_s: float = SIDE_TIMEOUT_S) -> dict:
     """One fresh ``kasoku profile ARGV --measure-only`` process: ``{"samples_per_s",
     "window_rates", "phases"}``, or ``{"error": its last line}``."""
-    cmd = [sys.executable, "-m", "kasoku", *argv, "--measure-only"]
+    cmd = [sys.executable, "-m", "kasoku", *argv, option("measure_only")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -112,18 +117,18 @@ def confirm(argv: list[str], experiments: list[Experiment], lever: Lever,
     inconclusive where the ratio is within the rounds' noise of ``MIN_GAIN``.
     ``measure`` and ``say`` as ``try_levers``; ``command(args)``: the command line a row
     shows (default: ``kasoku ARGV ARGS``)."""
-    sides = [(e.label, tuple(e.args), e.faster, "the bound") for e in experiments]
+    sides = [(Lever(e.label, "", e.change), e.faster, "the bound") for e in experiments]
     if (lever.measured or {}).get("result") == "faster":
-        sides.append((f"the advice: {' '.join(lever.args)}", tuple(lever.args), True,
+        sides.append((Lever(f"the advice: {' '.join(lever.args)}", "", lever.change), True,
                       "the advice"))
-    outcomes = try_levers(argv, [Lever(label, "", args) for label, args, _, _ in sides],
-                          rounds=rounds, budget_s=float("inf"), measure=measure, say=say)
+    outcomes = try_levers(argv, [side for side, _, _ in sides], rounds=rounds,
+                          budget_s=float("inf"), measure=measure, say=say)
     command = command or (lambda args: " ".join(["kasoku", *without_own(argv), *args]))
     base = [b for o in outcomes for b in o.base]
     rows = [{"label": "as given", "samples_per_s": statistics.median(base) if base else None,
              "ratio": 1.0, "expected": "", "outcome": "", "proves": ""}]
-    for (label, args, faster, proves), o in zip(sides, outcomes):
-        ratio = o.ratio
+    for (side, faster, proves), o in zip(sides, outcomes):
+        label, args, ratio = side.text, side.args, o.ratio
         if ratio is None:
             outcome = f"not measured: {o.error or 'failed'}"
         elif MIN_GAIN / (1 + o.noise) < ratio < MIN_GAIN * (1 + o.noise):

@@ -34,6 +34,7 @@ from kasoku.commands.profile_config import ProfileConfig
 from kasoku.commands.profile_steps import sync, time_steps
 from kasoku.commands.train import build_run, close_run
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import option
 from kasoku.core.phases import format_phases
 from kasoku.data.registry import dataset_kind
 from kasoku.distributed import World, fsdp, require_single_process
@@ -166,9 +167,9 @@ def _ab(result: dict, argv: list[str], cfg: ProfileConfig) -> None:
     proof and the advice once more."""
     verdict: Verdict = result["verdict"]
     if not cfg.estimate:
-        if any(c.args for c in verdict.candidates):
+        if any(c.change for c in verdict.candidates):
             print(f"trying the levers for {verdict.rule}, each beside the run as given "
-                  f"(--estimate skips this):", file=sys.stderr, flush=True)
+                  f"({option('estimate')} skips this):", file=sys.stderr, flush=True)
         outcomes = ab.try_levers(argv, verdict.candidates, rounds=cfg.rounds)
         if outcomes:
             result["verdict"] = verdict = advise(verdict, outcomes)
@@ -251,7 +252,8 @@ def _require_pyinstrument() -> None:
     try:
         import pyinstrument  # noqa: F401
     except ImportError:
-        raise ConfigError("--python needs pyinstrument: pip install pyinstrument") from None
+        raise ConfigError(f"{option('python')} needs pyinstrument: pip install "
+                          f"pyinstrument") from None
 
 
 def _python_profile(u, out: Path, steps: int) -> Path:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from kasoku.advisor.advice import advise
 from kasoku.advisor.levers import Lever
-from kasoku.advisor.verdict import Experiment, Verdict
+from kasoku.advisor.verdict import Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
+from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args, with_args
 
 MEASURE_FILE = "measure.json"
 
@@ -36,22 +37,21 @@ class ScriptSides:
         self.command, self.cfg = command, cfg
         self.launcher = launcher or [sys.executable, "-m"]
         self.shown = shown or list(command.argv)
-        self.own = ["--skip", str(cfg.skip), "--measure-steps", str(cfg.measure_steps)]
-        for value in given:
-            self.own += ["--with", value]
+        self.own = [*profile_args({"skip": cfg.skip, "measure_steps": cfg.measure_steps}),
+                    *with_args(*given)]
 
     def argv(self, extra=(), own=()) -> list[str]:
-        return ["profile", *self.own, *extra, *own, "--", *self.command.argv]
+        return ["profile", *self.own, *extra, *own, SCRIPT_COMMAND, *self.command.argv]
 
     def text(self, extra=()) -> str:
         """The side as a command the user can run."""
-        return shlex.join(["kasoku", "profile", *self.own, *extra, "--", *self.shown])
+        return shlex.join(["kasoku", "profile", *self.own, *extra, SCRIPT_COMMAND, *self.shown])
 
     def measure(self, extra=(), timeout_s: float = ab.SIDE_TIMEOUT_S) -> dict:
         """One fresh process: ``{"samples_per_s", "window_rates", "phases"}``, or
         ``{"error": its last line}``."""
         with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder:
-            own = ("--measure-only", "--out", folder)  # before the script's command
+            own = profile_args({"measure_only": True, "out": folder})  # before the command
             cmd = [*self.launcher, "kasoku", *self.argv(extra, own)]
             try:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -73,13 +73,13 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     verdict = result["verdict"]
     device = result["device"].split(":")[0]
     candidates = script_candidates(verdict, facts, device, result["figures"])
-    edits = [c for c in candidates if not c.args]
+    edits = [c for c in candidates if not c.change]
     verdict["edits"] = [{"text": c.text, "expect": c.expect} for c in edits]
     lever = candidates[0] if candidates else Lever.from_dict(verdict["lever"])
     advised = Verdict(verdict["rule"], verdict["reason"], lever)
-    if not cfg.estimate and any(c.args for c in candidates):
+    if not cfg.estimate and any(c.change for c in candidates):
         say(f"trying the levers for {verdict['rule']} in fresh runs of the script, each "
-            f"beside the run as given (--estimate skips this):")
+            f"beside the run as given ({option('estimate')} skips this):")
         outcomes = ab.try_levers([], candidates, say=lambda line: say(line.strip()),
                                  rounds=cfg.rounds, measure=sides.measure)
         advised = advise(advised, outcomes)
@@ -90,8 +90,7 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")
         kept, left = script_experiments(verdict, facts)
-        result["ladder"] = ab.confirm([], [Experiment(e["label"], tuple(e["args"]), e["faster"])
-                                           for e in kept], advised.lever, rounds=cfg.rounds,
+        result["ladder"] = ab.confirm([], kept, advised.lever, rounds=cfg.rounds,
                                       measure=sides.measure, command=sides.text,
                                       say=lambda line: say(line.strip()))
         if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not

@@ -32,7 +32,9 @@ from pathlib import Path
 import torch
 
 from kasoku.advisor.levers import Lever, estimate, idle_speedup
+from kasoku.advisor.verdict import Experiment
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import with_args, with_value
 from kasoku.perf.cpu import usable_cores
 
 NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16", "pin-memory")
@@ -63,6 +65,11 @@ def numerics(value: str) -> str:
     return NUMERICS.get(value.partition("=")[0], "")
 
 
+def with_text(value: str) -> str:
+    """``--with VALUE``, as a person writes it."""
+    return " ".join(with_args(value))
+
+
 def default_workers() -> int:
     """The worker count tried for a script's DataLoader: 4, or fewer on fewer cores (as
     kasoku's own multiprocess loader)."""
@@ -89,14 +96,14 @@ class ScriptLevers:
             name, _, count = value.partition("=")
             if name in ("workers", "threads") and count:
                 if not count.isdigit() or (name == "threads" and int(count) < 1):
-                    raise ConfigError(f"--with {value}: {name}=N takes a whole number"
+                    raise ConfigError(f"{with_text(value)}: {name}=N takes a whole number"
                                       + (" from 1" if name == "threads" else ""))
                 setattr(levers, name, int(count))
             elif not count and name in ("replay", "tf32", "cudnn-benchmark", "bf16",
                                         "pin-memory"):
                 setattr(levers, name.replace("-", "_"), True)
             else:
-                raise ConfigError(f"--with {value}: not a lever kasoku sets from outside a "
+                raise ConfigError(f"{with_text(value)}: not a lever kasoku sets from outside a "
                                   f"script (it sets {', '.join(NAMES)})")
         return levers
 
@@ -227,47 +234,54 @@ def _at(site: str | None) -> str:
 
 
 def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
-    """``lever`` (one of the verdict's candidates, kasoku's flags) as the script's lever:
-    ``--with`` args where kasoku can pull it from outside (measured), else none (the edit
-    to make, an estimate); None where it makes no sense for a script."""
-    args = tuple(lever.args)
-    if args[:2] == ("--loader", "multiprocess"):
+    """``lever`` (one of the verdict's candidates, a change of the run's fields) as the
+    script's lever: a change of its ``--with`` levers where kasoku can pull it from outside
+    (measured), else none (the edit to make, an estimate); None where it makes no sense for a
+    script."""
+    change = dict(lever.change)
+    if change == {"train.loader": "multiprocess"}:
         n = default_workers()
         return _as(lever, f"load in {n} worker processes: DataLoader(..., num_workers={n})"
-                   f"{_at(facts.loader_site)}", ("--with", f"workers={n}"))
-    if args[:2] == ("--precision", "bf16"):
+                   f"{_at(facts.loader_site)}", {"with.workers": n})
+    if change == {"accel.precision": "bf16"}:
         where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
         return _as(lever, f"bf16: torch.autocast('{device}', dtype=torch.bfloat16) around the "
-                   f"forward and the loss{where}", ("--with", "bf16"))
-    if args[:1] == ("--threads",):
-        return _as(lever, f"torch.set_num_threads({args[1]}) (or OMP_NUM_THREADS={args[1]})",
-                   ("--with", f"threads={args[1]}"))
-    words = EDITS.get(args[:2]) or EDITS.get(args[:1])
-    if args[:1] == ("--batch-size",):
-        words = f"a batch twice as large ({args[1]} samples; scale the learning rate)"
+                   f"forward and the loss{where}", {"with.bf16": True})
+    if change.keys() == {"train.threads"}:
+        n = change["train.threads"]
+        return _as(lever, f"torch.set_num_threads({n}) (or OMP_NUM_THREADS={n})",
+                   {"with.threads": n})
+    if change.keys() == {"train.batch_size"}:
+        words = (f"a batch twice as large ({change['train.batch_size']} samples; scale the "
+                 f"learning rate)")
+    else:
+        words = EDITS.get(lever.change[0]) if len(lever.change) == 1 else None
     if words is None:
         return None
-    if args[:2] == ("--loader", "device"):
+    if change == {"train.loader": "device"}:
         words += _at(facts.loader_site)
-    return _as(lever, words + " (needs an edit: not measured)", ())
+    return _as(lever, words + " (needs an edit: not measured)", {})
 
 
 EDITS = {
-    ("--loader", "device"): "keep the dataset on the GPU and index its batches there instead "
-                            "of a DataLoader",
-    ("--compile",): "torch.compile the model",
-    ("--channels-last",): "the model and its inputs in torch.channels_last",
-    ("--cuda-graph",): "capture the step as a CUDA graph (torch.cuda.graph, or torch.compile "
-                       "with mode='reduce-overhead')",
-    ("--keep-memory",): "keep freed memory: a memory allocator such as jemalloc or tcmalloc "
-                        "(LD_PRELOAD)",
+    ("train.loader", "device"): "keep the dataset on the GPU and index its batches there "
+                                "instead of a DataLoader",
+    ("accel.compile", True): "torch.compile the model",
+    ("accel.channels_last", True): "the model and its inputs in torch.channels_last",
+    ("accel.cuda_graph", True): "capture the step as a CUDA graph (torch.cuda.graph, or "
+                                "torch.compile with mode='reduce-overhead')",
+    ("accel.keep_memory", True): "keep freed memory: a memory allocator such as jemalloc or "
+                                 "tcmalloc (LD_PRELOAD)",
 }
-"""kasoku's flags of a lever that needs the script edited, as the edit."""
+"""The change of a lever that needs the script edited (its one field and value), as the
+edit."""
 
 
-def _as(lever: Lever, text: str, args: tuple[str, ...]) -> Lever:
-    caveat = numerics(args[1]) if args else ""
-    return Lever(text, lever.expect, args, lever.speedup, lever.caveat or caveat)
+def _as(lever: Lever, text: str, change: dict) -> Lever:
+    """The script's lever for ``lever``: ``change`` of its ``--with`` levers, or {} (an
+    edit), with what that changes in what the script computes as its caveat."""
+    caveat = "".join(numerics(with_value(k, v)) for k, v in change.items())
+    return Lever(text, lever.expect, change, lever.speedup, lever.caveat or caveat)
 
 
 H2D_PCT = 5.0
@@ -293,24 +307,24 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str, figures: dict | Non
         out.append(Lever(f"copy the batches from pinned memory: DataLoader(..., pin_memory="
                          f"True){_at(facts.loader_site)}, and .to(device, non_blocking=True) "
                          f"(the copies from pageable memory take {h2d_pct:.0f}% of the step)",
-                         estimate(None, "the copies' share at most"), ("--with", "pin-memory")))
+                         estimate(None, "the copies' share at most"), {"with.pin_memory": True}))
     if rule != "input-bound" and facts.loader_steps and data_pct >= WAIT_PCT \
             and not facts.num_workers:
         n = default_workers()
         out.append(Lever(f"load in {n} worker processes: DataLoader(..., num_workers={n})"
                          f"{_at(facts.loader_site)} (the step waits {data_pct:.0f}% for its "
                          f"batches)", estimate(idle_speedup(data_pct), "up to"),
-                         ("--with", f"workers={n}"), idle_speedup(data_pct), NUMERICS["workers"]))
+                         {"with.workers": n}, idle_speedup(data_pct), NUMERICS["workers"]))
     if device != "cuda" or "device-bound" not in rule:
         return out
     if not facts.tf32 and facts.autocast is None:
         out.append(Lever("fp32 products on TF32 tensor cores: torch.backends.cuda.matmul."
                          "allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
-                         "estimate: up to the TF32/fp32 peak ratio", ("--with", "tf32"),
+                         "estimate: up to the TF32/fp32 peak ratio", {"with.tf32": True},
                          caveat=NUMERICS["tf32"]))
     if facts.has_conv and not facts.cudnn_benchmark:
         out.append(Lever("let cuDNN pick the fastest convolutions: torch.backends.cudnn."
-                         "benchmark = True", "estimate: unknown", ("--with", "cudnn-benchmark"),
+                         "benchmark = True", "estimate: unknown", {"with.cudnn_benchmark": True},
                          caveat=NUMERICS["cudnn-benchmark"]))
     return out
 
@@ -326,19 +340,21 @@ def script_candidates(verdict: dict, facts: ScriptFacts, device: str,
             seen.add(lever.text)
             out.append(lever)
     out += extra_levers(verdict["rule"], facts, device, figures)
-    return sorted(out, key=lambda lever: not lever.args)
+    return sorted(out, key=lambda lever: not lever.change)
 
 
-def script_experiments(verdict: dict, facts: ScriptFacts) -> tuple[list[dict], list[str]]:
+def script_experiments(verdict: dict, facts: ScriptFacts
+                       ) -> tuple[list[Experiment], list[str]]:
     """The verdict's ``--confirm`` experiments a script's runs can make (synthetic batches on
     the device: the DataLoader's batches replayed, where its steps take them from one), and
     the labels of those that cannot be made without an edit."""
     kept, left = [], []
-    for e in verdict.get("experiments") or []:
-        if "--synthetic" in e["args"] and facts.loader_steps:
-            kept.append({"label": "replayed batches (no wait for data)",
-                         "args": ["--with", "replay"], "faster": e["faster"]})
+    for e in map(Experiment.from_dict, verdict.get("experiments") or []):
+        change = dict(e.change)
+        if "data.synthetic" in change and facts.loader_steps:
+            kept.append(Experiment("replayed batches (no wait for data)", {"with.replay": True},
+                                   e.faster))
         else:
-            unknown = facts.batch_size is None and "--batch-size" in e["args"]
-            left.append("batch x2" if unknown else e["label"])
+            unknown = facts.batch_size is None and "train.batch_size" in change
+            left.append("batch x2" if unknown else e.label)
     return kept, left

@@ -27,10 +27,11 @@ from kasoku.commands.ab import ladder_lines, tried_lines
 from kasoku.commands.profile import ProfileConfig, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
-from kasoku.commands.script_levers import ScriptLevers, numerics
+from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch, check_window
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
 from kasoku.perf.profile.window import machine_facts
@@ -52,7 +53,8 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     check_window(cfg)
     levers = ScriptLevers.parse(given)
     if measure_only and out is None:
-        raise ConfigError("--measure-only for a script writes its figures to --out DIR")
+        raise ConfigError(f"{option('measure_only')} for a script writes its figures to "
+                          f"{option('out')} DIR")
     rank = World.from_env().rank if under_launcher() else 0
     if measure_only:
         out = Path(out)
@@ -63,7 +65,8 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if rank == 0 and not measure_only:
         for value in levers.given:
             if numerics(value):
-                say(f"--with {value} changes what the script computes: {numerics(value)}")
+                say(f"{with_text(value)} changes what the script computes: "
+                    f"{numerics(value)}")
     watch = StepWatch(cfg, out, levers, roots=(script_root(command),),
                       measure_only=measure_only)
     # the levers' patches first: the watch takes its own off when its window ends, theirs stay
@@ -106,12 +109,12 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if os.environ.get(LAUNCHED):
         return end.code  # the process that launched torchrun measures the levers
     if under_launcher():
-        say("under torchrun the levers are not measured from a worker: kasoku profile -- "
-            "torchrun ... measures them, each side a torchrun of its own")
+        say(f"under torchrun the levers are not measured from a worker: kasoku profile "
+            f"{SCRIPT_COMMAND} torchrun ... measures them, each side a torchrun of its own")
         cfg = replace(cfg, estimate=True, confirm=False)
     elif end.interrupted:  # Ctrl-C: stop here, with the profile written
-        say("interrupted: the levers were not measured (the profile is kept; --estimate is "
-            "what was said)")
+        say(f"interrupted: the levers were not measured (the profile is kept; "
+            f"{option('estimate')} is what was said)")
         cfg = replace(cfg, estimate=True, confirm=False)
     advise_script(result, watch.facts, ScriptSides(command, cfg, levers.given), cfg, say)
     write_outputs(out, result)
@@ -121,8 +124,9 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
 
 
 def window_text(cfg: ProfileConfig, measure_only: bool = False) -> str:
-    text = f"--skip {cfg.skip}, --measure-steps {cfg.measure_steps}"
-    return text if measure_only else f"{text}, --warmup {cfg.warmup}, --steps {cfg.steps}"
+    """The window's options as given: ``--skip 10, --measure-steps 20, ...``."""
+    names = ("skip", "measure_steps") + (() if measure_only else ("warmup", "steps"))
+    return ", ".join(" ".join(profile_args({name: getattr(cfg, name)})) for name in names)
 
 
 def script_root(command: ScriptCommand) -> Path:

@@ -155,3 +155,90 @@ def from_args(args: Iterable[str]) -> dict[str, object]:
 
 def _text(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --- kasoku profile's own options, and a script's levers -------------------------------------
+
+PROFILE_OPTIONS: dict[str, str] = {
+    # kasoku.commands.profile_config.ProfileConfig
+    "steps": "--steps",
+    "warmup": "--warmup",
+    "skip": "--skip",
+    "measure_steps": "--measure-steps",
+    "measure_seconds": "--measure-seconds",
+    "confirm": "--confirm",
+    "estimate": "--estimate",
+    "rounds": "--rounds",
+    "python": "--python",
+    "stop_after_window": "--stop-after-window",
+    # kasoku.cli.profile's own
+    "out": "--out",
+    "measure_only": "--measure-only",
+    "with": "--with",
+}
+"""``kasoku profile``'s options that are no run's field (what to profile, how, where to write
+it), by name: the A/B runner drops and adds them around a run's arguments."""
+
+SCRIPT_COMMAND = "--"
+"""What separates ``kasoku profile``'s options from a script's command."""
+
+WITH = "with."
+"""The section of a script's levers in a change: ``{"with.workers": 4}`` is ``--with
+workers=4`` (``kasoku.commands.script_levers.ScriptLevers``, by field)."""
+
+
+def option(name: str) -> str:
+    """The flag of ``kasoku profile``'s option ``name`` (``"measure_only"`` ->
+    ``--measure-only``)."""
+    return PROFILE_OPTIONS[name]
+
+
+def setting_flag(name: str) -> str:
+    """The flag of a workload's setting (gpt's ``attention`` -> ``--attention``), named after
+    it as ``kasoku.cli.train.add_workload_settings`` makes it."""
+    return "--" + name.replace("_", "-")
+
+
+def profile_args(options: Mapping[str, object]) -> tuple[str, ...]:
+    """``kasoku profile``'s own options as arguments: a switch's flag alone (``True``), a
+    setting's flag and value."""
+    out: list[str] = []
+    for name, value in options.items():
+        out += [option(name)] if value is True else [option(name), _text(value)]
+    return tuple(out)
+
+
+def with_value(key: str, value: object) -> str:
+    """The ``--with`` value of a script lever's field: ``("with.workers", 4)`` ->
+    ``workers=4``, ``("with.pin_memory", True)`` -> ``pin-memory``."""
+    name = key.removeprefix(WITH).replace("_", "-")
+    return name if value is True else f"{name}={value}"
+
+
+def with_args(*values: str) -> tuple[str, ...]:
+    """``--with VALUE`` for each value."""
+    return tuple(token for value in values for token in (option("with"), value))
+
+
+def change_args(change: Mapping[str, object]) -> tuple[str, ...]:
+    """The arguments of a lever's change: a run's fields by ``to_args``, then a script's
+    levers (``with.`` keys) as ``--with`` values."""
+    run = {k: v for k, v in change.items() if not k.startswith(WITH)}
+    return to_args(run) + with_args(*(with_value(k, v) for k, v in change.items()
+                                      if k.startswith(WITH)))
+
+
+def change_of(args: Iterable[str]) -> dict[str, object]:
+    """The change that ``change_args`` made ``args`` from (values as text): how a
+    ``profile.json`` written before levers held their change is read."""
+    tokens, run, scripts = list(args), [], {}
+    i = 0
+    while i < len(tokens):
+        if tokens[i] == option("with") and i + 1 < len(tokens):
+            name, _, value = tokens[i + 1].partition("=")
+            scripts[WITH + name.replace("-", "_")] = value or True
+            i += 2
+        else:
+            run.append(tokens[i])
+            i += 1
+    return {**from_args(run), **scripts}

@@ -5,20 +5,18 @@ next rung measured slower is not advised.
 """
 from __future__ import annotations
 
+from kasoku.advisor.levers import read_change
 from kasoku.commands.bench.results import median_rate
 
 
-def lever_settings(args: list[str]) -> dict:
-    """``["--precision", "bf16", "--channels-last"]`` -> ``{"precision": "bf16",
-    "channels_last": True}``: a lever's flags as the ``AccelConfig`` fields they set."""
-    out, i = {}, 0
-    while i < len(args):
-        name = args[i].removeprefix("--").replace("-", "_")
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            out[name], i = args[i + 1], i + 2
-        else:
-            out[name], i = True, i + 1
-    return out
+def lever_settings(lever: dict) -> dict:
+    """A saved lever's change as the ``AccelConfig`` fields it sets (``--precision bf16
+    --channels-last`` -> ``{"precision": "bf16", "channels_last": True}``); {} for a lever
+    that changes more than those (the rungs of a ladder differ only in them)."""
+    change = read_change(lever)
+    if any(not key.startswith("accel.") for key in change):
+        return {}
+    return {key.removeprefix("accel."): value for key, value in change.items()}
 
 
 def _sets(config: dict | None, settings: dict) -> bool:
@@ -35,11 +33,9 @@ def next_rung_measure(record: dict, following: dict | None) -> str | None:
     """What the next rung (``following``, at the same batch size) measured of the lever
     ``record``'s verdict advises, when that rung adds exactly it: ``"x0.89, slower"``,
     ``"~x1.02, within the noise"``, ``"x1.52, faster"``; None otherwise."""
-    verdict = record.get("verdict") or {}
-    args = (verdict.get("lever") or {}).get("args") or []
-    if not args or following is None or following.get("status") != "ok":
+    if following is None or following.get("status") != "ok":
         return None
-    settings = lever_settings(list(args))
+    settings = lever_settings((record.get("verdict") or {}).get("lever") or {})
     if not settings or _sets(record.get("config"), settings) \
             or not _sets(following.get("config"), settings):
         return None
