@@ -193,6 +193,15 @@ def _request(rung, **kw):
     return worker.WorkerRequest("mnist-mlp", rung, **args)
 
 
+def test_the_labels_a_config_is_checked_against_are_the_ladders():
+    """``rung_spec.LADDER_LABELS`` (read without torch by the command line) names every rung
+    of the ladders, the CPU's with and without bf16 hardware, and nothing else."""
+    from kasoku.commands.bench.rung_spec import LADDER_LABELS
+    from kasoku.commands.bench.rungs import transformer_gpu_ladder
+    labels = {r.label for r in gpu_ladder() + transformer_gpu_ladder() + cpu_ladder()}
+    assert set(LADDER_LABELS) == labels and len(LADDER_LABELS) == len(labels)
+
+
 def test_a_workers_request_survives_its_json(tmp_path):
     """What a bench worker is started with, typed both ways: the plain loop (no config), a
     ladder rung, and a loader-fed rung of lever settings."""
