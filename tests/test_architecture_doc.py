@@ -6,7 +6,7 @@ hands.
 What counts as a name of the code: a path (``train/step.py``, ``accel/``), a dotted name whose
 head is a module or class of kasoku (``window.machine_facts``, ``accel/compose.check_sharding``,
 ``kasoku.workloads``), a CamelCase word (``DevicePrefetcher``) and a word with an underscore
-(``train_workload``, ``apply_*`` as a prefix). Flags, file names of run folders (``log.jsonl``)
+(``train_run``, ``apply_*`` as a prefix). Flags, file names of run folders (``log.jsonl``)
 and plain words are prose. A name the structure does not resolve (PyTorch's
 ``clip_grad_norm_``, a JSON key such as ``figures.stability``, an environment variable) must
 still be written somewhere in kasoku's source, each of its dotted parts: the code that calls,

@@ -15,6 +15,7 @@ from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.process import run_process as _run_process
 from kasoku.commands.bench.rungs import (
     PLAIN,
+    Rung,
     compute_dtype,
     cpu_ladder,
     default_ladder,
@@ -190,6 +191,25 @@ def _request(rung, **kw):
     args = dict(batch_size=8, steps=2, windows=2, warmup=1, numerics_steps=3)
     args.update(kw)
     return worker.WorkerRequest("mnist-mlp", rung, **args)
+
+
+def test_the_labels_a_config_is_checked_against_are_the_ladders():
+    """``rung_spec.LADDER_LABELS`` (read without torch by the command line) names every rung
+    of the ladders, the CPU's with and without bf16 hardware, and nothing else."""
+    from kasoku.commands.bench.rung_spec import LADDER_LABELS
+    from kasoku.commands.bench.rungs import transformer_gpu_ladder
+    labels = {r.label for r in gpu_ladder() + transformer_gpu_ladder() + cpu_ladder()}
+    assert set(LADDER_LABELS) == labels and len(LADDER_LABELS) == len(labels)
+
+
+def test_a_workers_request_survives_its_json(tmp_path):
+    """What a bench worker is started with, typed both ways: the plain loop (no config), a
+    ladder rung, and a loader-fed rung of lever settings."""
+    for rung in (PLAIN, cpu_ladder()[2], gpu_ladder()[-1],
+                 Rung("bf16,compile", parse_config("bf16,compile"), loader="threads:2")):
+        request = _request(rung, device="cuda", threads=3, kernels=4, data=str(tmp_path),
+                           loader_cores=False, numerics_only=True)
+        assert worker.WorkerRequest.from_json(request.to_json()) == request
 
 
 def test_worker_plain_and_kasoku_fp32_take_the_same_steps():

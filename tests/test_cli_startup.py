@@ -7,11 +7,14 @@ tested: docs/architecture.md gives the figures.)"""
 import os
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 
+from kasoku.accel.config import AccelConfig
 from kasoku.core.version import __version__
 
+BENCH_CONFIG_KEYS = ", ".join(f.name for f in fields(AccelConfig))
 ERRORS = {
     "an unknown flag": (["train", "mnist-mlp", "--epochz", "3"],
                         "kasoku: error: unrecognized arguments: --epochz 3 (see kasoku --help)"),
@@ -39,6 +42,21 @@ ERRORS = {
                    "kasoku allreduce-bench: error: argument --max-size: size '0': give bytes as "
                    "N, NK, NM or NG (powers of 1024), e.g. 4K,1M,64M (see kasoku allreduce-bench "
                    "--help)"),
+    # A --config rung's keys and values are read without torch (its levers' combinations with it)
+    "a bad --config rung": (["bench", "mnist-mlp", "--config", "nonsense"],
+                            "kasoku bench: error: argument --config: unknown bench config key "
+                            "'nonsense' in 'nonsense'; known keys: " + BENCH_CONFIG_KEYS + " (plus "
+                            "the shorthands fused, foreach, loop, cudnn, graph and a bare "
+                            "precision) (see kasoku bench --help)"),
+    "a bad --config value": (["scale", "mnist-mlp", "--config", "precision=fp64"],
+                             "kasoku scale: error: argument --config: unknown precision 'fp64'; "
+                             "choose one of fp32, tf32, fp16, bf16, fp16-pure (see kasoku scale "
+                             "--help)"),
+    "a --config rung naming no lever": (["compare", "mnist-mlp", "--cpu-config", ","],
+                                        "kasoku compare: error: argument --cpu-config: rung ',' "
+                                        "names no lever; give a ladder label (amp, +compile) or "
+                                        "settings such as precision=bf16,channels_last (see "
+                                        "kasoku compare --help)"),
     # argparse parses data bench's default --loader list (a string) before it refuses --bogus
     "an unknown flag of data bench": (["data", "bench", "--bogus"],
                                       "kasoku: error: unrecognized arguments: --bogus (see kasoku "

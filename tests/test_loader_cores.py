@@ -215,15 +215,19 @@ def test_a_cpu_run_records_the_split_and_can_turn_it_off(tmp_path, restore_cpus)
 
 @needs_two_cores
 def test_a_training_run_says_its_cores_and_gives_them_back(tmp_path, capsys, restore_cpus):
-    from kasoku.commands.train import train_workload
+    from kasoku.commands.train import train_run
     from kasoku.data.config import DataConfig
+    from kasoku.run import resolve
     from kasoku.train.config import TrainConfig
+    from kasoku.workloads import create_workload
     before, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
-    train_workload("mnist-mlp", DataConfig(synthetic=True, synthetic_train_size=64,
-                                           synthetic_val_size=16),
-                   TrainConfig(epochs=1, batch_size=16, device="cpu", loader="threads:1",
-                               threads=len(usable_cores()) - 1,
-                               progress=False, out=tmp_path / "run"))
+    run = resolve(create_workload("mnist-mlp"),
+                  DataConfig(synthetic=True, synthetic_train_size=64, synthetic_val_size=16),
+                  TrainConfig(epochs=1, batch_size=16, device="cpu", loader="threads:1",
+                              threads=len(usable_cores()) - 1,
+                              progress=False, out=tmp_path / "run"))
+    run.check()
+    train_run(run)
     header = capsys.readouterr().err.splitlines()[0]
     cpus = usable_cores()
     assert header.endswith(f"cores: {len(cpus) - 1} compute thread{'s' * (len(cpus) > 2)} on "

@@ -199,9 +199,11 @@ def test_trainer_with_a_wrapped_loader_trains_and_resumes_exactly(tmp_path, cut)
 def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
     """What --device cuda does, on the CPU: the train and val loaders wrapped, the run and a
     resume giving the bare loaders' weights, the train loader closed at the end."""
-    from kasoku.commands.train import train_workload
+    from kasoku.commands.train import train_run
     from kasoku.data.config import DataConfig
+    from kasoku.run import resolve
     from kasoku.train.config import TrainConfig
+    from kasoku.workloads import create_workload
 
     wrapped = []
 
@@ -212,9 +214,11 @@ def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
     data = DataConfig(synthetic=True, synthetic_train_size=120, synthetic_val_size=40)
 
     def run(out, epochs, resume=None, loader="serial"):
-        return train_workload("sine-lstm", data, TrainConfig(epochs=epochs, batch_size=50,
-                                                             out=out, progress=False,
-                                                             loader=loader), resume=resume)
+        run = resolve(create_workload("sine-lstm"), data,
+                      TrainConfig(epochs=epochs, batch_size=50, out=out, progress=False,
+                                  loader=loader))
+        run.check()
+        return train_run(run, resume=resume)
 
     straight = run(tmp_path / "straight", 2)
     import kasoku.commands.train
@@ -223,7 +227,7 @@ def test_build_trainer_wiring_with_the_prefetcher(tmp_path, monkeypatch):
     split = run(tmp_path / "split", 2, resume=tmp_path / "split" / "snapshot_latest.pt",
                 loader="threads:2")
     assert split.train_loader is wrapped[2] and len(wrapped) == 4  # train and val, twice
-    assert wrapped[2].loader._pool._shutdown  # train_workload closed it through the wrapper
+    assert wrapped[2].loader._pool._shutdown  # train_run closed it through the wrapper
     for val in (wrapped[1], wrapped[3]):
         val.close()
     assert split.get_extension("Evaluator").loader is wrapped[3]

@@ -139,3 +139,15 @@ def test_the_workers_requests_survive_their_json(tmp_path):
     request = AllReduceRequest(AllReduceConfig(sizes=(1024, 4096), dtype="bf16", reps=3),
                                "gloo", tmp_path / "results.jsonl")
     assert AllReduceRequest.from_json(request.to_json()) == request
+
+
+def test_a_profiles_request_survives_its_json(tmp_path):
+    """What the workers of ``kasoku profile --procs N`` are started with, typed both ways."""
+    from kasoku.commands.profile_config import ProfileConfig, ProfileRequest
+    run = resolve(create_workload("gpt:model_size=tiny"), DataConfig(synthetic=True),
+                  TrainConfig(batch_size=8, progress=False),
+                  AccelConfig(precision="bf16", compile=True), DistConfig(procs=2, shard=True))
+    cfg = ProfileConfig(steps=4, warmup=1, measure_seconds=0.2, confirm=True, rounds=1)
+    for out, measure_only in ((tmp_path / "prof", False), (None, True)):
+        request = ProfileRequest(run, cfg, out, measure_only)
+        assert ProfileRequest.from_json(request.to_json()) == request

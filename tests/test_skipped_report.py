@@ -94,11 +94,15 @@ def test_a_new_bad_file_in_a_later_epoch_is_announced_again(tmp_path, capsys):
 
 
 def test_kasoku_train_logs_the_count(tmp_path):
-    from kasoku.commands.train import train_workload
+    from kasoku.commands.train import train_run
     from kasoku.data.config import DataConfig
+    from kasoku.run import resolve
     from kasoku.train.config import TrainConfig
-    trainer = train_workload("sine-lstm", DataConfig(synthetic=True, synthetic_train_size=100,
-                                                     synthetic_val_size=20),
-                             TrainConfig(epochs=1, batch_size=50, out=tmp_path, progress=False))
+    from kasoku.workloads import create_workload
+    run = resolve(create_workload("sine-lstm"),
+                  DataConfig(synthetic=True, synthetic_train_size=100, synthetic_val_size=20),
+                  TrainConfig(epochs=1, batch_size=50, out=tmp_path, progress=False))
+    run.check()
+    trainer = train_run(run)
     assert isinstance(trainer.get_extension("SkippedReport"), SkippedReport)
     assert trainer.get_extension("LogReport").log[-1]["data/skipped"] == 0

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, get_args
+from typing import Callable
 
 import torch
 
 from kasoku.accel.attention import apply_sdpa_backend
 from kasoku.accel.checkpointing import apply_activation_checkpointing, checkpointable_blocks
 from kasoku.accel.compile import GRAPHING_MODES, apply_compile, compile_fn
-from kasoku.accel.config import (
-    CHECKPOINTING_MODES,
-    COMPILE_MODES,
-    OPTIMIZER_IMPLS,
-    PRECISIONS,
-    SDPA_BACKENDS,
-    AccelConfig,
-    Float8,
-)
+from kasoku.accel.config import AccelConfig, check_choices
 from kasoku.accel.conv_matmul import apply_matmul_1x1
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.float8 import apply_float8
@@ -65,20 +57,7 @@ class Accelerated:
 def check_config(cfg: AccelConfig) -> None:
     """Refuse unknown values and combinations that cannot work on any device, saying what to
     use instead. (Combinations that depend on the optimizer are checked in ``accelerate``.)"""
-    if cfg.precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {cfg.precision!r}; choose one of "
-                          f"{', '.join(PRECISIONS)}")
-    if cfg.optimizer_impl is not None and cfg.optimizer_impl not in OPTIMIZER_IMPLS:
-        raise ConfigError(f"unknown optimizer implementation {cfg.optimizer_impl!r}; choose one "
-                          f"of {', '.join(OPTIMIZER_IMPLS)}")
-    if cfg.compile_mode not in COMPILE_MODES:
-        raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
-                          f"{', '.join(COMPILE_MODES)}")
-    for name, allowed in (("activation_checkpointing", CHECKPOINTING_MODES),
-                          ("sdpa_backend", SDPA_BACKENDS), ("float8", get_args(Float8))):
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"unknown {name} {getattr(cfg, name)!r}; choose one of "
-                              f"{', '.join(allowed)}")
+    check_choices(cfg)
     if cfg.float8 != "none" and cfg.precision in ("fp16", "fp16-pure"):
         raise ConfigError(f"--float8 with precision {cfg.precision}: torchao's float8 layers "
                           f"take fp32 or bf16 activations; use --precision bf16")

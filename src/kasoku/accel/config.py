@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from kasoku.core.errors import ConfigError
+
 # The closed choices of the levers: each a Literal (the field's type) and the tuple of its
 # values made from it, which the checks and the command line's choices read.
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp16-pure"]
@@ -91,3 +93,23 @@ class AccelConfig:
     per call; the iteration count still counts steps. With --cuda-graph choose K dividing the
     batches per epoch (MNIST at batch 100: 600 batches -> 50), else each epoch's last, shorter
     chunk runs outside the graph. Needs --loader serial or device."""
+
+
+def check_choices(cfg: AccelConfig) -> None:
+    """Refuse a value outside its field's closed choices (``ConfigError`` naming them), without
+    torch: the first of ``kasoku.accel.compose.check_config``'s checks, which adds the
+    combinations that cannot work."""
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {cfg.precision!r}; choose one of "
+                          f"{', '.join(PRECISIONS)}")
+    if cfg.optimizer_impl is not None and cfg.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise ConfigError(f"unknown optimizer implementation {cfg.optimizer_impl!r}; choose one "
+                          f"of {', '.join(OPTIMIZER_IMPLS)}")
+    if cfg.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"unknown compile mode {cfg.compile_mode!r}; choose one of "
+                          f"{', '.join(COMPILE_MODES)}")
+    for name, allowed in (("activation_checkpointing", CHECKPOINTING_MODES),
+                          ("sdpa_backend", SDPA_BACKENDS), ("float8", get_args(Float8))):
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"unknown {name} {getattr(cfg, name)!r}; choose one of "
+                              f"{', '.join(allowed)}")

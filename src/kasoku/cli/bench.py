@@ -3,8 +3,9 @@
     kasoku bench imagenet-resnet50 --batch-size 32,64,128,256 --ladder
     kasoku bench mnist-mlp --device cpu --config precision=bf16,compile=max-autotune
 
-The engine is imported where the command runs, and the rungs where a ``--config`` is checked:
-the parser loads no torch.
+The engine is imported where the command runs, and the levers' combination checks where a
+well-formed ``--config`` is checked: the parser loads no torch, nor does a mistake in a
+``--config``'s keys or values.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
+from kasoku.commands.bench.rung_spec import LADDER_LABELS, parse_spec
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import OUTPUT_ROOT
@@ -102,19 +104,17 @@ def _to_scale(text: str):
 
 
 def _rung_spec(text: str) -> str:
-    """A ``--config`` value, checked where it is parsed: a rung label of either ladder, or
-    lever settings ``parse_config`` takes (the device's ladder resolves labels later)."""
-    from kasoku.commands.bench.rungs import (  # deferred: torch, only for a --config
-        cpu_ladder,
-        gpu_ladder,
-        parse_config,
-        transformer_gpu_ladder,
-    )
+    """A ``--config`` value, checked where it is parsed: a rung label of any ladder, or lever
+    settings ``parse_config`` takes (the device's ladder resolves labels later). Its keys and
+    values are read without torch; only well-formed settings load it, to refuse what cannot be
+    combined (``check_config``)."""
     spec = text.strip()
-    if spec in {r.label for r in gpu_ladder() + transformer_gpu_ladder() + cpu_ladder()}:
+    if spec in LADDER_LABELS:
         return spec
     try:
-        parse_config(spec)
+        config = parse_spec(spec)
+        from kasoku.accel.compose import check_config  # deferred: torch, only for a --config
+        check_config(config)
     except ConfigError as exc:
         a._fail(str(exc))
     return spec

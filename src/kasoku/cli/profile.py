@@ -1,5 +1,7 @@
-"""``kasoku profile``: argv -> the ``kasoku train`` configs plus ``ProfileConfig`` ->
-``kasoku.commands.profile.profile_workload``; prints the figures and the verdict. With ``--``,
+"""``kasoku profile``: argv -> the ``kasoku train`` configs, resolved into one
+``kasoku.run.RunConfig``, plus ``ProfileConfig`` -> ``kasoku.commands.profile.profile_run``
+(with ``--procs N``/``--gpus N``, in each worker, given their JSON:
+``kasoku.cli.profile_worker``); prints the figures and the verdict. With ``--``,
 what follows is a training script's command (``kasoku profile --skip 5 -- python train.py
 ARGS``) -> ``kasoku.commands.script_profile.profile_script``. The engines are imported where
 the command runs: the parser loads no torch."""
@@ -22,13 +24,14 @@ from kasoku.cli.train import (
     kfac_config_from_args,
     workload_spec,
 )
-from kasoku.commands.profile_config import ProfileConfig
+from kasoku.commands.profile_config import ProfileConfig, ProfileRequest
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
 from kasoku.distributed import World
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
+from kasoku.run import RunConfig, resolve
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import out_or_new
 from kasoku.workloads import create_workload
@@ -107,7 +110,6 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def run(args) -> int:
     if args.script is not None or args.workload is None:
         return run_script(args)
-    from kasoku.commands.profile import profile_run  # deferred: torch (module doc)
     for flag, given in (("--stop-after-window", args.stop_after_window),
                         ("--with", args.with_levers)):
         if given:
@@ -118,16 +120,24 @@ def run(args) -> int:
     train.progress = False
     cfg = a.config_from(args, ProfileConfig)
     dist = dist_config_from_args(args)
-    from kasoku.run import resolve  # deferred: with the engine, when the command runs
     run_cfg = resolve(create_workload(workload_spec(args)), data, train,
                       accel_config_from_args(args), dist, kfac_config_from_args(args))
     if dist.asked and not under_launcher():
         return _launch(args, dist, cfg, run_cfg)
-    result = profile_run(run_cfg, cfg, out=args.out, measure_only=args.measure_only,
-                         argv=args.argv)
-    if dist.asked and not World.from_env().is_main:
+    return profile_here(run_cfg, cfg, args.out, args.measure_only, args.argv)
+
+
+def profile_here(run_cfg: RunConfig, cfg: ProfileConfig, out: Path | None,
+                 measure_only: bool, argv: list[str] | None = None) -> int:
+    """Profile ``run_cfg`` in this process (alone, or as one worker of a data-parallel run:
+    ``kasoku.cli.profile_worker``) and print its figures and verdict, or with
+    ``measure_only`` its result as one JSON line; ``argv``: the command line, for
+    ``--confirm`` to vary."""
+    from kasoku.commands.profile import profile_run  # deferred: torch (module doc)
+    result = profile_run(run_cfg, cfg, out=out, measure_only=measure_only, argv=argv)
+    if run_cfg.dist.asked and not World.from_env().is_main:
         return 0  # worker 0 speaks for all
-    if args.measure_only:
+    if measure_only:
         print(json.dumps(result, default=str))
         return 0
     print(summary(result))
@@ -170,17 +180,17 @@ def run_script(args) -> int:
 
 
 def _launch(args, dist, cfg, run_cfg) -> int:
-    """Start the workers (each runs this command as one of them), then, with ``--confirm``,
-    run the A/B from here: each side launches its own workers."""
+    """Start the workers (each given the run and the profile's settings as JSON:
+    ``kasoku.cli.profile_worker``), then, with ``--confirm``, run the A/B from here: each side
+    launches its own workers."""
     from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
     from kasoku.commands.profile import ab_saved  # deferred: torch (module doc)
     run_cfg.check()  # a mistake is said once, not by each worker
     wl = create_workload(run_cfg.workload)
     if args.measure_only:
-        return launch(list(args.argv), dist)
+        return _launch_workers(ProfileRequest(run_cfg, cfg, args.out, measure_only=True), dist)
     out = out_or_new(args.out, wl.name, "profile", "the profile")
-    argv = [*args.argv, "--out", str(out)] if not args.out else list(args.argv)
-    code = launch(argv, dist)
+    code = _launch_workers(ProfileRequest(run_cfg, cfg, out), dist)
     if code or (cfg.estimate and not cfg.confirm):
         return code
     result = ab_saved(out, list(args.argv), cfg)
@@ -188,6 +198,10 @@ def _launch(args, dist, cfg, run_cfg) -> int:
                       *tried_lines(result["verdict"]),
                       *ladder_lines(result), f"report: {result.get('report')}"]))
     return 0
+
+
+def _launch_workers(request: ProfileRequest, dist: DistConfig) -> int:
+    return launch([request.to_json()], dist, module="kasoku.cli.profile_worker")
 
 
 def summary(result: dict) -> str:

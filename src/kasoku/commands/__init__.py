@@ -3,7 +3,7 @@ library calls, processes, files and printed lines. The library (``workloads``, `
 ``accel``, ``kfac``, ``train``, ``distributed``, ``perf``, ``data``, ``models``, ``core``) never
 imports this package; ``kasoku.cli`` parses argv into configs and calls it.
 
-- ``train``: ``kasoku train`` (``train_workload``, ``build_trainer``, a data-parallel worker)
+- ``train``: ``kasoku train`` (``train_run``, ``build_trainer``, a data-parallel worker)
 - ``profile``: ``kasoku profile`` and its ``--confirm`` A/B runs
 - ``bench``: ``kasoku bench`` (the ladder), ``kasoku data bench`` and ``kasoku compare``
 - ``scale`` and ``scale_worker``: ``kasoku scale``

@@ -1,9 +1,15 @@
 """``ProfileConfig``: the settings of one ``kasoku profile`` (of a workload or of a script),
 whose field docstrings are the command line's help texts; in a module of its own, without
-torch, so that the command line builds its flags without loading it."""
+torch, so that the command line builds its flags without loading it; and ``ProfileRequest``,
+the JSON a data-parallel profile's workers are started with."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+from kasoku.run import RunConfig, decode
 
 
 @dataclass
@@ -38,3 +44,22 @@ class ProfileConfig:
     stop_after_window: bool = False
     """A script's profile (kasoku profile -- python SCRIPT.py): stop the script cleanly after
     the profiled window instead of letting it run to its end."""
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What a worker of ``kasoku profile --gpus N``/``--procs N`` is started with
+    (``kasoku.cli.profile_worker``): the run the launching process resolved and checked, the
+    profile's settings, its folder, and whether it is a side of an A/B (``measure_only``: the
+    figures printed as one JSON line)."""
+    run: RunConfig
+    profile: ProfileConfig
+    out: Path | None = None
+    measure_only: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> ProfileRequest:
+        return decode(cls, json.loads(text))

@@ -1,6 +1,6 @@
 """Train a workload: the library call behind ``kasoku train``.
 
-``train_workload`` = pick the run folder (``kasoku.train.run_dir``), ``build_trainer`` (data,
+``train_run`` = pick the run folder (``kasoku.train.run_dir``), ``build_trainer`` (data,
 model, levers, loader, and the standard extensions of ``kasoku.train.standard``), run.
 Everything a lever needs is decided by ``kasoku.accel.accelerate``; every loader comes from
 ``kasoku.data.registry``.
@@ -202,27 +202,16 @@ def _share_loss_scale(accelerated) -> None:
             accelerated.optimizer.loss_scale = extension.scaler.scale_value
 
 
-def train_workload(name: str, data: DataConfig, train: TrainConfig, resume=None,
-                   accel: AccelConfig | None = None, dist_cfg: DistConfig | None = None,
-                   kfac: KFACConfig | None = None) -> Trainer:
-    """Train workload ``name`` (a registered name or ``FILE.py:NAME``) into ``train.out`` (a
-    new folder under ``runs/`` when None); ``resume``: None, ``"auto"``, a run folder or a
-    snapshot file. Returns the trainer (its LogReport holds the figures). ``kfac``: the
-    settings of optimizer kfac (``train.optimizer`` or the workload's). The settings are
-    resolved and checked (``kasoku.run``), then ``train_run`` trains.
+def train_run(run: RunConfig, resume=None) -> Trainer:
+    """Train ``run``, a checked ``RunConfig`` (``kasoku.run.resolve``, ``RunConfig.check``),
+    into ``run.train.out`` (a new folder under ``runs/`` when None); ``resume``: None,
+    ``"auto"``, a run folder or a snapshot file. Returns the trainer (its LogReport holds the
+    figures).
 
     In a process started by a launcher (``kasoku.distributed.launch.under_launcher``: kasoku's own
     ``--gpus``/``--procs``, torchrun, a scheduler) this is one worker of a data-parallel run,
-    configured by ``dist_cfg``; a worker group the launcher restarted resumes from the run's
+    configured by ``run.dist``; a worker group the launcher restarted resumes from the run's
     latest snapshot."""
-    run = resolve(create_workload(name), data, train, accel, dist_cfg, kfac)
-    run.check()
-    return train_run(run, resume)
-
-
-def train_run(run: RunConfig, resume=None) -> Trainer:
-    """Train ``run``, a checked ``RunConfig`` (``RunConfig.check``), as ``train_workload``
-    says: here, or as one worker of a data-parallel run under a launcher."""
     device = resolve_device(run.train.device)
     workload = create_workload(run.workload)
     if under_launcher():
@@ -310,7 +299,7 @@ def close_run(trainer: Trainer) -> None:
 
 def _train_worker(run: RunConfig, workload: Workload, resume, device: torch.device
                   ) -> Trainer:
-    """One worker of a data-parallel run (see ``train_workload``)."""
+    """One worker of a data-parallel run (see ``train_run``)."""
     defer_signals()  # a Ctrl-C while the worker starts: kept for its first step
     world = World.from_env()
     run = dataclasses.replace(run, train=join_as_worker(world, run.train, run.dist, device))

@@ -3,8 +3,8 @@
 no process and opens no socket of its own.
 
 ``kasoku train WORKLOAD --gpus N`` (or ``--procs N``) starts N worker processes, each given the
-run it resolved as JSON (``python -m kasoku.cli.train_worker REQUEST``; ``kasoku profile``
-re-runs its own command line, ``python -m kasoku ...``), each told its rank by the launcher's
+run it resolved as JSON (``python -m kasoku.cli.train_worker REQUEST``; ``kasoku profile``'s,
+``python -m kasoku.cli.profile_worker REQUEST``), each told its rank by the launcher's
 environment. A worker knows it is one because that environment is set (``under_launcher``); the
 same command started by ``torchrun`` or a scheduler that sets it runs as a worker directly. A
 binary entrypoint rather than a Python function: each worker is a fresh interpreter, which is
@@ -111,8 +111,8 @@ def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
 
 
 def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
-           out: Path | None = None, module: str = "kasoku") -> int:
-    """Run ``python -m MODULE ARGV`` (``kasoku``'s command line by default) in
+           out: Path | None = None, *, module: str) -> int:
+    """Run ``python -m MODULE ARGV`` (a worker's entry module and its request's JSON) in
     ``cfg.workers`` processes on this machine (the job
     spanning ``cfg.nnodes`` machines), restarted up to ``cfg.max_restarts`` times. Returns the
     exit code: 0; the failed worker's (1 or 2); 128 + N after signal N.

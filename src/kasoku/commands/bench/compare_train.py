@@ -1,6 +1,7 @@
 """``kasoku compare WORKLOAD --epochs N``: seed 001's time-to-accuracy comparison. The workload
-trains on each device in turn with ``kasoku train``'s machinery (``run.train_workload``: the
-same trainer, log and run folder), each device with its stated settings
+trains on each device in turn with ``kasoku train``'s machinery (one ``kasoku.run.RunConfig``
+per device, resolved and checked, then ``commands.train.train_run``: the same trainer, log and
+run folder), each device with its stated settings
 (``TRAIN_SETTINGS``, or the rung a ``--cpu-config``/``--gpu-config`` names); then the logs
 side by side, the total time per device and the ratio.
 
@@ -20,9 +21,10 @@ from kasoku.commands.bench.compare import RESULTS_FILE, SCHEMA
 from kasoku.commands.bench.compare_report import side_by_side, totals_line
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.rungs import reference_rung, rung_from_spec
-from kasoku.commands.train import train_workload
+from kasoku.commands.train import train_run
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
+from kasoku.run import resolve
 from kasoku.train.config import TrainConfig
 from kasoku.train.run_dir import default_out
 from kasoku.workloads import create_workload
@@ -78,7 +80,9 @@ def train_on_devices(workload: str, devices: tuple[str, ...], data: DataConfig, 
         train = TrainConfig(epochs=epochs, device=device, out=run_out, loader=loader,
                             threads=threads if dtype == "cpu" else None, seed=seed,
                             progress=False)
-        trainer = train_workload(workload, data, train, accel=accel)
+        run = resolve(wl, data, train, accel)
+        run.check()
+        trainer = train_run(run)
         log = [dict(e) for e in trainer.get_extension("LogReport").entries]
         runs.append(DeviceRun(device, label, {"kind": "kasoku", **dataclasses.asdict(accel)},
                               loader, run_out, log))

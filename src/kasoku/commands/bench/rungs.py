@@ -31,13 +31,13 @@ one ``--config precision=fp16`` away.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from kasoku.accel.attention import CUDA_ONLY
 from kasoku.accel.compose import check_config
-from kasoku.accel.config import PRECISIONS, AccelConfig
+from kasoku.accel.config import AccelConfig
 from kasoku.accel.float8 import has_torchao
-from kasoku.core.errors import ConfigError
+from kasoku.commands.bench.rung_spec import parse_spec
 from kasoku.perf.cpuinfo import CpuInfo, cpu_info
 
 REFERENCE_LABEL = "fp32"
@@ -150,67 +150,14 @@ def default_ladder(device_type: str, kind: str = "default") -> list[Rung]:
     return transformer_gpu_ladder() if kind == "transformer" else gpu_ladder()
 
 
-_ALIASES = {"fused": ("optimizer_impl", "fused"), "foreach": ("optimizer_impl", "foreach"),
-            "loop": ("optimizer_impl", "loop"), "cudnn": ("cudnn_benchmark", True),
-            "graph": ("cuda_graph", True)}
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
 def parse_config(spec: str) -> AccelConfig:
-    """``"precision=bf16,channels_last,compile=max-autotune"`` -> ``AccelConfig``.
-
-    Keys are ``AccelConfig`` fields (``-`` may stand for ``_``); a bare key turns a boolean on;
-    ``compile=MODE`` turns compilation on in that mode; ``fused``/``foreach``/``loop`` set the
-    optimizer implementation; ``bf16``-style bare precisions set the precision. Unset keys
-    keep ``AccelConfig``'s defaults. Unknown keys and values raise ``ConfigError``."""
-    known = {f.name: f for f in fields(AccelConfig)}
-    values: dict = {}
-    for item in (part.strip() for part in spec.split(",")):
-        if not item:
-            continue
-        key, has_value, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not has_value and key in PRECISIONS:  # before "-" becomes "_": fp16-pure
-            key, has_value, raw = "precision", True, key
-        key = key.replace("-", "_")
-        if not has_value and key in _ALIASES:
-            name, value = _ALIASES[key]
-            values[name] = value
-            continue
-        if key not in known:
-            raise ConfigError(f"unknown bench config key {key!r} in {spec!r}; known keys: "
-                              f"{', '.join(known)} (plus the shorthands "
-                              f"{', '.join(_ALIASES)} and a bare precision)")
-        values.update(_parse_value(key, raw if has_value else None, known[key], spec))
-    if not any(part.strip() for part in spec.split(",")):
-        raise ConfigError(f"rung {spec!r} names no lever; give a ladder label (amp, +compile) "
-                          f"or settings such as precision=bf16,channels_last")
-    config = AccelConfig(**values)
-    check_config(config)  # unknown values and impossible combinations, said the accel way
+    """``"precision=bf16,channels_last,compile=max-autotune"`` -> ``AccelConfig``: the spec
+    read and its values checked without torch (``rung_spec.parse_spec``: its keys and
+    shorthands), then the combinations that cannot work refused (``check_config``, said the
+    accel way). Unknown keys and values raise ``ConfigError``."""
+    config = parse_spec(spec)
+    check_config(config)  # impossible combinations, said the accel way
     return config
-
-
-def _parse_value(key: str, raw: str | None, field: dataclasses.Field, spec: str) -> dict:
-    if key == "compile" and raw is not None and raw.lower() not in _TRUE + _FALSE:
-        return {"compile": True, "compile_mode": raw}
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
-    if kind == "bool":
-        if raw is None or raw.lower() in _TRUE:
-            return {key: True}
-        if raw.lower() in _FALSE:
-            return {key: False}
-        raise ConfigError(f"{key} takes on/off (or no value), got {raw!r} in {spec!r}")
-    if raw is None or raw == "":
-        raise ConfigError(f"{key} needs a value ({key}=...) in {spec!r}")
-    if key == "optimizer_impl" and raw.lower() in ("none", "auto", "default"):
-        return {key: None}
-    if kind in ("float", "int"):
-        try:
-            return {key: float(raw) if kind == "float" else int(raw)}
-        except ValueError:
-            raise ConfigError(f"{key} takes a{'' if kind == 'float' else ' whole'} number, "
-                              f"got {raw!r} in {spec!r}") from None
-    return {key: raw}
 
 
 def rung_from_spec(spec: str, device_type: str, kind: str = "default") -> Rung:

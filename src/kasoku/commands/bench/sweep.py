@@ -40,7 +40,7 @@ from kasoku.commands.bench.rungs import (
     reference_rung,
     resolve,
 )
-from kasoku.commands.bench.worker import WorkerRequest, request_to_json
+from kasoku.commands.bench.worker import WorkerRequest
 from kasoku.core.errors import ConfigError
 from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
@@ -222,7 +222,7 @@ def _run_worker(cfg: SweepConfig, rung: Rung, batch_size: int, numerics_only=Fal
                         profile_steps=0 if numerics_only else cfg.profile_steps,
                         data=str(cfg.data) if rung.loader else None,
                         loader_cores=cfg.loader_cores)
-    cmd = [sys.executable, "-m", "kasoku.commands.bench.worker", request_to_json(req)]
+    cmd = [sys.executable, "-m", "kasoku.commands.bench.worker", req.to_json()]
     t0 = time.perf_counter()
     status, stdout, stderr = run_process(cmd, cfg.timeout_s)
     wall_s = time.perf_counter() - t0

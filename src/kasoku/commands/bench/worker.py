@@ -1,7 +1,7 @@
 """Run ONE (workload, rung, batch size) in this process and report it as one JSON line.
 
     python -m kasoku.commands.bench.worker '{"workload": "mnist-mlp", "batch_size": 100,
-        "rung": {"label": "fp32", "config": {"kind": "kasoku", ...}}, ...}'
+        "rung": {"label": "fp32", "config": {"precision": "fp32", ...}, ...}, ...}'
 
 Phases: build the model (seeded) and a pool of synthetic batches on the device (a rung fed by a
 loader, ``--loader SPEC --data DIR``, takes its batches from that loader instead, pulled inside the
@@ -53,6 +53,7 @@ from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kernels import profile_steps
 from kasoku.perf.profile.window import Window
 from kasoku.perf.sysinfo import environment
+from kasoku.run import decode
 from kasoku.train.step import markable
 from kasoku.workloads import create_workload
 
@@ -68,6 +69,12 @@ OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryErro
 
 @dataclass(frozen=True)
 class WorkerRequest:
+    """One measurement, typed both ways (``to_json``, ``from_json``: the one argument of
+    ``python -m kasoku.commands.bench.worker``). Not a ``kasoku.run.RunConfig``: a rung is a
+    lever config or the plain PyTorch loop (``rung.config`` None, which no run has), stepped
+    on the recipe's optimizer and learning rate, on synthetic batches unless the rung names a
+    loader, in timed windows with no epochs, run folder, log or snapshots; and a run's
+    data-parallel and K-FAC settings do not apply to one process timing one rung."""
     workload: str
     rung: Rung
     batch_size: int
@@ -93,6 +100,13 @@ class WorkerRequest:
     ``figures["profile"]`` for the sweep's bottleneck verdict; 0: none."""
     loader_cores: bool = True
     """On a CPU, the loader rung's workers on cores of their own (``kasoku.commands.bench.fed``)."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerRequest:
+        return decode(cls, json.loads(text))
 
 
 def run(req: WorkerRequest) -> dict:
@@ -350,25 +364,9 @@ def config_from_dict(data: dict) -> AccelConfig | None:
     return AccelConfig(**{k: v for k, v in data.items() if k in names})
 
 
-def request_to_json(req: WorkerRequest) -> str:
-    """``req`` as the one argument of ``python -m kasoku.commands.bench.worker``."""
-    data = dataclasses.asdict(req)
-    data["rung"] = {"label": req.rung.label, "config": req.rung.config_dict(),
-                    "loader": req.rung.loader}
-    return json.dumps(data)
-
-
-def request_from_dict(data: dict) -> WorkerRequest:
-    """The ``WorkerRequest`` of ``json.loads(request_to_json(req))``."""
-    data = dict(data)
-    rung = data.pop("rung")
-    return WorkerRequest(rung=Rung(rung["label"], config_from_dict(rung["config"]),
-                                   loader=rung.get("loader")), **data)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m kasoku.commands.bench.worker JSON``: JSON is a ``WorkerRequest``
-    (``request_to_json``), or ``{"probe_peak": [DTYPES], "device": ..., "size": ...,
+    (``WorkerRequest.to_json``), or ``{"probe_peak": [DTYPES], "device": ..., "size": ...,
     "threads": ...}`` for the matmul peaks; prints the record as one JSON line. The sweep
     starts it; it is not a command for users, so it takes no flags."""
     request_queues()  # as kasoku's main command line does (normally inherited from it)
@@ -383,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                              data.get("size"), data.get("threads"))
         print(json.dumps(result))
         return 0
-    record = run(request_from_dict(data))
+    record = run(WorkerRequest.from_json(argv[0]))
     sys.stdout.flush()
     print(json.dumps(record))
     return 1 if record["status"] == "error" else 0
