@@ -50,19 +50,9 @@ from kasoku.perf.profile.kfac_cost import (
 )
 from kasoku.perf.profile.timeline import draw_timeline
 from kasoku.perf.profile.window import machine_facts, profile_updater
-from kasoku.run import RunConfig, resolve
+from kasoku.run import RunConfig
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
-
-
-def profile_workload(name: str, data, train, accel, cfg: ProfileConfig, out: Path | None = None,
-                     measure_only: bool = False, argv: list[str] | None = None,
-                     dist_cfg=None, kfac=None) -> dict:
-    """Profile workload ``name`` with the settings of ``kasoku train`` (``data``, ``train``,
-    ``accel``; ``kfac``: optimizer kfac's ``KFACConfig``), resolved and checked as its
-    ``RunConfig`` (``kasoku.run``): ``profile_run``."""
-    run = resolve(create_workload(name), data, train, accel, dist_cfg, kfac)
-    return profile_run(run, cfg, out=out, measure_only=measure_only, argv=argv)
 
 
 def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
