@@ -1,13 +1,17 @@
 """The one map of a run's flags (kasoku.core.flags): the parser's flags are its flags, every
 field of a run has one, and a change of fields goes to arguments and back."""
 import argparse
+import ast
+import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
+import kasoku
 from kasoku.accel.config import AccelConfig
 from kasoku.cli import build_parser
-from kasoku.core.flags import FLAGS, args_text, from_args, to_args
+from kasoku.core.flags import FLAGS, OPTIONS, args_text, flag, from_args, to_args
 from kasoku.data.config import DataConfig
 from kasoku.distributed.config import DistConfig
 from kasoku.kfac.config import KFACConfig
@@ -32,11 +36,11 @@ def test_every_field_of_a_run_has_one_flag_in_the_map():
 
 def test_the_parser_of_train_uses_the_map():
     options = _options("train")
-    for key, flag in FLAGS.items():
+    for key, name in FLAGS.items():
         dest = key.split(".", 1)[1]
         if dest == "compile_mode":
             continue  # --compile MODE sets it
-        assert options[dest] == flag, key
+        assert options[dest] == name, key
 
 
 @pytest.mark.parametrize("changes, args", [
@@ -66,3 +70,74 @@ def test_a_change_no_flag_can_make_is_refused(changes):
 def test_an_argument_that_is_no_runs_flag_is_refused():
     with pytest.raises(ValueError, match="--confirm"):
         from_args(["--confirm"])
+
+
+# Issue 43: no flag literal below the command line. A message below kasoku.cli names a flag by
+# the map (``flag("accel.compile")``), so a renamed flag cannot leave a message naming the old
+# one. Docstrings may mention flags; every other string constant, the text of f-strings too,
+# may not spell one of kasoku's options.
+SRC = Path(kasoku.__file__).parent
+EXEMPT = {"core/flags.py"}  # the map itself
+FLAG_TOKEN = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _kasoku_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option of ``parser`` and its subcommands, at any depth."""
+    out = set()
+    for action in parser._actions:
+        out.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _kasoku_options(sub)
+    return out - {"--help", "--version"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that stand alone as statements (docstrings of modules,
+    classes and functions, and those written under an attribute)."""
+    return {id(st.value) for node in ast.walk(tree)
+            for st in (node.body if isinstance(getattr(node, "body", None), list) else ())
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+            and isinstance(st.value.value, str)}
+
+
+def _flag_literals(source: str, options: set[str]) -> list[tuple[int, str]]:
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return [(node.lineno, token) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs
+            for token in FLAG_TOKEN.findall(node.value) if token in options]
+
+
+def test_the_options_map_names_options_of_their_commands():
+    options = _kasoku_options(build_parser())
+    assert set(OPTIONS.values()) <= options
+    assert not set(OPTIONS) & set(FLAGS)
+    assert flag("train.resume") == "--resume" and flag("accel.cuda_graph") == "--cuda-graph"
+
+
+def test_the_scan_finds_a_flag_in_a_message_and_in_an_f_string_not_in_a_docstring():
+    source = ('"""--compile in a docstring."""\n'
+              'def f(x):\n    """--cuda-graph."""\n'
+              '    raise ValueError(f"{x}: drop --cuda-graph")\n'
+              'A = ("--epochs", 1)\n'
+              'B = "pip install --upgrade torch"\n')
+    assert sorted(_flag_literals(source, _kasoku_options(build_parser()))) == [
+        (4, "--cuda-graph"), (5, "--epochs")]
+
+
+def test_no_flag_literal_below_the_command_line():
+    options = _kasoku_options(build_parser())
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("cli/") or rel in EXEMPT:
+            continue
+        found += [f"{rel}:{line}: {token}"
+                  for line, token in _flag_literals(path.read_text(), options)]
+    assert not found, "name these flags by kasoku.core.flags.flag:\n" + "\n".join(found)
+
+
+def test_the_exempt_file_exists():
+    assert all((SRC / rel).is_file() for rel in EXEMPT)

@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kasoku.accel.config import SDPA_BACKENDS
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.train.step import Step, StepWrapper
 
 _KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -34,15 +35,15 @@ def check_sdpa_backend(backend: str, device) -> None:
     if backend in CUDA_ONLY and device.type != "cuda":
         kernel = {"efficient": "the memory-efficient attention kernel",
                   "cudnn": "cuDNN's attention kernel"}[backend]
-        raise ConfigError(f"--sdpa-backend {backend}: {kernel} is CUDA's; on {device.type} use "
-                          f"auto, flash (PyTorch's CPU flash kernel) or math")
+        raise ConfigError(f"{flag('accel.sdpa_backend')} {backend}: {kernel} is CUDA's; on "
+                          f"{device.type} use auto, flash (PyTorch's CPU flash kernel) or math")
     if backend in ("flash", "cudnn") and device.type == "cuda" \
             and torch.cuda.get_device_capability(device) < (8, 0):
         name = {"flash": "FlashAttention", "cudnn": "cuDNN's attention"}[backend]
-        raise ConfigError(f"--sdpa-backend {backend}: {name} needs compute capability 8.0 "
-                          f"(A100) or newer, this GPU has "
-                          f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; "
-                          f"use efficient")
+        raise ConfigError(f"{flag('accel.sdpa_backend')} {backend}: {name} needs compute "
+                          "capability 8.0 (A100) or newer, this GPU has "
+                          f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; use "
+                          "efficient")
 
 
 class PinnedAttention(StepWrapper):

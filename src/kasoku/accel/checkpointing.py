@@ -33,6 +33,7 @@ from torch.utils.checkpoint import (
 from kasoku.accel._recast import recast
 from kasoku.accel.config import CHECKPOINTING_MODES
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 _SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
@@ -94,13 +95,13 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
         return model
     blocks = checkpointable_blocks(model)
     if blocks is None:
-        raise ConfigError(f"--activation-checkpointing {mode}: {type(model).__name__} has no "
-                          f"`blocks` ModuleList (the units to recompute, as kasoku's gpt has); "
-                          f"leave it at none for this model")
+        raise ConfigError(f"{flag('accel.activation_checkpointing')} {mode}: "
+                          f"{type(model).__name__} has no `blocks` ModuleList (the units to "
+                          "recompute, as kasoku's gpt has); leave it at none for this model")
     selective = mode == "selective"
     for i, block in enumerate(blocks):
         if isinstance(block, _Checkpointed):
-            raise ConfigError("--activation-checkpointing: the model's blocks are "
+            raise ConfigError(f"{flag('accel.activation_checkpointing')}: the model's blocks are "
                               "checkpointed already")
         blocks[i] = recast(block, _checkpointed_class(type(block), selective))
     return model

@@ -24,6 +24,7 @@ from torch import nn
 from kasoku.accel.config import COMPILE_MODES
 from kasoku.accel.notes import skip
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 GRAPHING_MODES = ("reduce-overhead", "max-autotune")
 """Modes that capture CUDA graphs of their own (CUDA graph trees)."""
@@ -66,9 +67,9 @@ def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
     options = {}
     if combo_kernels:
         if mode is not None:  # torch.compile takes a mode or inductor options, not both
-            raise ConfigError(f"--combo-kernels sets inductor options, which torch.compile "
-                              f"does not take beside compile mode {mode!r}; use compile mode "
-                              f"default")
+            raise ConfigError(f"{flag('accel.combo_kernels')} sets inductor options, which "
+                              f"torch.compile does not take beside compile mode {mode!r}; use "
+                              "compile mode default")
         options["combo_kernels"] = True
     if not buffer_reuse:
         # kasoku.accel.wgrad_stream: a second stream still reads gradient buffers after the

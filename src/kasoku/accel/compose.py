@@ -25,6 +25,7 @@ from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.triton_adam import compile_early
 from kasoku.accel.wgrad_stream import apply_wgrad_stream
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.distributed.fsdp import Distribute
 from kasoku.train.step import ClippedUpdate, Step
 
@@ -59,29 +60,31 @@ def check_config(cfg: AccelConfig) -> None:
     use instead. (Combinations that depend on the optimizer are checked in ``accelerate``.)"""
     check_choices(cfg)
     if cfg.float8 != "none" and cfg.precision in ("fp16", "fp16-pure"):
-        raise ConfigError(f"--float8 with precision {cfg.precision}: torchao's float8 layers "
-                          f"take fp32 or bf16 activations; use --precision bf16")
+        raise ConfigError(f"{flag('accel.float8')} with precision {cfg.precision}: torchao's "
+                          "float8 layers take fp32 or bf16 activations; use "
+                          f"{flag('accel.precision')} bf16")
     if cfg.combo_kernels and not (cfg.compile and cfg.compile_mode == "default"):
-        raise ConfigError("--combo-kernels is an option of torch.compile's default mode; add "
-                          "--compile (mode default)")
+        raise ConfigError(f"{flag('accel.combo_kernels')} is an option of torch.compile's default "
+                          f"mode; add {flag('accel.compile')} (mode default)")
     if cfg.fused_bn and not cfg.channels_last:
-        raise ConfigError("--fused-bn's kernels read channels_last activations; add "
-                          "--channels-last")
+        raise ConfigError(f"{flag('accel.fused_bn')}'s kernels read channels_last activations; add "
+                          f"{flag('accel.channels_last')}")
     if cfg.matmul_1x1 and not cfg.channels_last:
-        raise ConfigError("--matmul-1x1 computes 1x1 convolutions on channels_last activations "
-                          "(in NCHW the product would need a transpose copy each way); add "
-                          "--channels-last")
+        raise ConfigError(f"{flag('accel.matmul_1x1')} computes 1x1 convolutions on channels_last "
+                          "activations (in NCHW the product would need a transpose copy each "
+                          f"way); add {flag('accel.channels_last')}")
     if cfg.wgrad_stream and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
         raise ConfigError(
-            f"--wgrad-stream with compile mode {cfg.compile_mode!r}: that mode records "
-            f"inductor's own CUDA graphs, which assume one stream; use compile mode default or "
-            f"max-autotune-no-cudagraphs (and --cuda-graph to capture the whole step)")
+            f"{flag('accel.wgrad_stream')} with compile mode {cfg.compile_mode!r}: that mode "
+            "records inductor's own CUDA graphs, which assume one stream; use compile mode "
+            f"default or max-autotune-no-cudagraphs (and {flag('accel.cuda_graph')} to capture the "
+            "whole step)")
     if cfg.cuda_graph and cfg.compile and cfg.compile_mode in GRAPHING_MODES:
         raise ConfigError(
-            f"--cuda-graph with compile mode {cfg.compile_mode!r} would nest two layers of CUDA "
-            f"graphs (that mode captures its own); use --cuda-graph with compile mode default "
-            f"or max-autotune-no-cudagraphs, or compile mode {cfg.compile_mode!r} without "
-            f"--cuda-graph")
+            f"{flag('accel.cuda_graph')} with compile mode {cfg.compile_mode!r} would nest two "
+            f"layers of CUDA graphs (that mode captures its own); use {flag('accel.cuda_graph')} "
+            "with compile mode default or max-autotune-no-cudagraphs, or compile mode "
+            f"{cfg.compile_mode!r} without {flag('accel.cuda_graph')}")
     if not (isinstance(cfg.loss_scale_init, (int, float))
             and 0 < cfg.loss_scale_init < math.inf):
         raise ConfigError(f"loss_scale_init must be a positive, finite number, got "
@@ -96,27 +99,32 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
     """Refuse, one line each, what a sharded model (``--shard``, FSDP2) cannot take here: its
     parameters are DTensor shards whose all-gathers and reduce-scatters run in hooks."""
     if optimizer == "kfac":
-        raise ConfigError("--shard with optimizer kfac: K-FAC's factors need every layer's whole "
-                          "inputs and gradients, which sharding splits; use --optimizer adamw "
-                          "(or sgd), or DDP (no --shard)")
+        raise ConfigError(f"{flag('dist.shard')} with optimizer kfac: K-FAC's factors need every "
+                          "layer's whole inputs and gradients, which sharding splits; use "
+                          f"{flag('train.optimizer')} adamw (or sgd), or DDP (no "
+                          f"{flag('dist.shard')})")
     if optimizer in ("lars", "lamb"):
-        raise ConfigError(f"--shard with optimizer {optimizer}: its trust ratio needs each "
-                          f"tensor's whole norm, and a worker holds a shard; use --optimizer "
-                          f"adamw or sgd, or DDP (no --shard)")
+        raise ConfigError(f"{flag('dist.shard')} with optimizer {optimizer}: its trust ratio needs "
+                          "each tensor's whole norm, and a worker holds a shard; use "
+                          f"{flag('train.optimizer')} adamw or sgd, or DDP (no "
+                          f"{flag('dist.shard')})")
     if cfg.cuda_graph:
-        raise ConfigError("--shard with --cuda-graph: FSDP2's all-gathers allocate and free "
-                          "memory per step, which a captured graph cannot; drop one of them")
+        raise ConfigError(f"{flag('dist.shard')} with {flag('accel.cuda_graph')}: FSDP2's "
+                          "all-gathers allocate and free memory per step, which a captured graph "
+                          "cannot; drop one of them")
     if cfg.compile and cfg.compile_mode in GRAPHING_MODES:
-        raise ConfigError(f"--shard with compile mode {cfg.compile_mode}: that mode captures "
-                          f"CUDA graphs, and FSDP2's all-gathers allocate and free memory per "
-                          f"step; use compile mode default")
+        raise ConfigError(f"{flag('dist.shard')} with compile mode {cfg.compile_mode}: that mode "
+                          "captures CUDA graphs, and FSDP2's all-gathers allocate and free memory "
+                          "per step; use compile mode default")
     if cfg.precision in ("fp16", "fp16-pure"):
-        raise ConfigError(f"--shard with precision {cfg.precision}: the loss scaler would "
-                          f"judge each worker's shard of the gradients alone; use --precision "
-                          f"bf16 (FSDP2's parameters in bf16, its reduction in fp32) or fp32")
+        raise ConfigError(f"{flag('dist.shard')} with precision {cfg.precision}: the loss scaler "
+                          "would judge each worker's shard of the gradients alone; use "
+                          f"{flag('accel.precision')} bf16 (FSDP2's parameters in bf16, its "
+                          "reduction in fp32) or fp32")
     if cfg.optimizer_impl in ("triton", "compiled"):
-        raise ConfigError(f"--shard with --optimizer-impl {cfg.optimizer_impl}: that update "
-                          f"works on whole tensors, not DTensor shards; use foreach or fused")
+        raise ConfigError(f"{flag('dist.shard')} with {flag('accel.optimizer_impl')} "
+                          f"{cfg.optimizer_impl}: that update works on whole tensors, not DTensor "
+                          "shards; use foreach or fused")
 
 
 def prewarm(optimizer_impl: str | None, device, optimizer: str, weight_decay: float) -> None:
@@ -186,9 +194,9 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     if per_block:
         blocks = checkpointable_blocks(model)
         if blocks is None:
-            raise ConfigError(f"--shard with --compile: kasoku compiles each block of a "
-                              f"sharded model, and {type(model).__name__} has no `blocks` "
-                              f"ModuleList; drop --compile")
+            raise ConfigError(f"{flag('dist.shard')} with {flag('accel.compile')}: kasoku compiles "
+                              f"each block of a sharded model, and {type(model).__name__} has no "
+                              f"`blocks` ModuleList; drop {flag('accel.compile')}")
         for block in blocks:
             apply_compile(block, device, notes, **compile_options)
     if distribute is not None:
@@ -226,9 +234,10 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     if graphed and precision.scaler is not None \
             and not getattr(optimizer, "_step_supports_amp_scaling", False):
         raise ConfigError(
-            f"--cuda-graph with precision {precision.mode}: {type(optimizer).__name__} in this "
-            f"implementation decides on the host whether to skip an overflowing step, which a "
-            f"graph cannot; use --optimizer-impl fused (or optimizer lars/lamb)")
+            f"{flag('accel.cuda_graph')} with precision {precision.mode}: "
+            f"{type(optimizer).__name__} in this implementation decides on the host whether to "
+            f"skip an overflowing step, which a graph cannot; use {flag('accel.optimizer_impl')} "
+            "fused (or optimizer lars/lamb)")
     extensions = list(precision.extensions)
     # Several steps per call: outside the per-batch input conversion, inside the graph, so
     # that one replay runs all of them.

@@ -25,6 +25,7 @@ from torch import nn
 
 from kasoku.accel.config import FLOAT8_RECIPES
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 MIN_CAPABILITY = (8, 9)
 """float8 tensor cores: Ada (8.9) and Hopper (9.0) or newer."""
@@ -42,15 +43,16 @@ def check_float8(recipe: str, device) -> None:
         raise ConfigError(f"unknown float8 scaling {recipe!r}; choose one of "
                           f"{', '.join(FLOAT8_RECIPES)}")
     if device.type != "cuda":
-        raise ConfigError(f"--float8 {recipe}: float8 matrix products need a CUDA GPU with "
-                          f"float8 tensor cores (compute capability 8.9+), not {device.type}")
+        raise ConfigError(f"{flag('accel.float8')} {recipe}: float8 matrix products need a CUDA "
+                          "GPU with float8 tensor cores (compute capability 8.9+), not "
+                          f"{device.type}")
     capability = torch.cuda.get_device_capability(device)
     if capability < MIN_CAPABILITY:
-        raise ConfigError(f"--float8 {recipe}: this GPU has compute capability "
+        raise ConfigError(f"{flag('accel.float8')} {recipe}: this GPU has compute capability "
                           f"{'.'.join(map(str, capability))}; float8 tensor cores need 8.9 "
                           f"(Ada) or 9.0 (Hopper) and newer")
     if not has_torchao():
-        raise ConfigError(f"--float8 {recipe} needs torchao: pip install torchao")
+        raise ConfigError(f"{flag('accel.float8')} {recipe} needs torchao: pip install torchao")
 
 
 def _float8_shaped(module: nn.Module, fqn: str) -> bool:

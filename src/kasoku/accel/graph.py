@@ -36,6 +36,7 @@ import torch
 
 from kasoku.accel.notes import skip, warn_once
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.train.step import Step, StepWrapper
 
 WARMUP_STEPS = 3
@@ -87,7 +88,7 @@ def prepare_optimizer_for_graph(optimizer: torch.optim.Optimizer, device) -> Non
             raise ConfigError(
                 f"{type(optimizer).__name__} in its loop/foreach implementation cannot be "
                 f"captured in a CUDA graph (it reads the learning rate on the host); use "
-                f"--optimizer-impl fused, or drop --cuda-graph")
+                f"{flag('accel.optimizer_impl')} fused, or drop {flag('accel.cuda_graph')}")
         lr = group["lr"]
         if not (isinstance(lr, torch.Tensor) and lr.device == device
                 and lr.dtype == torch.float32 and lr.dim() == 0):

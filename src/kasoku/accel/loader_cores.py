@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kasoku.core.flags import flag
 from kasoku.data.registry import host_workers
 from kasoku.perf.cpuinfo import core_cpus
 
@@ -73,9 +74,9 @@ def split_cores(cpus: list[int], num_workers: int, threads: int | None = None
         return (f"the {threads} compute threads asked for take all {cores} physical cores "
                 f"usable")
     if threads is None and cores < MIN_CORES:
-        return (f"{cores} physical cores usable: a core for the workers would cost the step "
-                f"half its compute or more, so they share them (--threads T splits anyway: "
-                f"the step on T cores, the workers on the others)")
+        return (f"{cores} physical cores usable: a core for the workers would cost the step half "
+                f"its compute or more, so they share them ({flag('train.threads')} T splits "
+                "anyway: the step on T cores, the workers on the others)")
     workers = min(num_workers, cores - threads) if threads else min(num_workers, cores // 4)
     step = threads or cores - workers
     return CoreSplit(tuple(cpus[:step]), tuple(cpus[cores - workers:]))
@@ -124,7 +125,7 @@ def loader_split(spec: str, device_type: str, on: bool = True, threads: int | No
     if not workers:
         return None
     if not on:
-        return shared_cores(workers, "--no-loader-cores")
+        return shared_cores(workers, flag("train.loader_cores"))
     return apply_loader_cores(workers, threads, affinity)
 
 

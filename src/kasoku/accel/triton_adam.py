@@ -41,6 +41,7 @@ import threading
 import torch
 
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 from kasoku.core.lazy_kernel import LazyKernel, interpreting
 
 # With 8 warps the fastest of 512..4096 x 4/8 on an H200 (research/probes/adam_update_probe.py).
@@ -232,8 +233,8 @@ class TritonAdam(torch.optim.Adam):
         tensors = [p for g in self.param_groups for p in g["params"]]
         reason = triton_unavailable_reason(tensors)
         if reason is not None:
-            raise ConfigError(f"--optimizer-impl triton: {reason}; use --optimizer-impl fused "
-                              f"or compiled")
+            raise ConfigError(f"{flag('accel.optimizer_impl')} triton: {reason}; use "
+                              f"{flag('accel.optimizer_impl')} fused or compiled")
         if block < 16 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 16, got {block}")
         self.block, self.num_warps = block, num_warps
@@ -283,8 +284,9 @@ class TritonAdam(torch.optim.Adam):
                 loss = closure()
         for index, group in enumerate(self.param_groups):
             if group.get("amsgrad") or group.get("maximize") or group.get("decoupled_weight_decay"):
-                raise ConfigError("TritonAdam implements plain Adam only (no amsgrad, maximize "
-                                  "or decoupled weight decay); use --optimizer-impl fused")
+                raise ConfigError("TritonAdam implements plain Adam only (no amsgrad, maximize or "
+                                  f"decoupled weight decay); use {flag('accel.optimizer_impl')} "
+                                  "fused")
             params = [p for p in group["params"] if p.grad is not None and p.numel()]
             if params:
                 self._update(index, group, params)
@@ -298,7 +300,7 @@ class TritonAdam(torch.optim.Adam):
                 raise RuntimeError(
                     f"TritonAdam: a parameter of shape {tuple(p.shape)} and its gradient are "
                     f"not laid out alike in dense memory (strides {p.stride()} and "
-                    f"{g.stride()}); use --optimizer-impl fused")
+                    f"{g.stride()}); use {flag('accel.optimizer_impl')} fused")
         states = [self._state(p) for p in params]
         steps = [s["step"] for s in states]
         plan = self._plans.get(index)

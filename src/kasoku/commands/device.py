@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 AUTO = "auto"
 
@@ -23,9 +24,10 @@ def resolve_device(spec: str | torch.device | None = AUTO, need_it: bool = True
         raise ConfigError(f"device {spec!r} is not supported; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and need_it:
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {spec}: this PyTorch sees no CUDA device "
-                              f"(torch {torch.__version__}); use --device cpu (or auto)")
+            raise ConfigError(f"{flag('train.device')} {spec}: this PyTorch sees no CUDA device "
+                              f"(torch {torch.__version__}); use {flag('train.device')} cpu (or "
+                              "auto)")
         if (device.index or 0) >= torch.cuda.device_count():
-            raise ConfigError(f"--device {spec}: this machine has {torch.cuda.device_count()} "
-                              f"CUDA device(s), numbered from 0")
+            raise ConfigError(f"{flag('train.device')} {spec}: this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
     return device

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from kasoku.core.errors import warn_once
+from kasoku.core.flags import flag
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
 from kasoku.run import RunConfig
@@ -29,8 +30,8 @@ def resumed_settings(trainer: Trainer, run: RunConfig, state: dict) -> None:
                   f"over the workers and the random streams differ)")
     saved = (state.get("loader") or {}).get("seed")
     if "seed" in run.given and saved is not None and train.seed != saved:
-        warn_once(f"--seed {train.seed} is not used: a resumed run keeps its snapshot's seed "
-                  f"({saved}) for its data order and augmentation")
+        warn_once(f"{flag('train.seed')} {train.seed} is not used: a resumed run keeps its "
+                  f"snapshot's seed ({saved}) for its data order and augmentation")
 
 
 def _set_base_lr(trainer: Trainer, lr: float) -> None:
@@ -49,6 +50,6 @@ def _set_base_lr(trainer: Trainer, lr: float) -> None:
             group["lr"].mul_(factor)  # in place: a captured CUDA graph reads this tensor
         else:
             group["lr"] = group["lr"] * factor
-    warn_once(f"--lr {lr:g} replaces the snapshot's learning rate {old:g} from iteration "
-              f"{trainer.updater.iteration} on; the resumed run is no longer the one the "
-              f"snapshot would have continued")
+    warn_once(f"{flag('train.lr')} {lr:g} replaces the snapshot's learning rate {old:g} from "
+              f"iteration {trainer.updater.iteration} on; the resumed run is no longer the one the "
+              "snapshot would have continued")

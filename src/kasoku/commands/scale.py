@@ -52,6 +52,7 @@ from kasoku.commands.bench.results import carry_results
 from kasoku.commands.bench.worker import config_from_dict
 from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
 from kasoku.commands.table import print_table
+from kasoku.core.flags import flag
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.launch import WorkersFailed, run_module
 from kasoku.distributed.plan import cpu_cores
@@ -209,14 +210,14 @@ def explain(r: dict, row: dict) -> str:
                 "exchange and compute slow each other down on the shared cores"
                 if r["device_type"] == "cpu" else
                 f"the rest is {wrapper}'s own work or exchange and compute slowing each "
-                f"other (kasoku profile WORKLOAD --gpus {n}"
-                f"{' --shard' if wrapper == 'FSDP2' else ''} tells which)")
+                f"other (kasoku profile WORKLOAD {flag('dist.gpus')} {n}"
+                f"{' ' + flag('dist.shard') if wrapper == 'FSDP2' else ''} tells which)")
         else:
             text += f" (the {what} alone takes {comm:.2f} ms; {hidden:.2f} ms of it is hidden)"
         causes.append((row["exposed_pct"], text))
         help_.append(f"a bigger per-worker batch (more compute per {what})")
         if r["allreduce_dtype"] == "fp32" and wrapper == "DDP":
-            help_.append("--allreduce-dtype bf16 (half the bytes)")
+            help_.append(f"{flag('dist.allreduce_dtype')} bf16 (half the bytes)")
         if r["device_type"] == "cuda" and not r["config"].get("cuda_graph") \
                 and wrapper == "DDP":
             help_.append("a CUDA-graph step (less host time per step)")

@@ -31,6 +31,7 @@ import torch
 
 from kasoku.advisor.levers import input_candidates, input_fallback
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import (
@@ -59,23 +60,24 @@ def check_data(workload, root: Path | None, loader: str | None, batch_sizes, wor
     small for one batch on the largest worker count."""
     if root is None:
         if loader is not None:
-            raise ConfigError("--loader needs --data DIR: without it every worker steps on "
-                              "synthetic batches already on its device")
+            raise ConfigError(f"{flag('train.loader')} needs {flag('data.root')} DIR: without it "
+                              "every worker steps on synthetic batches already on its device")
         return
     spec = loader or DEFAULT_LOADER
     kind, _ = parse_loader_spec(spec)
     train, _ = workload.build_datasets(DataConfig(root=Path(root)), seed=seed)
     if not accepts(kind, train):
         able = ", ".join(k for k in list_loaders() if accepts(loader_kind(k), train))
-        raise ConfigError(f"--loader {spec}: the {kind.name} loader cannot read this dataset "
-                          f"({type(train).__name__} from {root}); use --loader {able}")
+        raise ConfigError(f"{flag('train.loader')} {spec}: the {kind.name} loader cannot read this "
+                          f"dataset ({type(train).__name__} from {root}); use "
+                          f"{flag('train.loader')} {able}")
     most = max(world_sizes)
     per_worker = math.ceil(len(train) / most)
     too_big = [b for b in batch_sizes if b > per_worker]
     if too_big:
-        raise ConfigError(f"--data {root}: {len(train)} training samples give each of {most} "
-                          f"workers {per_worker}, fewer than a batch of {max(too_big)}; lower "
-                          f"--batch-size")
+        raise ConfigError(f"{flag('data.root')} {root}: {len(train)} training samples give each of "
+                          f"{most} workers {per_worker}, fewer than a batch of {max(too_big)}; "
+                          f"lower {flag('train.batch_size')}")
 
 
 class ShardFeed:

@@ -29,6 +29,7 @@ from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import PYTHON, ScriptCommand, parse_command
 from kasoku.commands.script_watch import check_window
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.train.run_dir import out_or_new
 
 LAUNCHED = "KASOKU_SCRIPT_LAUNCHED"
@@ -88,7 +89,7 @@ def profile_launched(launched: Launched, cfg: ProfileConfig, out: Path | None,
     ScriptLevers.parse(given)  # a mistake is said once, not by each worker
     check_window(cfg)
     out = out_or_new(out, Path(launched.script.name).stem, "profile", "the profile")
-    cmd = [*launched.launcher(), "kasoku", "profile", *kasoku_args, "--out", str(out),
+    cmd = [*launched.launcher(), "kasoku", "profile", *kasoku_args, flag("profile.out"), str(out),
            "--", *launched.script.argv]
     code = subprocess.run(cmd, env={**os.environ, LAUNCHED: "1"}).returncode
     path = out / "profile.json"

@@ -41,6 +41,7 @@ from kasoku.commands.profile_steps import sync
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, user_site
 from kasoku.commands.script_run import ScriptStopped
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.core.phases import PhaseClock
 from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
 from kasoku.perf.profile.window import Window
@@ -337,7 +338,7 @@ def check_window(cfg) -> None:
     """A script's window needs one step before it (its steps show how it trains)."""
     if cfg.skip < 1:
         raise ConfigError("a script's window starts after its first step at the earliest "
-                          "(its steps show how it trains): give --skip 1 or more")
+                          f"(its steps show how it trains): give {flag('profile.skip')} 1 or more")
 
 
 def script_device() -> torch.device:

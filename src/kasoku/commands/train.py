@@ -25,6 +25,7 @@ from kasoku.commands.device import resolve_device
 from kasoku.commands.job import join_as_worker, leave_job
 from kasoku.commands.resume import resumed_settings
 from kasoku.core.errors import KasokuWarning, warn_once
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
 from kasoku.data.registry import create_loader
@@ -85,7 +86,7 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
     epochs, batch_size, lr, optimizer = train.epochs, train.batch_size, train.lr, train.optimizer
     if optimizer != recipe.optimizer and "lr" not in run.given:
         warn_once(f"optimizer {optimizer}: the learning rate is the workload's {lr:g}, tuned "
-                  f"for its {recipe.optimizer}; pass --lr to set one for {optimizer}")
+                  f"for its {recipe.optimizer}; pass {flag('train.lr')} to set one for {optimizer}")
     if run.kfac is not None and optimizer != "kfac":
         warn_once(f"the K-FAC settings have no effect: the optimizer is {optimizer}, not kfac")
     warmup_epochs = recipe.warmup_epochs
@@ -187,7 +188,7 @@ def loader_cores(train: TrainConfig, device: torch.device, threads: int | None) 
     says so); None where the loader runs no workers on the host, or off the CPU."""
     cores = loader_split(train.loader, device.type, train.loader_cores, threads)
     if cores is None and not train.loader_cores:
-        warn_once(f"--no-loader-cores has no effect: the {train.loader} loader on "
+        warn_once(f"{flag('train.loader_cores')} has no effect: the {train.loader} loader on "
                   f"{device.type} gives no worker processes or threads cores of their own")
     return cores
 
@@ -257,7 +258,8 @@ def _start(run: RunConfig, workload: Workload, resume, world: World | None = Non
         located = None
         if not parallel or world.is_main:
             if run.data.synthetic and run.data.root is not None:
-                warn_once(f"--synthetic: the data in --data {run.data.root} is not read")
+                warn_once(f"{flag('data.synthetic')}: the data in {flag('data.root')} "
+                          f"{run.data.root} is not read")
             located = resolve_run_dir(workload.name, run.train.out, resume, run.train.overwrite)
         out, snapshot = ddp.broadcast_object(located) if parallel else located
         state = load_snapshot(snapshot) if snapshot is not None else None

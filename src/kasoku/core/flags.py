@@ -92,8 +92,10 @@ SHARED = {"accel.compile_mode": "accel.compile"}
 
 
 def flag(key: str) -> str:
-    """The flag that sets field ``key`` (``"accel.cuda_graph"`` -> ``--cuda-graph``)."""
-    return FLAGS[key]
+    """The flag that sets field ``key`` (``"accel.cuda_graph"`` -> ``--cuda-graph``), or a
+    command's option that is no field of a run (``"train.resume"`` -> ``--resume``, from
+    ``OPTIONS`` below)."""
+    return FLAGS[key] if key in FLAGS else OPTIONS[key]
 
 
 def to_args(changes: Mapping[str, object]) -> tuple[str, ...]:
@@ -196,7 +198,7 @@ def option(name: str) -> str:
 def setting_flag(name: str) -> str:
     """The flag of a workload's setting (gpt's ``attention`` -> ``--attention``), named after
     it as ``kasoku.cli.train.add_workload_settings`` makes it."""
-    return "--" + name.replace("_", "-")
+    return OPTIONS.get(f"workload.{name}", "--" + name.replace("_", "-"))
 
 
 def profile_args(options: Mapping[str, object]) -> tuple[str, ...]:
@@ -242,3 +244,38 @@ def change_of(args: Iterable[str]) -> dict[str, object]:
             run.append(tokens[i])
             i += 1
     return {**from_args(run), **scripts}
+
+
+# The options of kasoku's commands that are no field of a run: a command's own settings
+# (``kasoku profile --skip``, ``kasoku data bench --warmup``) that messages below the command
+# line name. Keyed "command.option"; ``flag`` looks here after ``FLAGS``.
+OPTIONS: dict[str, str] = {
+    # kasoku train (and profile, bench, scale: the workload's own settings)
+    "train.resume": "--resume",
+    "workload.model_size": "--model-size",
+    "workload.attention": "--attention",
+    # kasoku profile: its options above
+    **{f"profile.{name}": value for name, value in PROFILE_OPTIONS.items()},
+    # kasoku bench
+    "bench.config": "--config",
+    # kasoku compare
+    "compare.devices": "--devices",
+    "compare.scale": "--scale",
+    # kasoku scale
+    "scale.out": "--out",
+    # kasoku data download
+    "data_download.out": "--out",
+    # kasoku data make-jpeg
+    "make_jpeg.count": "--count",
+    "make_jpeg.classes": "--classes",
+    "make_jpeg.resolution": "--resolution",
+    # kasoku data bench
+    "data_bench.resolution": "--resolution",
+    "data_bench.images": "--images",
+    "data_bench.image_size": "--image-size",
+    "data_bench.warmup": "--warmup",
+    "data_bench.batches": "--batches",
+    "data_bench.windows": "--windows",
+    "data_bench.model": "--model",
+    "data_bench.report": "--report",
+}

@@ -37,6 +37,7 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 
 from kasoku.core.errors import DataError, warn_once
+from kasoku.core.flags import flag
 
 try:
     import fcntl
@@ -184,7 +185,7 @@ class BadFileList:
             where = f"every bad file is listed, with its reason, in {self.listed_in}" \
                 if self.listed_in else "later bad files are counted, not warned about one by one"
             warn_once(f"skipping bad file {path} ({reason}): its samples are replaced by the next "
-                      f"good image; {where} (--strict-data makes a bad file an error)")
+                      f"good image; {where} ({flag('data.strict')} makes a bad file an error)")
         return True
 
     def since(self, start: int) -> list[BadFileRecord]:

@@ -17,6 +17,7 @@ import torch
 
 import kasoku.data.download
 from kasoku.core.errors import ConfigError, DataError
+from kasoku.core.flags import flag
 from kasoku.data.base import ArrayDataset
 from kasoku.data.transforms import CIFAR10_MEAN, CIFAR10_STD, ToUnitFloat, random_crop_flip
 
@@ -150,9 +151,9 @@ def _find_batch(root: Path, batch) -> Path:
                     f"{root}{absent}, and no python-version {py_name} in "
                     f"{root}/cifar-10-batches-py either. Extract cifar-10-binary.tar.gz into "
                     f"{root} (it makes cifar-10-batches-bin/data_batch_1.bin ... _5.bin), or run "
-                    f"`kasoku data download cifar10 --out {root}` (or pass --download) to fetch it "
-                    "(md5-verified), or pass --synthetic to train on generated data of the same "
-                    "shapes.")
+                    f"`kasoku data download cifar10 {flag('data_download.out')} {root}` (or pass "
+                    f"{flag('data.download')}) to fetch it (md5-verified), or pass "
+                    f"{flag('data.synthetic')} to train on generated data of the same shapes.")
 
 
 def load_cifar10(root: str | Path, batches: Iterable) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.core.status_line import StatusLine
 
 MARKER = ".kasoku-make-jpeg.json"
@@ -82,9 +83,9 @@ def _check_args(num_images, width, height, num_classes, quality) -> None:
         raise ConfigError(f"need num_images >= 1 and num_classes >= 1, got {num_images} and "
                           f"{num_classes}")
     if num_images < num_classes:
-        raise ConfigError(f"{num_images} images cannot fill {num_classes} class folders (an "
-                          f"image folder needs an image in each); give --count >= --classes, "
-                          f"or fewer --classes")
+        raise ConfigError(f"{num_images} images cannot fill {num_classes} class folders (an image "
+                          f"folder needs an image in each); give {flag('make_jpeg.count')} >= "
+                          f"{flag('make_jpeg.classes')}, or fewer {flag('make_jpeg.classes')}")
     if width < 8 or height < 8:
         raise ConfigError(f"images must be at least 8x8 pixels, got {width}x{height}")
     if not 1 <= quality <= 100:

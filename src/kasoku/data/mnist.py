@@ -14,6 +14,7 @@ import torch
 
 import kasoku.data.download
 from kasoku.core.errors import DataError
+from kasoku.core.flags import flag
 from kasoku.data.base import ArrayDataset
 
 FILES = {
@@ -111,9 +112,10 @@ def missing_message(root: Path, missing: str) -> str:
             " (the folder does not exist)"
     names = ", ".join(FILES[True] + FILES[False])
     return (f"MNIST not found: {where}. Put the four official files ({names}; the names without "
-            f".gz also work) in {root}, or run `kasoku data download mnist --out {root}` (or pass "
-            "--download) to fetch them (md5-verified), or pass --synthetic to train on generated "
-            "data of the same shapes.")
+            f".gz also work) in {root}, or run `kasoku data download mnist "
+            f"{flag('data_download.out')} {root}` (or pass {flag('data.download')}) to fetch them "
+            f"(md5-verified), or pass {flag('data.synthetic')} to train on generated data of the "
+            "same shapes.")
 
 
 def to_unit_float(x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers tensor pickling through shared memory
 
 from kasoku.core.errors import warn_once
+from kasoku.core.flags import flag
 from kasoku.data.bad_files import BadFileList
 from kasoku.data.loader import SerialLoader, _stack
 from kasoku.data.loader_worker import cpu_list, pin_here, worker_loop
@@ -290,7 +291,7 @@ class ProcessLoader(_PrefetchLoader):
             f"loader worker {number} (pid {process.pid}) died with exit code "
             f"{process.exitcode} while making the batch of indices {held}{first}. A negative "
             f"code is the signal that killed it (-9: killed, often out of memory); fewer "
-            f"--loader workers or a smaller batch use less memory.")
+            f"{flag('train.loader')} workers or a smaller batch use less memory.")
 
     def _note_bad(self, records) -> None:
         for path, reason in records:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 DEFAULT_LOADER = "serial"
 """The loader of a run that names none (``TrainConfig.loader``'s default, ``kasoku scale
@@ -106,13 +107,13 @@ def expand_loaders(text: str) -> list[str]:
             continue
         if item.isdigit():
             if not specs:
-                raise ConfigError(f"--loader {text}: {item} continues no loader kind; write "
-                                  f"the kind first, e.g. multiprocess:1,2,4")
+                raise ConfigError(f"{flag('train.loader')} {text}: {item} continues no loader "
+                                  "kind; write the kind first, e.g. multiprocess:1,2,4")
             item = f"{specs[-1].partition(':')[0]}:{item}"
         parse_loader_spec(item)
         specs.append(item)
     if not specs:
-        raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
+        raise ConfigError(f"{flag('train.loader')} names no loader; e.g. serial,multiprocess:1,2,4")
     return specs
 
 
@@ -125,16 +126,18 @@ def check_loader_settings(spec: str, batches_per_call: int = 1, prefetch: int | 
     if prefetch is not None:
         if not kind.prefetching:
             ahead = ", ".join(k.name for k in _REGISTRY.values() if k.prefetching)
-            raise ConfigError(f"--prefetch {prefetch}: the {kind.name} loader makes each batch "
-                              f"when it is asked for one and keeps none in flight; it applies "
-                              f"to {ahead}")
+            raise ConfigError(f"{flag('train.prefetch')} {prefetch}: the {kind.name} loader makes "
+                              "each batch when it is asked for one and keeps none in flight; it "
+                              f"applies to {ahead}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigError(f"--prefetch must be a whole number >= 1, got {prefetch!r}")
+            raise ConfigError(f"{flag('train.prefetch')} must be a whole number >= 1, got "
+                              f"{prefetch!r}")
     if batches_per_call > 1 and not kind.chunks:
-        able = " or ".join(f"--loader {k.name}" for k in _REGISTRY.values() if k.chunks)
-        raise ConfigError(f"--steps-per-call {batches_per_call} needs a loader that hands "
-                          f"out several batches per call; use {able}, or drop "
-                          f"--steps-per-call")
+        loader = flag("train.loader")
+        able = " or ".join(f"{loader} {k.name}" for k in _REGISTRY.values() if k.chunks)
+        raise ConfigError(f"{flag('accel.steps_per_call')} {batches_per_call} needs a loader that "
+                          f"hands out several batches per call; use {able}, or drop "
+                          f"{flag('accel.steps_per_call')}")
     return kind, count
 
 
@@ -172,7 +175,7 @@ def create_loader(spec: str, dataset, batch_size: int, device="cpu", *,
     except ConfigError:
         raise
     except ValueError as exc:  # the loaders' checks of their settings (batch size, workers)
-        raise ConfigError(f"--loader {spec}: {exc}") from None
+        raise ConfigError(f"{flag('train.loader')} {spec}: {exc}") from None
 
 
 def accepts(kind: LoaderKind, dataset) -> bool:
@@ -206,7 +209,7 @@ def _check_dataset(kind: LoaderKind, dataset) -> None:
                          "kasoku's MNIST and CIFAR-10 sets)",
             "image-folder": "JPEG folders (ImageFolder)"}[kind.needs]
     raise ConfigError(f"the {kind.name} loader reads {what}; this dataset "
-                      f"({type(dataset).__name__}) is not one: use --loader "
+                      f"({type(dataset).__name__}) is not one: use {flag('train.loader')} "
                       f"{others or 'serial'}")
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kasoku.core.errors import DataError, warn_once
+from kasoku.core.flags import flag
 from kasoku.data.bad_files import BadFile
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
@@ -69,8 +70,8 @@ def text_files(root: Path) -> list[Path]:
     """The ``TEXT_SUFFIXES`` files under ``root``, sorted by path."""
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"--data {root}: no such folder; give a folder of UTF-8 text files "
-                        f"({', '.join(TEXT_SUFFIXES)})")
+        raise DataError(f"{flag('data.root')} {root}: no such folder; give a folder of UTF-8 text "
+                        f"files ({', '.join(TEXT_SUFFIXES)})")
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -112,7 +113,7 @@ def tokenize(root: Path, files: list[Path], cache: Path | None = None,
         path, reason = corpus.skipped[0]
         n = len(corpus.skipped)
         warn_once(f"{n} of {n + corpus.n_files} text files under {root} are left out "
-                  f"(first: {path}: {reason}); all are listed in {meta} (--strict-data "
+                  f"(first: {path}: {reason}); all are listed in {meta} ({flag('data.strict')} "
                   f"makes one an error)")
     if corpus.n_tokens <= corpus.n_files:
         raise DataError(f"{root}: its {corpus.n_files} UTF-8 text files are empty; give a "
@@ -137,7 +138,7 @@ def _write(root: Path, files: list[Path], folder: Path, data: Path, meta: Path,
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"cannot make the cache folder {folder} ({exc.strerror}); give a "
-                        f"writable one with --data-cache DIR or ${CACHE_ENV}") from exc
+                        f"writable one with {flag('data.cache')} DIR or ${CACHE_ENV}") from exc
     n_tokens, n_files, skipped = 0, 0, []
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=data.name, suffix=".tmp")
     try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 AllreduceDtype = Literal["fp32", "bf16", "fp16"]
 ALLREDUCE_DTYPES: tuple[str, ...] = get_args(AllreduceDtype)
@@ -65,38 +66,43 @@ class DistConfig:
 
     def check(self) -> None:
         if self.gpus is not None and self.procs is not None:
-            raise ConfigError("--gpus and --procs exclude each other: --gpus N for N GPUs "
-                              "(NCCL), --procs N for N CPU processes (gloo)")
-        for flag, value, least in (("--gpus", self.gpus, 1), ("--procs", self.procs, 1),
-                                   ("--nnodes", self.nnodes, 1),
-                                   ("--node-rank", self.node_rank, 0),
-                                   ("--max-restarts", self.max_restarts, 0)):
+            raise ConfigError(f"{flag('dist.gpus')} and {flag('dist.procs')} exclude each other: "
+                              f"{flag('dist.gpus')} N for N GPUs (NCCL), {flag('dist.procs')} N "
+                              "for N CPU processes (gloo)")
+        for name, value, least in ((flag("dist.gpus"), self.gpus, 1),
+                                   (flag("dist.procs"), self.procs, 1),
+                                   (flag("dist.nnodes"), self.nnodes, 1),
+                                   (flag("dist.node_rank"), self.node_rank, 0),
+                                   (flag("dist.max_restarts"), self.max_restarts, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < least):
-                raise ConfigError(f"{flag} must be a whole number >= {least}, got {value!r}")
+                raise ConfigError(f"{name} must be a whole number >= {least}, got {value!r}")
         if self.node_rank >= self.nnodes:
-            raise ConfigError(f"--node-rank {self.node_rank} is not one of the {self.nnodes} "
-                              f"machines of --nnodes (0 to {self.nnodes - 1})")
+            raise ConfigError(f"{flag('dist.node_rank')} {self.node_rank} is not one of the "
+                              f"{self.nnodes} machines of {flag('dist.nnodes')} (0 to "
+                              f"{self.nnodes - 1})")
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT, machine 0's "
-                              "address and a free port, the same on every machine")
+            raise ConfigError(f"{flag('dist.nnodes')} > 1 needs {flag('dist.rdzv_endpoint')} "
+                              "HOST:PORT, machine 0's address and a free port, the same on every "
+                              "machine")
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ConfigError(f"--rdzv-endpoint must be HOST:PORT, got "
+                raise ConfigError(f"{flag('dist.rdzv_endpoint')} must be HOST:PORT, got "
                                   f"{self.rdzv_endpoint!r}")
-        for flag, value in (("--dist-timeout", self.dist_timeout),
-                            ("--bucket-mb", self.bucket_mb)):
+        for name, value in ((flag("dist.dist_timeout"), self.dist_timeout),
+                            (flag("dist.bucket_mb"), self.bucket_mb)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"{flag} must be a positive number, got {value!r}")
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
         if self.allreduce_dtype not in ALLREDUCE_DTYPES:
-            raise ConfigError(f"--allreduce-dtype must be one of {', '.join(ALLREDUCE_DTYPES)}, "
-                              f"got {self.allreduce_dtype!r}")
-        ddp_only = [flag for flag, on in (("--allreduce-dtype", self.allreduce_dtype != "fp32"),
-                                          ("--static-graph", self.static_graph),
-                                          ("--sync-bn", self.sync_bn)) if on]
+            raise ConfigError(f"{flag('dist.allreduce_dtype')} must be one of "
+                              f"{', '.join(ALLREDUCE_DTYPES)}, got {self.allreduce_dtype!r}")
+        ddp_only = [name for name, on in ((flag("dist.allreduce_dtype"),
+                                           self.allreduce_dtype != "fp32"),
+                                          (flag("dist.static_graph"), self.static_graph),
+                                          (flag("dist.sync_bn"), self.sync_bn)) if on]
         if self.shard and ddp_only:
-            raise ConfigError(f"{ddp_only[0]} is a setting of DDP, which --shard replaces "
-                              f"(FSDP2 reduces in fp32 and keeps batch norm per worker); drop "
-                              f"one of them")
+            raise ConfigError(f"{ddp_only[0]} is a setting of DDP, which {flag('dist.shard')} "
+                              "replaces (FSDP2 reduces in fp32 and keeps batch norm per worker); "
+                              "drop one of them")

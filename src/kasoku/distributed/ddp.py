@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.world import World, restart_count
 
@@ -32,11 +33,11 @@ def worker_device(world: World, device_type: str) -> torch.device:
     if device_type != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError("--gpus needs CUDA, which this machine lacks; use --procs N for N "
-                          "CPU processes (gloo)")
+        raise ConfigError(f"{flag('dist.gpus')} needs CUDA, which this machine lacks; use "
+                          f"{flag('dist.procs')} N for N CPU processes (gloo)")
     if world.local_rank >= torch.cuda.device_count():
-        raise ConfigError(f"worker {world.rank} wants GPU {world.local_rank}, but this machine "
-                          f"has {torch.cuda.device_count()}; ask for fewer with --gpus")
+        raise ConfigError(f"worker {world.rank} wants GPU {world.local_rank}, but this machine has "
+                          f"{torch.cuda.device_count()}; ask for fewer with {flag('dist.gpus')}")
     device = torch.device("cuda", world.local_rank)
     torch.cuda.set_device(device)
     return device
@@ -265,7 +266,7 @@ def describe_failure(exc: BaseException, rank: int, timeout_s: float) -> str:
     if "timed out" in lowered or "timeout" in lowered or \
             type(exc).__name__ in ("DistBackendError", "DistNetworkError"):
         return (f"worker {rank}: a collective did not complete within {timeout_s:g} s "
-                f"(--dist-timeout): another worker stopped, hangs or is far slower "
+                f"({flag('dist.dist_timeout')}): another worker stopped, hangs or is far slower "
                 f"[{type(exc).__name__}: {text[:300]}]")
     return f"worker {rank}: {type(exc).__name__}: {text[:500]}"
 

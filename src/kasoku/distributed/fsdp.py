@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kasoku.core.errors import warn_once
+from kasoku.core.flags import flag
 
 # FSDP2 and torch.distributed.checkpoint are imported inside the functions that use them:
 # together they take 1.5 s to import on a 2-core machine, which every run would pay, and only
@@ -57,9 +58,9 @@ def shard(model: nn.Module, device: torch.device, precision: str = "fp32") -> nn
     param_dtype, reduce_dtype = policy_dtypes(precision, device)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if precision == "bf16" and device.type != "cuda":
-        warn_once("--shard on a CPU keeps the parameters fp32 (bf16 parameters with an fp32 "
-                  "reduction are the CUDA policy; on a CPU bf16 matrix products are no faster "
-                  "and lose precision)")
+        warn_once(f"{flag('dist.shard')} on a CPU keeps the parameters fp32 (bf16 parameters with "
+                  "an fp32 reduction are the CUDA policy; on a CPU bf16 matrix products are no "
+                  "faster and lose precision)")
     blocks = list(getattr(model, "blocks", None) or ())
     for i, block in enumerate(blocks):
         fully_shard(block, mp_policy=policy,

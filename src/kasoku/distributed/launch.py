@@ -29,6 +29,7 @@ import traceback
 import uuid
 from pathlib import Path
 
+from kasoku.core.flags import flag
 from kasoku.core.snapshot_names import snapshots
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.failures import JOB_DIR_ENV, blame, how, read_notes
@@ -186,7 +187,7 @@ def _say_resume(command: str | None, out: Path | None, restarts: int | None = No
         return
     # a file, or a sharded run's folder (its trainer state beside the shards)
     has_snapshot = bool(snapshots(out))
-    hint = " (--max-restarts 1 would have restarted the workers from it by itself)" \
+    hint = f" ({flag('dist.max_restarts')} 1 would have restarted the workers from it by itself)" \
         if restarts == 0 else ""
     if has_snapshot:
         print(f"to continue this run: {command}{hint}", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ def plan_worlds(gpus: list[int] | None = None, procs: list[int] | None = None,
     import torch
     import torch.distributed as dist
     if gpus and procs:
-        raise ConfigError("give --gpus (NCCL on GPUs) or --procs (gloo on the CPU), not both")
+        raise ConfigError(f"give {flag('dist.gpus')} (NCCL on GPUs) or {flag('dist.procs')} (gloo "
+                          "on the CPU), not both")
     if not dist.is_available():
         raise ConfigError("this torch build has no torch.distributed; install a torch build "
                           "with distributed support (the Linux wheels have it)")
@@ -41,29 +43,30 @@ def plan_worlds(gpus: list[int] | None = None, procs: list[int] | None = None,
             count = torch.cuda.device_count()
             gpus = sorted({1, count}) if from_one else [count]
             note = (f"all {count} visible GPUs" if count > 1 else "the one visible GPU") \
-                + " (--gpus N[,N...] to choose)"
+                + f" ({flag('dist.gpus')} N[,N...] to choose)"
         else:
             procs = [1, 2] if from_one else [2]
-            note = "no GPU here: CPU processes over gloo (--procs N[,N...] to choose)"
+            note = f"no GPU here: CPU processes over gloo ({flag('dist.procs')} N[,N...] to choose)"
     if gpus:
         if not torch.cuda.is_available():
-            raise ConfigError("--gpus needs CUDA and torch sees no GPU here; use --procs N for "
-                              "gloo on the CPU")
+            raise ConfigError(f"{flag('dist.gpus')} needs CUDA and torch sees no GPU here; use "
+                              f"{flag('dist.procs')} N for gloo on the CPU")
         visible = torch.cuda.device_count()
         if max(gpus) > visible:
-            raise ConfigError(f"--gpus {max(gpus)}: only {visible} GPU{'s' * (visible != 1)} "
-                              f"visible (torch.cuda.device_count()); give at most {visible}")
+            raise ConfigError(f"{flag('dist.gpus')} {max(gpus)}: only {visible} "
+                              f"GPU{'s' * (visible != 1)} visible (torch.cuda.device_count()); "
+                              f"give at most {visible}")
         if not dist.is_nccl_available():
-            raise ConfigError("--gpus needs NCCL and this torch build has none; use --procs N "
-                              "for gloo on the CPU")
+            raise ConfigError(f"{flag('dist.gpus')} needs NCCL and this torch build has none; use "
+                              f"{flag('dist.procs')} N for gloo on the CPU")
         return Plan("nccl", tuple(dict.fromkeys(gpus)), note)
     cores = cpu_cores()
     if max(procs) > 4 * cores:
-        raise ConfigError(f"--procs {max(procs)}: at most {4 * cores} (4 x the {cores} cores "
-                          f"here)")
+        raise ConfigError(f"{flag('dist.procs')} {max(procs)}: at most {4 * cores} (4 x the "
+                          f"{cores} cores here)")
     if max(procs) > cores:
-        warn_once(f"--procs {max(procs)} on {cores} cores: processes share cores, and the "
-                  f"times include that sharing")
+        warn_once(f"{flag('dist.procs')} {max(procs)} on {cores} cores: processes share cores, and "
+                  "the times include that sharing")
     return Plan("gloo", tuple(dict.fromkeys(procs)), note)
 
 

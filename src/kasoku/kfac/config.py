@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 FACTOR_PRECISIONS = ("fp32", "tf32", "bf16")
 """How the factors' products are made (``kasoku.kfac.factors``; ``KFACConfig.factor_precision``).
@@ -63,27 +64,27 @@ class KFACConfig:
 
     def check(self) -> None:
         """Refuse values no run can use (``ConfigError`` naming the flag)."""
-        for flag, value, choices in (("--kfac-base", self.base, KFAC_BASES),
-                                     ("--kfac-method", self.method, KFAC_METHODS),
-                                     ("--kfac-factor-precision", self.factor_precision,
+        for name, value, choices in ((flag("kfac.base"), self.base, KFAC_BASES),
+                                     (flag("kfac.method"), self.method, KFAC_METHODS),
+                                     (flag("kfac.factor_precision"), self.factor_precision,
                                       FACTOR_PRECISIONS),
-                                     ("--kfac-factor-comm-dtype", self.factor_comm_dtype,
+                                     (flag("kfac.factor_comm_dtype"), self.factor_comm_dtype,
                                       KFAC_COMM_DTYPES)):
             if value not in choices:
-                raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+                raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
         if not _finite(self.damping) or self.damping <= 0:
-            raise ConfigError(f"--kfac-damping must be a positive, finite number, got "
+            raise ConfigError(f"{flag('kfac.damping')} must be a positive, finite number, got "
                               f"{self.damping!r}")
         if not _finite(self.factor_decay) or not 0 <= self.factor_decay < 1:
-            raise ConfigError(f"--kfac-factor-decay must be from 0 to below 1 (1 would never "
-                              f"update the factors), got {self.factor_decay!r}")
+            raise ConfigError(f"{flag('kfac.factor_decay')} must be from 0 to below 1 (1 would "
+                              f"never update the factors), got {self.factor_decay!r}")
         if self.kl_clip is not None and (not _finite(self.kl_clip) or self.kl_clip <= 0):
-            raise ConfigError(f"--kfac-kl-clip must be a positive, finite number (or None in "
-                              f"Python: no clipping), got {self.kl_clip!r}")
-        for flag, value in (("--kfac-factor-update-freq", self.factor_update_freq),
-                            ("--kfac-inv-update-freq", self.inv_update_freq)):
+            raise ConfigError(f"{flag('kfac.kl_clip')} must be a positive, finite number (or None "
+                              f"in Python: no clipping), got {self.kl_clip!r}")
+        for name, value in ((flag("kfac.factor_update_freq"), self.factor_update_freq),
+                            (flag("kfac.inv_update_freq"), self.inv_update_freq)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
 def _finite(value) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from kasoku.core.flags import flag
 from kasoku.kfac import eigen
 
 COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -130,7 +131,7 @@ def share_eigenbases(layers: list, owners: list[tuple[int, int]], method: str = 
             raise eigen.EighError(
                 f"K-FAC: the factors of layer {layers[bad].name!r} cannot be decomposed, "
                 f"in float32 nor in float64 (on worker {src}); they hold inf or nan: training "
-                f"diverged. Lower --lr or raise --kfac-damping")
+                f"diverged. Lower {flag('train.lr')} or raise {flag('kfac.damping')}")
         if src == rank:
             continue
         offset = 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from kasoku.core.errors import NonFiniteError, warn_once
+from kasoku.core.flags import flag
 
 
 class EighError(NonFiniteError):
@@ -43,7 +44,7 @@ def eigh(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         values, vectors = torch.linalg.eigh(factor)
     except torch.linalg.LinAlgError:
         warn_once("K-FAC: eigh of a factor failed in float32; retried in float64 (a factor "
-                  "this ill-conditioned may want a larger --kfac-damping)")
+                  f"this ill-conditioned may want a larger {flag('kfac.damping')})")
         try:
             values, vectors = torch.linalg.eigh(factor.double())
         except torch.linalg.LinAlgError as exc:
@@ -63,7 +64,7 @@ def damped_inverse(factor: torch.Tensor, damping: float) -> torch.Tensor:
         return torch.cholesky_inverse(lower)
     warn_once("K-FAC: the Cholesky factorization of a damped factor failed in float32; "
               "retried in float64 (a factor this ill-conditioned may want a larger "
-              "--kfac-damping)")
+              f"{flag('kfac.damping')})")
     lower, info = torch.linalg.cholesky_ex(damped.double())
     if int(info) != 0:
         raise EighError(f"the damped factor is not positive definite (minor {int(info)})")

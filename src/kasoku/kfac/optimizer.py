@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.kfac.config import KFACConfig
 from kasoku.kfac.phases import PHASES
 from kasoku.kfac.preconditioner import KFACPreconditioner
@@ -135,16 +136,17 @@ def check_levers(accel) -> None:
     instead. Data-parallel workers are fine: K-FAC averages its factors over them
     (``kasoku.kfac.distributed``)."""
     if accel.cuda_graph:
-        raise ConfigError("--cuda-graph with --optimizer kfac: K-FAC's factor and inverse steps "
-                          "differ from the other steps and its eigendecompositions wait for "
-                          "the device, which one captured step cannot hold; leave out "
-                          "--cuda-graph")
+        raise ConfigError(f"{flag('accel.cuda_graph')} with {flag('train.optimizer')} kfac: "
+                          "K-FAC's factor and inverse steps differ from the other steps and its "
+                          "eigendecompositions wait for the device, which one captured step "
+                          f"cannot hold; leave out {flag('accel.cuda_graph')}")
     if accel.compile:
-        raise ConfigError("--compile with --optimizer kfac: K-FAC's hooks read each layer's "
-                          "input and output gradient in eager mode; leave out --compile "
-                          "(--optimizer-impl compiled still compiles the base optimizer's "
-                          "update)")
+        raise ConfigError(f"{flag('accel.compile')} with {flag('train.optimizer')} kfac: K-FAC's "
+                          "hooks read each layer's input and output gradient in eager mode; leave "
+                          f"out {flag('accel.compile')} ({flag('accel.optimizer_impl')} compiled "
+                          "still compiles the base optimizer's update)")
     if accel.precision == "fp16-pure":
-        raise ConfigError("--precision fp16-pure with --optimizer kfac: the optimizer holds fp32 "
-                          "master copies of the weights, whose gradients K-FAC does not see; "
-                          "use --precision fp16 or bf16")
+        raise ConfigError(f"{flag('accel.precision')} fp16-pure with {flag('train.optimizer')} "
+                          "kfac: the optimizer holds fp32 master copies of the weights, whose "
+                          f"gradients K-FAC does not see; use {flag('accel.precision')} fp16 or "
+                          "bf16")

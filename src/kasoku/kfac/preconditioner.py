@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 from kasoku.core.phases import no_mark
 from kasoku.distributed import ddp
 from kasoku.kfac import distributed, eigen, factors
@@ -112,7 +113,7 @@ class KFACLayer:
             raise eigen.EighError(
                 f"K-FAC: the factors of layer {self.name!r} cannot be decomposed, in "
                 f"float32 nor in float64 ({exc}); they hold inf or nan: training diverged. "
-                f"Lower --lr or raise --kfac-damping") from None
+                f"Lower {flag('train.lr')} or raise {flag('kfac.damping')}") from None
 
     def precondition(self, g: torch.Tensor, method: str, damping: float) -> torch.Tensor:
         """The preconditioned gradient matrix of the gradient matrix ``g``."""
@@ -322,9 +323,9 @@ class KFACPreconditioner:
     def load_state_dict(self, state: dict) -> None:
         method = state.get("method", "eigen")
         if method != self.config.method:
-            raise ValueError(f"the K-FAC state was made with --kfac-method {method}, this run "
-                             f"asks for {self.config.method}: resume with --kfac-method "
-                             f"{method}")
+            raise ValueError(f"the K-FAC state was made with {flag('kfac.method')} {method}, this "
+                             f"run asks for {self.config.method}: resume with "
+                             f"{flag('kfac.method')} {method}")
         saved, here = set(state["layers"]), set(self.layers)
         if saved != here:
             raise ValueError(f"the K-FAC state is of other layers (there: "

@@ -13,6 +13,7 @@ from kasoku.accel.config import OPTIMIZER_IMPLS
 from kasoku.accel.notes import warn_once
 from kasoku.accel.triton_adam import TritonAdam, triton_unavailable_reason
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.kfac import KFAC, KFACConfig
 from kasoku.optim.lamb import LAMB
 from kasoku.optim.lars import LARS
@@ -69,8 +70,8 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         impl = "fused" if _fused_available(params) else "foreach"
     if impl == "triton":
         if name != "adam":
-            raise ConfigError(f"--optimizer-impl triton implements adam only, not {name}; use "
-                              f"--optimizer-impl fused or compiled")
+            raise ConfigError(f"{flag('accel.optimizer_impl')} triton implements adam only, not "
+                              f"{name}; use {flag('accel.optimizer_impl')} fused or compiled")
         tensors = [p for g in params for p in g["params"]] \
             if params and isinstance(params[0], dict) else params
         reason = triton_unavailable_reason(tensors)
@@ -86,7 +87,8 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         if not _fused_available(params):
             raise ConfigError(f"fused {name} is not available for these parameters with torch "
                               f"{torch.__version__} (it needs floating-point parameters on "
-                              f"{', '.join(_fused_devices())}); use --optimizer-impl foreach")
+                              f"{', '.join(_fused_devices())}); use {flag('accel.optimizer_impl')} "
+                              "foreach")
         return cls(params, fused=True, **kwargs)
     return cls(params, foreach=impl == "foreach", fused=False, **kwargs)
 
@@ -106,7 +108,8 @@ def _make_layerwise(name: str, params: list, lr: float, momentum: float, weight_
                     impl: str | None) -> torch.optim.Optimizer:
     if impl in ("fused", "compiled"):
         raise ConfigError(f"{name} has no {impl} implementation (its trust ratio is per tensor); "
-                          f"use --optimizer-impl foreach, whose update is multi-tensor")
+                          f"use {flag('accel.optimizer_impl')} foreach, whose update is "
+                          "multi-tensor")
     foreach = impl != "loop"
     if name == "lars":
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,

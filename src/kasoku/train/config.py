@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 
 Optimizer = Literal["sgd", "momentum", "adam", "adamw", "lars", "lamb", "kfac"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
@@ -67,22 +68,23 @@ class TrainConfig:
     def check(self) -> None:
         """Refuse values no run can use (``ConfigError`` naming the setting)."""
         if self.epochs is not None:
-            _positive_number("--epochs", self.epochs)
+            _positive_number(flag("train.epochs"), self.epochs)
         if self.lr is not None:
-            _positive_number("--lr", self.lr)
+            _positive_number(flag("train.lr"), self.lr)
         if self.grad_clip is not None:
-            _positive_number("--grad-clip", self.grad_clip)
-        for flag, value in (("--batch-size", self.batch_size), ("--threads", self.threads),
-                            ("--log-interval", self.log_interval),
-                            ("--snapshot-interval", self.snapshot_interval),
-                            ("--prefetch", self.prefetch)):
+            _positive_number(flag("train.grad_clip"), self.grad_clip)
+        for name, value in ((flag("train.batch_size"), self.batch_size),
+                            (flag("train.threads"), self.threads),
+                            (flag("train.log_interval"), self.log_interval),
+                            (flag("train.snapshot_interval"), self.snapshot_interval),
+                            (flag("train.prefetch"), self.prefetch)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
-                raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
         most = max_threads()
         if self.threads is not None and self.threads > most:
-            raise ConfigError(f"--threads must be at most {most} (4 x the cores here), got "
-                              f"{self.threads}")
+            raise ConfigError(f"{flag('train.threads')} must be at most {most} (4 x the cores "
+                              f"here), got {self.threads}")
 
 
 def max_threads() -> int:
@@ -91,7 +93,7 @@ def max_threads() -> int:
     return 4 * (os.cpu_count() or 1)
 
 
-def _positive_number(flag: str, value) -> None:
+def _positive_number(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{flag} must be a positive, finite number, got {value!r}")
+        raise ConfigError(f"{name} must be a positive, finite number, got {value!r}")

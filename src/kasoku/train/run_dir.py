@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kasoku.core import snapshot_names
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 from kasoku.core.snapshot_names import is_sharded_snapshot, snapshots
 
 AUTO = "auto"
@@ -55,7 +56,7 @@ def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = N
             continue
         except OSError as exc:
             raise ConfigError(_cannot_create(root, exc)) from None
-    raise ConfigError(f"{base}: a thousand runs started in this second; give --out")
+    raise ConfigError(f"{base}: a thousand runs started in this second; give {flag('train.out')}")
 
 
 def run_files(folder: Path) -> list[Path]:
@@ -67,7 +68,7 @@ def run_files(folder: Path) -> list[Path]:
                    if p.is_file() or is_sharded_snapshot(p)})
 
 
-def check_writable(out: Path, flag: str = "--out", what: str = "the command's output",
+def check_writable(out: Path, flag: str = flag("train.out"), what: str = "the command's output",
                    advice: str = "choose a folder you can write to") -> None:
     """Refuse (``ConfigError``, one line saying what to do) an output folder ``out`` that
     cannot take files: a file, a path under a file, or a folder, ``out`` itself or else its
@@ -126,9 +127,10 @@ def prepare_out(out: Path, overwrite: bool = False, advice: str | None = None) -
     if previous and not overwrite:
         names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
         if advice is None:
-            offer = f"continue it with --resume {out}, " \
+            offer = f"continue it with {flag('train.resume')} {out}, " \
                 if any(p.name.startswith("snapshot_") for p in previous) else ""
-            advice = f"{offer}give a new --out, or add --overwrite to replace it"
+            advice = (f"{offer}give a new {flag('train.out')}, or add {flag('train.overwrite')} to "
+                      "replace it")
         raise ConfigError(f"{out} holds a previous run ({names}); {advice}")
     for path in previous:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -149,11 +151,12 @@ def find_snapshot(path) -> Path:
         found = sorted(snapshots(path), key=lambda p: p.stat().st_mtime)
         if found:
             return found[-1]
-        raise SnapshotError(f"--resume {path}: the folder holds no snapshot (snapshot_*.pt); "
-                            f"give a run folder that has one, or train without --resume")
-    raise SnapshotError(f"--resume {path}: no such file or folder; give a run folder or a "
-                        f"snapshot_*.pt file written by a previous run, or train without "
-                        f"--resume")
+        raise SnapshotError(f"{flag('train.resume')} {path}: the folder holds no snapshot "
+                            "(snapshot_*.pt); give a run folder that has one, or train without "
+                            f"{flag('train.resume')}")
+    raise SnapshotError(f"{flag('train.resume')} {path}: no such file or folder; give a run folder "
+                        "or a snapshot_*.pt file written by a previous run, or train without "
+                        f"{flag('train.resume')}")
 
 
 def _cannot_create(out: Path, exc: OSError) -> str:
@@ -161,7 +164,7 @@ def _cannot_create(out: Path, exc: OSError) -> str:
     hint = "choose a folder you can write to" if exc.errno in (errno.EACCES, errno.EPERM,
                                                              errno.EROFS, errno.ENOENT) \
         else "choose another folder"
-    return f"--out {out}: cannot create the folder ({why}); {hint}"
+    return f"{flag('train.out')} {out}: cannot create the folder ({why}); {hint}"
 
 
 def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
@@ -171,13 +174,14 @@ def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
     afterwards and holds no other run's files."""
     if resume == AUTO:
         if out is None:
-            raise ConfigError("--resume auto continues the run in --out DIR when DIR holds a "
-                              "snapshot; give --out DIR")
+            raise ConfigError(f"{flag('train.resume')} auto continues the run in "
+                              f"{flag('train.out')} DIR when DIR holds a snapshot; give "
+                              f"{flag('train.out')} DIR")
         if any(p.name.startswith("snapshot_") for p in run_files(out)):
             return Path(out), find_snapshot(out)
         if run_files(out):
-            warn_once(f"--resume auto: {out} holds no snapshot, so the run starts there anew; "
-                      f"the files of the run that left none are replaced")
+            warn_once(f"{flag('train.resume')} auto: {out} holds no snapshot, so the run starts "
+                      "there anew; the files of the run that left none are replaced")
         return prepare_out(out, overwrite=True), None
     if resume is not None:
         snapshot = find_snapshot(resume)

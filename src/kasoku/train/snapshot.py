@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import KasokuWarning
+from kasoku.core.flags import flag
 from kasoku.core.snapshot_names import TRAINER_FILE, is_sharded_snapshot
 from kasoku.distributed import ddp
 from kasoku.distributed.fsdp import MODEL_KEYS, save_sharded
@@ -89,7 +90,7 @@ def load_snapshot(path, map_location="cpu") -> dict:
         return dict(load_snapshot(path / TRAINER_FILE, map_location), sharded=str(path))
     if not path.is_file():
         raise SnapshotError(f"no snapshot at {path}; give the path of a snapshot_*.pt file "
-                            f"written by a previous run, or train without --resume")
+                            f"written by a previous run, or train without {flag('train.resume')}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 from kasoku.train import extensions as ext
 from kasoku.train.config import TrainConfig
 from kasoku.train.trainer import Trainer
@@ -80,9 +81,9 @@ def rounded_epochs(stop, batches_per_epoch: int) -> str | None:
     iterations = math.ceil(asked - 1e-9)  # where the stop fires (float rounding absorbed)
     if iterations <= asked * (1 + ROUNDING_NOTED):
         return None
-    return (f"--epochs {stop.period:g} asks for {asked:.3g} iterations ({batches_per_epoch} "
-            f"make an epoch here); a run trains whole iterations, so this one trains "
-            f"{iterations} iteration{'s' if iterations > 1 else ''} "
+    return (f"{flag('train.epochs')} {stop.period:g} asks for {asked:.3g} iterations "
+            f"({batches_per_epoch} make an epoch here); a run trains whole iterations, so this one "
+            f"trains {iterations} iteration{'s' if iterations > 1 else ''} "
             f"({iterations / batches_per_epoch:.4g} epochs)")
 
 

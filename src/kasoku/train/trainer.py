@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from kasoku.core.errors import KasokuWarning, warn_once
+from kasoku.core.flags import flag
 from kasoku.data.base import Loader
 from kasoku.distributed import ddp, fsdp
 from kasoku.distributed.ddp import unwrap
@@ -43,7 +44,8 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int, iteration: int, snapshot: Path):
         self.signum, self.iteration, self.snapshot = signum, iteration, snapshot
         self.exit_code = 128 + int(signum)
-        super().__init__(f"interrupted at iteration {iteration}; resume with: --resume {snapshot}")
+        super().__init__(f"interrupted at iteration {iteration}; resume with: "
+                         f"{flag('train.resume')} {snapshot}")
 
 
 @dataclass
@@ -276,7 +278,7 @@ class Trainer:
         if differ:
             raise SnapshotError(f"{source} belongs to another run ({'; '.join(differ)}); "
                                 f"resume with that run's settings, or start a new run "
-                                f"without --resume")
+                                f"without {flag('train.resume')}")
         _load_model(self, state, source)
         try:
             self.train_loader.load_state_dict(state["loader"])
@@ -303,8 +305,8 @@ def _load_model(trainer: Trainer, state: dict, source) -> None:
     """The model's and the optimizer's state from ``state``, or from the sharded snapshot's
     folder it names (into any number of workers); ``SnapshotError`` where they do not fit."""
     if "sharded" not in state and fsdp.is_sharded(trainer.model):
-        raise SnapshotError(f"{source} was written without --shard, and this run shards its "
-                            f"model; resume it without --shard")
+        raise SnapshotError(f"{source} was written without {flag('dist.shard')}, and this run "
+                            f"shards its model; resume it without {flag('dist.shard')}")
     try:
         if "sharded" in state:
             fsdp.load_sharded(trainer.model, trainer.optimizer, state["sharded"])
@@ -342,8 +344,9 @@ def _check_shapes(mine: dict, saved: dict, source) -> None:
     extra = [k for k in saved if k not in mine]
     if missing or extra:
         what = f"its model lacks {missing[:3]}" if missing else f"its model has {extra[:3]} more"
-        raise SnapshotError(f"{source} holds another model ({what}); resume with the workload "
-                            f"and model that wrote it, or start a new run without --resume")
+        raise SnapshotError(f"{source} holds another model ({what}); resume with the workload and "
+                            "model that wrote it, or start a new run without "
+                            f"{flag('train.resume')}")
     for key, value in mine.items():
         other = saved[key]
         if hasattr(value, "shape") and hasattr(other, "shape") and value.shape != other.shape:

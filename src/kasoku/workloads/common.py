@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from kasoku.core.flags import flag
 from kasoku.data.cifar10 import cifar10_datasets
 from kasoku.data.config import DataConfig
 from kasoku.data.synthetic import SyntheticDataset
@@ -50,8 +51,8 @@ class SyntheticSplit:
         the GPU); only for a base small enough to have been drawn whole."""
         if self.base._inputs is None:
             raise TypeError(f"{self.name}: {self.n} synthetic samples of this size are drawn on "
-                            f"demand, not held in memory; use --synthetic-size N with a smaller "
-                            f"N, or another loader")
+                            f"demand, not held in memory; use {flag('data.synthetic_train_size')} "
+                            "N with a smaller N, or another loader")
         span = slice(self.start, self.start + self.n)
         return InMemorySplit(self.base._inputs[span], self.base._targets[span], self.transform)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.models.gpt_shapes import ATTENTIONS, BIASES, GPT_SHAPES
 from kasoku.workloads.dataset_facts import synthetic_sizes
@@ -112,8 +113,8 @@ class GPTWorkload(Workload):
             n_train, n_val = synthetic_sizes(data, SYNTHETIC_SIZES)
             return synthetic_token_datasets(n_train, n_val, s.block_size, s.vocab_size, seed)
         if data.download:
-            warn_once(f"--download: {self.name} reads text already on this machine; nothing "
-                      f"is downloaded")
+            warn_once(f"{flag('data.download')}: {self.name} reads text already on this machine; "
+                      "nothing is downloaded")
         if data.root is not None:
             root, files = data.root, text_files(data.root)
         else:

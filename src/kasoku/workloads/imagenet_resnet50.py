@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.workloads.dataset_facts import require_root
 from kasoku.workloads.registry import Recipe, Workload, register_workload
@@ -49,5 +50,5 @@ class ImagenetResNet50(Workload):
             "(or DIR/train/<class>/... with an optional DIR/val/<class>/... for validation)",
             "ImageNet itself cannot be downloaded automatically (image-net.org requires "
             "registration); `kasoku data make-jpeg DIR` writes a synthetic JPEG folder of that "
-            "layout (add --resolution WxH to match a resolution study).")
+            f"layout (add {flag('make_jpeg.resolution')} WxH to match a resolution study).")
         return imagefolder_datasets(root, image_size=IMAGE_SIZE, seed=seed, strict=data.strict)

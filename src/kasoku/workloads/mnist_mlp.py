@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.workloads.dataset_facts import require_root
 from kasoku.workloads.registry import Recipe, Workload, register_workload
@@ -41,5 +42,6 @@ class MnistMLP(Workload):
             data, self.name,
             "the four MNIST files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
             "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz)",
-            "Get them with `kasoku data download mnist --out DIR` (or add --download).")
+            f"Get them with `kasoku data download mnist {flag('data_download.out')} DIR` (or add "
+            f"{flag('data.download')}).")
         return mnist_datasets(root, download=data.download)

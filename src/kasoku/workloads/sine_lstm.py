@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kasoku.core.errors import warn_once
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.workloads.dataset_facts import synthetic_sizes
 from kasoku.workloads.registry import Recipe, Workload, register_workload
@@ -41,7 +42,7 @@ class SineLSTMWorkload(Workload):
 
     def build_datasets(self, data: DataConfig, seed: int = 0):
         if data.root is not None:
-            warn_once(f"{self.name} generates its data; --data {data.root} is ignored")
+            warn_once(f"{self.name} generates its data; {flag('data.root')} {data.root} is ignored")
         n_train, n_val = synthetic_sizes(data, SIZES)
         from kasoku.data.sine import sine_datasets  # deferred: torch
         return sine_datasets(n_train, n_val, seq_len=SEQ_LEN, seed=seed)

@@ -36,6 +36,7 @@ from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.results import append_result, median_rate, read_results
 from kasoku.commands.bench.rungs import ladder_or_specs
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
+from kasoku.core.flags import flag
 from kasoku.workloads import create_workload
 from kasoku.workloads.registry import default_batch_sizes
 
@@ -265,8 +266,8 @@ def reading(line: dict) -> str:
                 return (f"no {name} rung finished with its numerics check passed (see "
                         f"{side['bench_out']}): nothing to compare")
         name, side, other = ("CPU", cpu, "GPU") if c else ("GPU", gpu, "CPU")
-        how = ("add --devices cpu,cuda on a machine with a GPU" if other == "GPU"
-               else "add cpu to --devices")
+        how = (f"add {flag('compare.devices')} cpu,cuda on a machine with a GPU" if other == "GPU"
+               else f"add cpu to {flag('compare.devices')}")
         return (f"only the {name} was measured: {side['rung']} at {side['samples_per_s']:,.0f} "
                 f"{line['unit']}/s, {_share(side)}; {how} for the comparison")
     speedup = line["speedup"]

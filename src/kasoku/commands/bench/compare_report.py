@@ -7,6 +7,7 @@ from pathlib import Path
 from kasoku.commands.bench.compare import SCHEMA, times
 from kasoku.commands.bench.results import read_results
 from kasoku.commands.table import print_table
+from kasoku.core.flags import flag
 from kasoku.perf.noise import marked
 from kasoku.train.extensions.plot_report import log_axis
 
@@ -129,9 +130,9 @@ def notes(lines: list[dict]) -> list[str]:
             f"{line['cuda_2']['global_batch_size']}, from {line['cuda_2']['source']}"
             for line in gpu2))
     else:
-        out.append("2 GPUs: not measured here; `kasoku scale WORKLOAD --gpus 1,2 --out DIR` "
-                   "measures data-parallel training and `kasoku compare ... --scale DIR` adds "
-                   "its 2-GPU rates to this table")
+        out.append(f"2 GPUs: not measured here; `kasoku scale WORKLOAD {flag('dist.gpus')} 1,2 "
+                   f"{flag('scale.out')} DIR` measures data-parallel training and `kasoku compare "
+                   f"... {flag('compare.scale')} DIR` adds its 2-GPU rates to this table")
     return out
 
 

@@ -23,6 +23,7 @@ from kasoku.commands.bench.results import append_result
 from kasoku.commands.bench.rungs import reference_rung, rung_from_spec
 from kasoku.commands.train import train_run
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.run import resolve
 from kasoku.train.config import TrainConfig
@@ -69,7 +70,7 @@ def train_on_devices(workload: str, devices: tuple[str, ...], data: DataConfig, 
     stream = stream or sys.stdout
     wl = create_workload(workload)
     if len(set(torch.device(d).type for d in devices)) != len(devices):
-        raise ConfigError(f"--devices {','.join(devices)}: name each device once")
+        raise ConfigError(f"{flag('compare.devices')} {','.join(devices)}: name each device once")
     runs = []
     for device in devices:
         dtype = torch.device(device).type

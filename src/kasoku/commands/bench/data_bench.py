@@ -65,6 +65,7 @@ from kasoku.commands.bench.data_sources import resolve_sources, sample_word
 from kasoku.commands.bench.results import append_result
 from kasoku.commands.device import resolve_device
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.bad_files import BAD_FILES, BadFileWriter
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import expand_loaders  # noqa: F401  (kasoku data bench --loader)
@@ -139,9 +140,10 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
     sources = resolve_sources(req, image_size, say)
     for source in sources:
         if len(source.dataset) < max(batch_sizes):
-            raise ConfigError(f"{source.label} has {len(source.dataset)} samples, less than "
-                              f"one batch of {max(batch_sizes)}: lower --batch-size (or raise "
-                              f"--images / --synthetic-size)")
+            raise ConfigError(f"{source.label} has {len(source.dataset)} samples, less than one "
+                              f"batch of {max(batch_sizes)}: lower {flag('train.batch_size')} (or "
+                              f"raise {flag('data_bench.images')} / "
+                              f"{flag('data.synthetic_train_size')})")
     for source in sources if model is not None else ():
         model.check(source)
     make_out_dir(req.out, "data_bench.jsonl and data_bench.png")  # before measuring anything
@@ -182,18 +184,21 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
 
 
 def _check(req: DataBenchRequest) -> None:
-    for name, value, least in (("--warmup", req.warmup, 0), ("--batches", req.batches, 1),
-                               ("--windows", req.windows, 1), ("--images", req.images, 1),
-                               ("--image-size", req.image_size, 8)):
+    for name, value, least in ((flag("data_bench.warmup"), req.warmup, 0),
+                               (flag("data_bench.batches"), req.batches, 1),
+                               (flag("data_bench.windows"), req.windows, 1),
+                               (flag("data_bench.images"), req.images, 1),
+                               (flag("data_bench.image_size"), req.image_size, 8)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in req.batch_sizes):
-        raise ConfigError(f"--batch-size must be whole numbers >= 1, got {req.batch_sizes}")
+        raise ConfigError(f"{flag('train.batch_size')} must be whole numbers >= 1, got "
+                          f"{req.batch_sizes}")
     if not req.loaders:
-        raise ConfigError("--loader names no loader; e.g. serial,multiprocess:1,2,4")
+        raise ConfigError(f"{flag('train.loader')} names no loader; e.g. serial,multiprocess:1,2,4")
     if req.accel is not None and req.accel.steps_per_call != 1:
         raise ConfigError("data bench feeds the model one batch per step; drop "
-                          "--steps-per-call")
+                          f"{flag('accel.steps_per_call')}")
 
 
 def _model_image_size(model: LoaderModel | None) -> int | None:

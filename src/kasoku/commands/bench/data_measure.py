@@ -21,6 +21,7 @@ from kasoku.commands.bench.rungs import Rung
 from kasoku.commands.bench.runner import make_runner
 from kasoku.commands.bench.timing import EXTRA_BUDGET_S, EXTRA_WINDOWS, measure_windows, timed
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.bad_files import BAD_FILES, BadFileWriter
 from kasoku.data.gpu_jpeg_procs import GpuJpegProcessLoader
 from kasoku.data.parallel_loader import ProcessLoader
@@ -49,10 +50,11 @@ class LoaderModel:
     def check(self, source: Source) -> None:
         shape = tuple(torch.as_tensor(source.dataset[0][0]).shape)
         if shape != self.spec.input_shape:
-            raise ConfigError(f"{source.label} gives samples of shape {shape} but --model "
-                              f"{self.name} takes {self.spec.input_shape}; give a source of "
-                              f"that shape (e.g. the workload {self.name} itself, or an image "
-                              f"folder cropped to its size)")
+            raise ConfigError(f"{source.label} gives samples of shape {shape} but "
+                              f"{flag('data_bench.model')} {self.name} takes "
+                              f"{self.spec.input_shape}; give a source of that shape (e.g. the "
+                              f"workload {self.name} itself, or an image folder cropped to its "
+                              "size)")
 
     def synthetic_rates(self, batch_size: int, req, seed: int) -> dict:
         pool = make_pool(self.spec, batch_size, self.device, seed=seed)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.perf.noise import marked
 
 RESULTS_FILE = "data_bench.jsonl"
@@ -159,7 +160,8 @@ def read_data_bench(out: Path) -> list[dict]:
     path = Path(out)
     path = path / RESULTS_FILE if path.is_dir() else path
     if not path.is_file():
-        raise ConfigError(f"--report: no {RESULTS_FILE} in {out}; run the bench first")
+        raise ConfigError(f"{flag('data_bench.report')}: no {RESULTS_FILE} in {out}; run the bench "
+                          "first")
     latest: dict = {}
     with open(path, encoding="utf-8") as f:
         for line in f:

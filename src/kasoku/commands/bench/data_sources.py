@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.base import ArrayDataset
 from kasoku.data.imagefolder import imagefolder_datasets
 from kasoku.data.jpeg_synth import MARKER, make_jpeg_folder
@@ -69,17 +70,18 @@ def resolve_sources(req, image_size: int, say=print) -> list[Source]:
     folders or workloads' training sets."""
     if req.resolutions:
         if len(req.sources) > 1:
-            raise ConfigError("with --resolution give at most one SOURCE: the folder that "
-                              "holds the generated JPEG folders (default OUT/jpeg)")
+            raise ConfigError(f"with {flag('data_bench.resolution')} give at most one SOURCE: the "
+                              "folder that holds the generated JPEG folders (default OUT/jpeg)")
         holder = Path(req.sources[0]) if req.sources else Path(req.out) / "jpeg"
         if req.sources and not holder.is_dir() and req.sources[0] in list_workloads():
-            raise ConfigError(f"with --resolution, SOURCE is the folder to hold the generated "
-                              f"JPEG folders; {req.sources[0]} is a workload")
+            raise ConfigError(f"with {flag('data_bench.resolution')}, SOURCE is the folder to hold "
+                              f"the generated JPEG folders; {req.sources[0]} is a workload")
         folders = prepare_jpeg_folders(holder, req.resolutions, req.images, req.seed, say)
         return [_folder_source(f, image_size, req, "generated") for f in folders]
     if not req.sources:
-        raise ConfigError("give a SOURCE (an image folder or a workload) or --resolution WxH "
-                          "to measure generated JPEG folders")
+        raise ConfigError("give a SOURCE (an image folder or a workload) or "
+                          f"{flag('data_bench.resolution')} WxH to measure generated JPEG "
+                          "folders")
     sources = []
     for name in req.sources:
         if Path(name).is_dir():

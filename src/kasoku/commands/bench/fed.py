@@ -25,6 +25,7 @@ import torch
 
 from kasoku.accel.loader_cores import loader_split
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.data.imagefolder import ImageFolder
 from kasoku.data.prefetch import wrap_for_device
@@ -55,11 +56,11 @@ def fastest_loader(dataset, device_type: str) -> str:
 def check_data(data: Path | None, loader: str | None) -> None:
     """Refuse settings that cannot make the rung, before any run starts."""
     if loader is not None and data is None:
-        raise ConfigError("--loader needs --data DIR: the loader rung reads the workload's "
-                          "dataset from DIR")
+        raise ConfigError(f"{flag('train.loader')} needs {flag('data.root')} DIR: the loader rung "
+                          "reads the workload's dataset from DIR")
     if data is not None and not Path(data).is_dir():
-        raise ConfigError(f"--data {data}: no such folder (give the folder `kasoku train "
-                          f"--data` reads for this workload)")
+        raise ConfigError(f"{flag('data.root')} {data}: no such folder (give the folder `kasoku "
+                          f"train {flag('data.root')}` reads for this workload)")
     if loader is not None and loader != FASTEST:
         parse_loader_spec(loader)  # an unknown kind is a ConfigError listing the kinds
 
@@ -77,8 +78,8 @@ class FedBatches:
                  threads: int | None = None, affinity: set[int] | None = None):
         train, _ = workload.build_datasets(DataConfig(root=Path(root)), seed=seed)
         if len(train) < batch_size:
-            raise ConfigError(f"--data {root}: {len(train)} training samples, fewer than one "
-                              f"batch of {batch_size}")
+            raise ConfigError(f"{flag('data.root')} {root}: {len(train)} training samples, fewer "
+                              f"than one batch of {batch_size}")
         self.spec = spec if spec and spec != FASTEST else fastest_loader(train, device.type)
         self.samples = len(train)
         # Before the loader starts its workers: the split pins every thread here.

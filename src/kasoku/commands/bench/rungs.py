@@ -38,6 +38,7 @@ from kasoku.accel.compose import check_config
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.float8 import has_torchao
 from kasoku.commands.bench.rung_spec import parse_spec
+from kasoku.core.flags import flag
 from kasoku.perf.cpuinfo import CpuInfo, cpu_info
 
 REFERENCE_LABEL = "fp32"
@@ -120,8 +121,8 @@ def transformer_gpu_ladder() -> list[Rung]:
 
 
 NO_BF16_HARDWARE = ("skipped: no bf16 hardware on this CPU (AMX-BF16, AVX512-BF16): bf16 is "
-                    "converted and computed in fp32, slower than fp32 (--config +bf16 measures "
-                    "it anyway)")
+                    f"converted and computed in fp32, slower than fp32 ({flag('bench.config')} "
+                    "+bf16 measures it anyway)")
 
 
 def cpu_ladder(info: CpuInfo | None = None) -> list[Rung]:

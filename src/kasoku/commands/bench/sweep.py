@@ -42,6 +42,7 @@ from kasoku.commands.bench.rungs import (
 )
 from kasoku.commands.bench.worker import WorkerRequest
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.figures import StepFigures
@@ -187,7 +188,7 @@ def _prepare(cfg: SweepConfig, say):
         if rung.config is not None and rung.config.steps_per_call != 1:
             raise ConfigError(f"rung {rung.label}: kasoku bench times one batch per step; "
                               f"steps_per_call={rung.config.steps_per_call} is for `kasoku "
-                              f"train --steps-per-call`")
+                              f"train {flag('accel.steps_per_call')}`")
     if cfg.data is not None:
         base = next((r for r in reversed(rungs) if not r.is_plain), rungs[-1])
         rungs.append(Rung(fed.LABEL, base.config, loader=cfg.loader or fed.FASTEST))

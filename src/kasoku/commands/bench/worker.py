@@ -43,6 +43,7 @@ from kasoku.commands.bench.rungs import Rung, compute_dtype
 from kasoku.commands.bench.runner import StepRunner, make_runner
 from kasoku.commands.bench.timing import measure_windows, settle, timed
 from kasoku.commands.profile import cpu_bf16
+from kasoku.core.flags import flag
 from kasoku.core.phases import NoClock, no_mark
 from kasoku.core.queues import request_queues
 from kasoku.perf.activations import saved_activation_bytes
@@ -164,7 +165,8 @@ def _measure(req: WorkerRequest, wl, device: torch.device, record: dict,
     model = model.to(device)
     if req.rung.loader:
         if not req.data:
-            raise ValueError(f"rung {req.rung.label} is fed by a loader: it needs --data DIR")
+            raise ValueError(f"rung {req.rung.label} is fed by a loader: it needs "
+                             f"{flag('data.root')} DIR")
         fed = FedBatches(wl, req.data, req.rung.loader, req.batch_size, device, seed=req.seed,
                          cores=req.loader_cores, threads=req.threads or wl.cpu_threads,
                          affinity=affinity)

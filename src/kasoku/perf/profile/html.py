@@ -17,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+from kasoku.core.flags import flag
 from kasoku.core.phases import PHASES
 from kasoku.perf.profile.kfac_cost import format_kfac
 
@@ -58,7 +59,8 @@ def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict
     if verdict.get("tried"):
         parts += ["<h2>The levers tried</h2>", _tried(verdict["tried"])]
     if ladder:
-        parts += ["<h2>--confirm: the bound's proof, and the advice again</h2>", _ladder(ladder)]
+        parts += [f"<h2>{flag('profile.confirm')}: the bound's proof, and the advice "
+                  "again</h2>", _ladder(ladder)]
     parts += ["<h2>Figures</h2>", _table(["figure", "value"],
                                          _figure_rows(figures) + _noise_rows(stability))]
     parts += _timeline(timeline_png, figures.get("device") == "cpu")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from kasoku.core.flags import flag
+
 
 class SkippedReport:
     """At each epoch's end, when the train loader's count of skipped bad files
@@ -33,4 +35,4 @@ class SkippedReport:
         listed = f", listed in {listed_in}" if listed_in else ""
         noun = "bad file" if count == 1 else "bad files"
         print(f"epoch {trainer.updater.epoch}: {count} {noun} skipped so far{first}{listed}; "
-              f"--strict-data makes the first one an error", file=sys.stderr, flush=True)
+              f"{flag('data.strict')} makes the first one an error", file=sys.stderr, flush=True)
