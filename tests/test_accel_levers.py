@@ -1,4 +1,5 @@
 import argparse
+import inspect
 import warnings
 
 import pytest
@@ -18,7 +19,7 @@ from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.core.errors import ConfigError
 from kasoku.models.mlp import MLP
 from kasoku.optim import make_optimizer
-from kasoku.train.step import StandardStep
+from kasoku.train.step import Objective, StandardStep
 
 pytestmark = pytest.mark.usefixtures("one_thread_fresh_lever_warnings")
 
@@ -123,20 +124,27 @@ def test_combo_kernels_compile_the_same_function():
 
 
 def _train_mlp(cfg, steps=4):
+    """The accelerated run and each step's (loss, accuracy)."""
     torch.manual_seed(0)
     x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
     acc = accelerate(MLP(8, 16, 3, depth=1), F.cross_entropy, accuracy, cfg, "cpu",
                      momentum_sgd())
-    return acc, [float(acc.step_fn(acc.model, (x, y), acc.optimizer)["main/loss"])
-                 for _ in range(steps)]
+    seen = [acc.step_fn(acc.model, (x, y), acc.optimizer) for _ in range(steps)]
+    return acc, [(float(s["main/loss"]), float(s["main/accuracy"])) for s in seen]
 
 
 @pytest.mark.slow
 def test_compiled_model_trains_like_the_eager_one():
     # inductor on the CPU: ~6-13 s the first time (C++ compilation), cached afterwards.
     _, eager = _train_mlp(AccelConfig())
-    _, compiled = _train_mlp(AccelConfig(compile=True, optimizer_impl="fused"))
-    assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-5)
+    acc, compiled = _train_mlp(AccelConfig(compile=True, optimizer_impl="fused"))
+    # the loss and the accuracy are compiled too, as one graph (the step's Objective)
+    objective = acc.step_fn.objective
+    assert not isinstance(objective, Objective)  # torch.compile's wrapper of one
+    assert isinstance(inspect.unwrap(objective), Objective)
+    assert [loss for loss, _ in compiled] == pytest.approx([loss for loss, _ in eager],
+                                                           rel=1e-4, abs=1e-5)
+    assert [a for _, a in compiled] == [a for _, a in eager]
 
 
 def test_composed_config_on_cpu_skips_what_cannot_apply_and_trains():

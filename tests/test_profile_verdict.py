@@ -3,11 +3,15 @@ events as torch.profiler writes them): each scenario is built so one bottleneck 
 analysis must find it with the right numbers. The CPU's rules: tests/test_profile_verdict_cpu.py."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kasoku.advisor.saved import judge_saved
 from kasoku.advisor.verdict import RULES
 from kasoku.perf.profile import trace
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 
 
 class Builder:
@@ -368,3 +372,14 @@ def test_a_second_cause_is_named_with_its_numbers():
     assert v.secondary == ["communication-bound: collectives (all-reduce) take 25% of the step",
                            "12% of the step the device waiting for launches"]
     assert judge_saved(dict(f, comm_pct=5.0, idle_host_pct=3.0)).secondary == []
+
+
+def test_work_queued_before_the_window_is_no_steps():
+    # A real trace (GPT-2 small, the top rung: a CUDA graph replayed per step, one H200): the
+    # host runs ahead of the GPU, so the window's first kernels are replays launched before
+    # the profiler started, their launches not in the trace. They were counted into the
+    # analysed steps by when they ran: 51.5 ms of kernels per 31.5 ms of busy device.
+    r = trace.analyse(trace.load(FIXTURES / "h200-gpt-small-top.json.gz"))
+    assert r["kernels_per_step"] == pytest.approx(488, abs=2)  # one replay's 486, and copies
+    assert sum(r["by_kind_ms"].values()) == pytest.approx(r["device_ms"], rel=0.01)
+    assert r["device_ms"] <= r["step_ms"]

@@ -12,7 +12,8 @@ small with biases, its loss (cross-entropy) and metric (argmax accuracy) as kaso
 computes them; -nobias: its linear and norm biases removed; -nometric: no accuracy;
 -cudnn: attention pinned to cuDNN's kernel; -exactgelu: erf GELU as nanoGPT; -closs: the loss
 and the metric compiled, each a graph of its own (kasoku's ``--compile`` since); -inloss: the
-loss inside the model's compiled graph (nanoGPT's way), no metric.
+loss inside the model's compiled graph (nanoGPT's way), no metric; -cobj: the loss and the
+metric one compiled graph (kasoku's ``--compile`` since).
 """
 from __future__ import annotations
 
@@ -63,6 +64,16 @@ def build(variant: str, nanogpt: Path):
 
     if "closs" in variant:  # each a compiled graph of its own, as kasoku's --compile now
         ce, accuracy = torch.compile(ce), torch.compile(accuracy)
+    if "cobj" in variant:  # loss and metric one compiled graph (kasoku's Objective, --compile)
+        def objective(out, y):
+            loss = ce(out, y)
+            with torch.no_grad():
+                return loss, accuracy(out.detach(), y)
+        objective = torch.compile(objective)
+
+        def loss_of(model, x, y):
+            return objective(model(x), y)
+        return model, loss_of
     if "inloss" in variant:  # the loss inside the model's compiled graph, as nanoGPT
         def loss_of(model, x, y):
             return model.loss_in_graph(x, y), None

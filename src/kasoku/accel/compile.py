@@ -6,8 +6,9 @@ keys gain an ``_orig_mod.`` prefix, and snapshots would not load across the leve
 happens at the first forward and the first backward, so its time lands in the warm-up steps,
 which a benchmark measures apart from the steady rate.
 
-The step's loss and metric are compiled too (``compile_fn``), each a graph of its own: outside
-the model's compiled code a cross-entropy runs eagerly, and over a language model's logits
+The step's loss and metric are compiled too (``compile_fn`` of the step's
+``kasoku.train.step.Objective``), one graph of their own: outside the model's compiled code a
+cross-entropy runs eagerly, and over a language model's logits
 that is most of a step's memory traffic (the logits copied to fp32 for the loss, PyTorch's
 softmax kernels forward and back, the fp32 gradient filled), where inductor reads the bf16
 logits once each way in fused kernels. nanoGPT's model computes its loss inside the compiled
@@ -87,7 +88,7 @@ def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
 
 
 def compile_fn(fn: Callable | None, device=None, backend: str = "inductor") -> Callable | None:
-    """``fn`` (the step's loss or metric: outputs and targets to a 0-dim tensor) compiled in
+    """``fn`` (the step's objective: output and targets to its loss and metric) compiled in
     torch.compile's default mode, or ``fn`` itself where inductor cannot run (a CPU without
     a C++ compiler: ``apply_compile`` says so). Default mode whatever the model's: a mode that
     captures CUDA graphs of its own would capture the loss apart from the step."""

@@ -220,10 +220,10 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     # the Parameter objects).
     if cfg.compile and not per_block:
         model = apply_compile(model, device, notes, **compile_options)
-    if cfg.compile:  # the loss and the metric too: each read the whole output
-        loss_fn, metric_fn = compile_fn(loss_fn, device), compile_fn(metric_fn, device)
     optimizer = make_optimizer(params, cfg.optimizer_impl)
     step_fn = precision.make_step(loss_fn, metric_fn)
+    if cfg.compile:  # the loss and the metric too, one graph: both read the whole output
+        step_fn.objective = compile_fn(step_fn.objective, device)
     if grad_clip is not None:
         step_fn.update = ClippedUpdate(step_fn.update, grad_clip)
     if cfg.channels_last and has_conv2d(model):

@@ -78,6 +78,9 @@ class Trace:
     """Kernels, copies and fills, in time order."""
     runtime: dict[int, Span] = field(default_factory=dict)
     """CUDA runtime/driver calls that launch work, by correlation id."""
+    called: dict[int, float] = field(default_factory=dict)
+    """When each CUDA runtime/driver call with a correlation id began (a launch, or a
+    synchronous copy): what places device work in the step that asked for it."""
     syncs: list[Span] = field(default_factory=list)
     ops: list[Span] = field(default_factory=list)
     """Host operators (``cpu_op``)."""
@@ -111,6 +114,8 @@ def parse(events: list[dict]) -> Trace:
         elif cat in DEVICE_CATS:
             t.device.append(span)
         elif cat in ("cuda_runtime", "cuda_driver"):
+            if span.correlation is not None:
+                t.called[span.correlation] = start
             if name in LAUNCH_NAMES and span.correlation is not None:
                 t.runtime[span.correlation] = span
             elif name in SYNC_NAMES:
@@ -241,12 +246,18 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
         return result
 
     # The device rows: the work launched by the analysed steps (by its launch's host time).
+    # A kernel whose launch the trace does not hold was launched before the profiler
+    # started (a host that runs ahead of the GPU: a CUDA graph's replays queued), and
+    # belongs to no analysed step; only where the trace holds no launches at all is a kernel
+    # placed by when it ran.
     launch_time = {c: r.start for c, r in trace.runtime.items()}
     graph_corr = {c for c, r in trace.runtime.items() if r.name in GRAPH_LAUNCHES}
 
     def step_of(span: Span) -> int:
-        t = launch_time.get(span.correlation)
-        return steps.index(t) if t is not None else steps.index(span.start)
+        t = trace.called.get(span.correlation)
+        if t is not None:
+            return steps.index(t)
+        return -1 if trace.called else steps.index(span.start)
 
     anchor = [d for d in trace.device if step_of(d) == 0]
     work = [d for d in trace.device if step_of(d) >= 1]
