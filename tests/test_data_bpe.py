@@ -59,6 +59,9 @@ def test_trained_once_cached_and_reused(prose_dir, tmp_path, capsys):
     assert "training" not in capsys.readouterr().err  # loaded, not trained again
     assert again.path == tok.path and tok.path.stat().st_mtime_ns == stamp
     assert again.name == tok.name and trained(prose_dir, files, 512, cache=cache).name != tok.name
+    # Trained again elsewhere (a cache deleted, another worker): the same tokenizer.
+    other = trained(prose_dir, files, 500, cache=tmp_path / "other")
+    assert other.path.read_bytes() == tok.path.read_bytes()
 
     corpus = tokenize(prose_dir, files, cache=cache, tokenizer=tok)
     ids = np.fromfile(corpus.tokens, dtype=np.uint16)

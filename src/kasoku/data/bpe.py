@@ -7,9 +7,11 @@
 files before its last ``held_out`` of bytes: the validation tail, the last tenth of the tokens
 at most, is not learnt from) and caches it as JSON beside the token files
 (``kasoku.data.text.cache_dir``), named by a hash of those files (path, size, modification
-time) and the vocabulary size; a second run loads it. ``BPETokens`` is what
-``kasoku.data.text.tokenize`` encodes with: its name (in the token file's key) carries the
-tokenizer's, so a retrained tokenizer never reads another's token file.
+time) and the vocabulary size; a second run loads it. The training is deterministic (the same
+files make the same tokenizer in any process: the workers of a data-parallel run, a run whose
+cache was cleared), and written atomically, so processes training at once agree.
+``BPETokens`` is what ``kasoku.data.text.tokenize`` encodes with: its name (in the token file's
+key) carries the tokenizer's, so another tokenizer never reads this one's token file.
 
 The vocabulary: ``vocab_size`` ids (fewer where the text has too few pairs to merge), the 256
 bytes, ``DOC_END`` (id 0, written after each document) and the merges learnt.
