@@ -65,7 +65,7 @@ def test_a_run_with_many_settings_survives_its_json(tmp_path):
     assert again.given == ("epochs", "grad_clip", "lr", "seed")
     # the recipe's where the command gave none: gpt small's batch and optimizer
     assert (run.train.batch_size, run.train.optimizer) == (16, "adamw")
-    assert run.workload == "gpt:model_size=small,attention=plain,bias=yes"
+    assert run.workload == "gpt:model_size=small,attention=plain,bias=yes,tokenizer=byte"
     assert json.loads(text)["accel"]["precision"] == "bf16"
 
 

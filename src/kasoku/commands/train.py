@@ -129,6 +129,7 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
             model, workload.loss_fn, metric_fn, accel, device,
             lambda params, impl: make_optimizer(optimizer, params, lr, impl=impl,
                                                 momentum=recipe.momentum,
+                                                betas=recipe.betas,
                                                 weight_decay=recipe.weight_decay,
                                                 model=model, kfac=run.kfac),
             distribute=fsdp.data_parallel(run.dist, device, accel.precision) if parallel
@@ -232,8 +233,8 @@ def train_run(run: RunConfig, resume=None) -> Trainer:
         raise failure
     cores = trainer.setup.get("cpu_threads")
     print(f"# {workload.name}  data: {_data_source(workload, run.data)}  device: {device}  "
-          f"out: {out}" + (f"  cores: {describe_cores(cores)}" if cores else ""),
-          file=sys.stderr, flush=True)
+          f"{_optimizer_words(run, workload)}  out: {out}"
+          + (f"  cores: {describe_cores(cores)}" if cores else ""), file=sys.stderr, flush=True)
     _say_again(said)
     if snapshot is not None:
         trainer.resumed_from(snapshot)
@@ -275,6 +276,15 @@ def _start(run: RunConfig, workload: Workload, resume, world: World | None = Non
             out.rmdir()  # nothing ran: leave no empty run folder behind
         raise
     return trainer, out, snapshot, state
+
+
+def _optimizer_words(run: RunConfig, workload: Workload) -> str:
+    """The update the run's first line names: ``adamw lr 0.001 betas 0.9,0.95 clip 1``."""
+    train, recipe = run.train, workload.recipe
+    betas = recipe.betas if train.optimizer in ("adam", "adamw") else None
+    return (f"{train.optimizer} lr {train.lr:g}"
+            + (f" betas {betas[0]:g},{betas[1]:g}" if betas else "")
+            + (f" clip {train.grad_clip:g}" if train.grad_clip else ""))
 
 
 def _data_source(workload: Workload, data: DataConfig):
@@ -320,7 +330,8 @@ def _train_worker(run: RunConfig, workload: Workload, resume, device: torch.devi
             print(f"# {workload.name}  data: {_data_source(workload, run.data)}  "
                   f"{world.world_size} {kind} "
                   f"({ddp.backend_for(device)}), batch {batch} per worker, "
-                  f"{batch * world.world_size} in all  out: {out}"
+                  f"{batch * world.world_size} in all  {_optimizer_words(run, workload)}  "
+                  f"out: {out}"
                   + (f"  (restart {restarts})" if restarts else ""),
                   file=sys.stderr, flush=True)
         if snapshot is not None:

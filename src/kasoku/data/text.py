@@ -1,9 +1,11 @@
 """A folder of UTF-8 text tokenized once into a cached file of token ids.
 
-Tokenization is byte-level: a token is one byte of the UTF-8 text (256 ids), and the files are
-joined with ``DOC_END`` (the NUL byte, which text files do not hold) between them. A BPE
-tokenizer (tiktoken's) would be one more ``TOKENIZER`` name in the cache key; none is needed
-here.
+Tokenization is byte-level by default (``BYTES``): a token is one byte of the UTF-8 text (256
+ids), and the files are joined with ``DOC_END`` (the NUL byte, which text files do not hold)
+between them. Another tokenizer (``kasoku.data.bpe``: a BPE tokenizer trained on the corpus)
+is given as ``tokenize(..., tokenizer=)``: its name is part of the cache key, its token ids
+are written as its ``dtype`` (uint16 up to 65,536 ids), and a corpus that takes a while to
+tokenize says how far it has come (files done / total, ``kasoku.core.status_line``).
 
 The token file is written once and reused: its name is a hash of the tokenizer and of every
 file's path, size and modification time, so a changed, added or removed file makes a new one.
@@ -25,11 +27,14 @@ import json
 import os
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from kasoku.core.errors import DataError, warn_once
 from kasoku.core.flags import flag
+from kasoku.core.status_line import StatusLine
 from kasoku.data.bad_files import BadFile
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
@@ -43,17 +48,51 @@ DOC_END = 0
 FORMAT = 1
 """The token file's layout (part of its key: a new layout never reads an old file)."""
 CACHE_ENV = "KASOKU_CACHE"
+ITEMSIZE = {"uint8": 1, "uint16": 2, "int32": 4}
+"""The token files' id types and their bytes."""
+CHUNK_BYTES = 1 << 20
+"""Text handed to the tokenizer at once (whole files, at least one): a BPE tokenizer encodes
+a batch in parallel, and progress is said between batches."""
+PROGRESS_AFTER_S = 2.0
+"""Tokenizing says how far it has come once it has taken this long (bytes: never, on the
+standard library)."""
+
+
+class Tokenizer(Protocol):
+    """What ``tokenize`` needs of a tokenizer: a ``name`` (in the cache key: another tokenizer
+    makes another file), the ids' ``dtype`` (an ``ITEMSIZE`` key), its ``vocab_size``, and
+    ``encode_batch``: UTF-8 texts to their token ids as ``dtype`` bytes, each followed by the
+    tokenizer's end-of-document token."""
+    name: str
+    dtype: str
+    vocab_size: int
+
+    def encode_batch(self, texts: list[bytes]) -> list[bytes]: ...
+
+
+class ByteTokens:
+    """Byte-level: a token is a byte, ``DOC_END`` after each document."""
+    name, dtype, vocab_size = TOKENIZER, "uint8", VOCAB_SIZE
+
+    def encode_batch(self, texts: list[bytes]) -> list[bytes]:
+        return [text + bytes([DOC_END]) for text in texts]
+
+
+BYTES = ByteTokens()
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A tokenized text folder: ``tokens`` (a cache file of ``n_tokens`` uint8 ids),
-    ``n_files`` read, ``skipped``: ``[path, reason]`` of the files left out."""
+    """A tokenized text folder: ``tokens`` (a cache file of ``n_tokens`` ids of ``dtype``, from
+    a tokenizer of ``vocab_size`` ids), ``n_files`` read, ``skipped``: ``[path, reason]`` of
+    the files left out."""
     root: str
     tokens: Path
     n_tokens: int
     n_files: int
     skipped: tuple[tuple[str, str], ...] = ()
+    dtype: str = "uint8"
+    vocab_size: int = VOCAB_SIZE
 
 
 def cache_dir(cache: Path | None = None) -> Path:
@@ -91,22 +130,34 @@ def stdlib_files() -> tuple[Path, list[Path]]:
     return root, sorted(found)
 
 
-def tokenize(root: Path, files: list[Path], cache: Path | None = None,
-             strict: bool = False) -> Corpus:
-    """``files`` (under ``root``) as a ``Corpus``: the cached token file when there is one for
-    exactly these files, else one written now. ``DataError`` when none of them holds text."""
+def check_files(root: Path, files: list[Path]) -> None:
+    """``DataError`` when ``files`` is empty."""
     if not files:
         raise DataError(f"{root} holds no text files ({', '.join(TEXT_SUFFIXES)}, at any "
                         f"depth); give a folder of UTF-8 text")
+
+
+def files_key(files: list[Path], *parts) -> str:
+    """A hash of ``parts`` and of every file's path, size and modification time (what a cache
+    entry made of these files is named by)."""
     listing = [(os.path.abspath(f), f.stat()) for f in files]  # one key from any folder
-    key = hashlib.sha256(json.dumps(
-        [FORMAT, TOKENIZER, [(p, s.st_size, s.st_mtime_ns) for p, s in listing]]
+    return hashlib.sha256(json.dumps(
+        [FORMAT, *parts, [(p, s.st_size, s.st_mtime_ns) for p, s in listing]]
     ).encode()).hexdigest()[:24]
+
+
+def tokenize(root: Path, files: list[Path], cache: Path | None = None,
+             strict: bool = False, tokenizer: Tokenizer = BYTES) -> Corpus:
+    """``files`` (under ``root``) as a ``Corpus`` of ``tokenizer``'s ids: the cached token
+    file when there is one for exactly these files and this tokenizer, else one written now.
+    ``DataError`` when none of them holds text."""
+    check_files(root, files)
+    key = files_key(files, tokenizer.name)
     folder = cache_dir(cache)
-    data, meta = folder / f"tokens-{key}.{TOKENIZER}", folder / f"tokens-{key}.json"
+    data, meta = folder / f"tokens-{key}.{tokenizer.name}", folder / f"tokens-{key}.json"
     corpus = _cached(data, meta)
     if corpus is None:
-        corpus = _write(root, files, folder, data, meta, strict)
+        corpus = _write(root, files, folder, data, meta, strict, tokenizer)
     if corpus.skipped:
         if strict:  # a cache written without --strict-data kept the files it left out
             raise BadFile(*corpus.skipped[0])
@@ -124,43 +175,79 @@ def tokenize(root: Path, files: list[Path], cache: Path | None = None,
 def _cached(data: Path, meta: Path) -> Corpus | None:
     try:
         info = json.loads(meta.read_text())
-        if data.stat().st_size != info["n_tokens"]:
+        dtype = info.get("dtype", "uint8")  # files written before there was another
+        if data.stat().st_size != info["n_tokens"] * ITEMSIZE[dtype]:
             return None
     except (OSError, ValueError, KeyError):
         return None
     return Corpus(info["root"], data, info["n_tokens"], info["n_files"],
-                  tuple(tuple(s) for s in info["skipped"]))
+                  tuple(tuple(s) for s in info["skipped"]), dtype,
+                  info.get("vocab_size", VOCAB_SIZE))
 
 
-def _write(root: Path, files: list[Path], folder: Path, data: Path, meta: Path,
-           strict: bool) -> Corpus:
+def make_cache_dir(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"cannot make the cache folder {folder} ({exc.strerror}); give a "
                         f"writable one with {flag('data.cache')} DIR or ${CACHE_ENV}") from exc
-    n_tokens, n_files, skipped = 0, 0, []
+
+
+def _write(root: Path, files: list[Path], folder: Path, data: Path, meta: Path,
+           strict: bool, tokenizer: Tokenizer) -> Corpus:
+    make_cache_dir(folder)
+    n_bytes, n_files, skipped = 0, 0, []
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=data.name, suffix=".tmp")
+    start, status = time.monotonic(), None
     try:
         with os.fdopen(fd, "wb") as out:
-            for f in files:
-                text = _read_text(f, strict)
-                if isinstance(text, str):
-                    skipped.append((str(f), text))
-                    continue
-                out.write(text + bytes([DOC_END]))
-                n_tokens, n_files = n_tokens + len(text) + 1, n_files + 1
+            for done, texts in _chunks(files, strict, skipped):
+                for ids in tokenizer.encode_batch(texts):
+                    out.write(ids)
+                    n_bytes += len(ids)
+                n_files += len(texts)
+                if status is None and time.monotonic() - start >= PROGRESS_AFTER_S:
+                    status = StatusLine()
+                if status is not None:
+                    status.update(f"tokenizing {root} ({tokenizer.name}): {done}/{len(files)} "
+                                  f"files")
+        if status is not None:
+            status.close()
         if n_files == 0:
             raise DataError(f"{root}: none of its {len(files)} text files is UTF-8 (first: "
                             f"{skipped[0][0]}: {skipped[0][1]}); give a folder of UTF-8 text")
         os.replace(tmp, data)
-        info = {"root": str(root), "tokenizer": TOKENIZER, "n_tokens": n_tokens,
-                "n_files": n_files, "skipped": skipped}
-        _write_atomic(meta, json.dumps(info, indent=1))
+        n_tokens = n_bytes // ITEMSIZE[tokenizer.dtype]
+        info = {"root": str(root), "tokenizer": tokenizer.name, "n_tokens": n_tokens,
+                "n_files": n_files, "skipped": skipped, "dtype": tokenizer.dtype,
+                "vocab_size": tokenizer.vocab_size}
+        write_atomic(meta, json.dumps(info, indent=1))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return Corpus(str(root), data, n_tokens, n_files, tuple(skipped))
+    return Corpus(str(root), data, n_tokens, n_files, tuple(skipped), tokenizer.dtype,
+                  tokenizer.vocab_size)
+
+
+def read_texts(files: list[Path], strict: bool = False, skipped: list | None = None):
+    """``(files done, [UTF-8 texts])`` of ``files`` in chunks of about ``CHUNK_BYTES``; the
+    files that are not UTF-8 left out (``[path, reason]`` appended to ``skipped``), or with
+    ``strict`` a ``BadFile``."""
+    return _chunks(files, strict, [] if skipped is None else skipped)
+
+
+def _chunks(files: list[Path], strict: bool, skipped: list):
+    texts, size = [], 0
+    for i, f in enumerate(files):
+        text = _read_text(f, strict)
+        if isinstance(text, str):
+            skipped.append((str(f), text))
+        else:
+            texts.append(text)
+            size += len(text)
+        if texts and (size >= CHUNK_BYTES or i == len(files) - 1):
+            yield i + 1, texts
+            texts, size = [], 0
 
 
 def _read_text(path: Path, strict: bool) -> bytes | str:
@@ -181,7 +268,8 @@ def _read_text(path: Path, strict: bool) -> bytes | str:
     return reason
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` under a temporary name renamed into place."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

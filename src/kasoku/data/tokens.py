@@ -25,16 +25,19 @@ whole tenth of the standard library would take longer on a CPU than the training
 
 class TokenWindows:
     """Windows ``[offset + i * block_size, ... + block_size]`` (``block_size + 1`` tokens: the
-    input and, shifted by one, the target) of the uint8 token file ``path``, ``i`` from 0 to
-    ``n_windows - 1``, within ``[start, start + span)``. With ``seed`` the offset is drawn
+    input and, shifted by one, the target) of the token file ``path``, ``i`` from 0 to
+    ``n_windows - 1``, within ``[start, start + span)`` (ids of ``dtype``: uint8 for bytes,
+    uint16 or int32 for a BPE tokenizer's). With ``seed`` the offset is drawn
     from ``(seed, epoch)`` in ``[0, block_size)`` at each ``set_epoch``; without it, 0.
 
     The file is opened on first use in each process (a loader's worker gets the path, not a
     copy of the tokens)."""
 
     def __init__(self, path, start: int, span: int, block_size: int, seed: int | None = None,
-                 name: str = "tokens", bad_files: BadFileList | None = None):
+                 name: str = "tokens", bad_files: BadFileList | None = None,
+                 dtype: str = "uint8"):
         self.path, self.start, self.block_size, self.seed = str(path), start, block_size, seed
+        self.dtype = dtype
         self.name = name
         self.bad_files = bad_files
         """The corpus's files left out (not UTF-8), for the run's ``bad_files.jsonl``."""
@@ -63,7 +66,7 @@ class TokenWindows:
         if len(indices) and (indices.min() < 0 or indices.max() >= self.n_windows):
             raise IndexError(f"{self.name}: index out of range for {self.n_windows} windows")
         if self._tokens is None:
-            self._tokens = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
         first = self.start + self.offset + indices * self.block_size
         rows = self._tokens[first[:, None] + np.arange(self.block_size + 1)]
         rows = torch.from_numpy(rows.astype(np.int64))
@@ -88,8 +91,9 @@ def token_datasets(corpus: Corpus, block_size: int, seed: int = 0
     for path, reason in corpus.skipped:
         left_out.add(path, reason, warn=False)
     train = TokenWindows(corpus.tokens, 0, n - val_tokens, block_size, seed=seed,
-                         name="text-train", bad_files=left_out)
-    val = TokenWindows(corpus.tokens, n - val_tokens, val_tokens, block_size, name="text-val")
+                         name="text-train", bad_files=left_out, dtype=corpus.dtype)
+    val = TokenWindows(corpus.tokens, n - val_tokens, val_tokens, block_size, name="text-val",
+                       dtype=corpus.dtype)
     if len(train) < 1 or len(val) < 1:
         raise DataError(f"{corpus.root}: its {n:,} tokens are too few for a training and a "
                         f"validation window of {block_size + 1} tokens (it needs about "

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 
 ATTENTIONS = ("sdpa", "plain")
 BIASES = ("yes", "no")
+VOCAB_MULTIPLE = 64
+"""A model's vocabulary is its tokenizer's padded to a multiple of this (``padded_vocab``)."""
+
+
+def padded_vocab(n_tokens: int) -> int:
+    """``n_tokens`` rounded up to a multiple of ``VOCAB_MULTIPLE``: the head's matrix product
+    runs faster, and the extra logits are only ever pushed down."""
+    return -(-n_tokens // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 @dataclass(frozen=True)
@@ -22,8 +30,7 @@ class GPTShape:
 
 GPT_SHAPES = {
     "tiny": GPTShape(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=256),
-    # GPT-2's vocabulary (50,257) padded to a multiple of 64 as nanoGPT does: the head's
-    # matrix product runs faster, and the extra logits are only ever pushed down.
+    # GPT-2's vocabulary (50,257) padded to a multiple of 64 as nanoGPT does (padded_vocab).
     "small": GPTShape(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
     "medium": GPTShape(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50304),
     "large": GPTShape(n_layer=36, n_head=20, n_embd=1280, block_size=1024, vocab_size=50304),

@@ -30,13 +30,16 @@ or foreach, warned once)."""
 
 def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, impl: str | None = None,
-                   model: torch.nn.Module | None = None, kfac=None) -> torch.optim.Optimizer:
+                   model: torch.nn.Module | None = None, kfac=None,
+                   betas: tuple[float, float] | None = None) -> torch.optim.Optimizer:
     """``sgd`` (plain), ``momentum`` (SGD with momentum, as Chainer's MomentumSGD), ``adam``,
     ``adamw`` (Loshchilov & Hutter 2019), ``lars`` (You et al. 2017; ``momentum`` is its
     momentum), ``lamb`` (You et al. 2019) or ``kfac``: K-FAC (``kasoku.kfac.KFAC``)
     preconditioning the gradients of ``model``'s Linear and Conv2d layers in front of the
     optimizer ``kfac.base`` (``kfac``: a ``KFACConfig``, default ``KFACConfig()``: momentum),
     built here with the other arguments.
+    ``betas``: adam's and adamw's moment decays (None: torch's, (0.9, 0.999); GPT-2-class
+    training takes (0.9, 0.95)); the other optimizers have none.
     ``params``: parameters or parameter groups (dicts), as torch optimizers take them.
     Weight decay is L2 added to the gradient for sgd/momentum/adam/lars (as in the seeds) and
     decoupled for lamb and adamw (their papers); LARS and LAMB exclude biases and normalization
@@ -64,6 +67,8 @@ def make_optimizer(name: str, params: Iterable, lr: float, momentum: float = 0.9
         params = decay_groups(params, weight_decay)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(name, torch.optim.SGD)
     kwargs = {"lr": lr, "weight_decay": weight_decay}
+    if betas is not None and name in ("adam", "adamw"):
+        kwargs["betas"] = tuple(betas)
     if name == "momentum":
         kwargs["momentum"] = momentum
     if impl is None:

@@ -28,8 +28,8 @@ class TrainConfig:
     """Learning rate (default: the workload's recipe)."""
     grad_clip: float | None = None
     """Clip the gradients' global L2 norm to this before each update (GPT-2's recipe: 1.0);
-    the norm before clipping is logged as main/grad_norm (default: the workload's recipe,
-    none so far)."""
+    the norm before clipping is logged as main/grad_norm (default: the workload's recipe:
+    gpt's 1.0, none for the others)."""
     optimizer: Optimizer | None = None
     """sgd | momentum | adam | lars | lamb | kfac (K-FAC preconditioning Linear and Conv2d
     layers in front of momentum SGD; see the --kfac-* settings) (default: the workload's

@@ -27,11 +27,13 @@ def snapshot_trigger(train: TrainConfig):
 
 
 def extend_reports(trainer: Trainer, workload, train: TrainConfig, has_val: bool) -> None:
-    """Worker 0's reports: the log (every ``--log-interval`` iterations, else every epoch), the
+    """Worker 0's reports: the log (every ``--log-interval`` iterations, else every epoch,
+    with the samples trained on so far in the workload's unit: gpt's ``tokens``), the
     printed table, skipped samples and their list (``bad_files.jsonl``), the stop on a
     non-finite loss, the loss and accuracy plots, snapshots and the progress bar."""
     every = log_trigger(train)
-    trainer.extend(ext.LogReport(trigger=every))
+    trainer.extend(ext.LogReport(trigger=every, unit=workload.sample_unit,
+                                 units_per_sample=workload.units_per_sample))
     trainer.extend(ext.PrintReport(print_entries(workload, has_val)))
     trainer.extend(ext.SkippedReport())
     trainer.extend(EpochsRounded())

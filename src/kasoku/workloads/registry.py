@@ -37,6 +37,8 @@ class Recipe:
     """sgd | momentum | adam | adamw"""
     lr: float = 1e-3
     momentum: float = 0.9
+    betas: tuple[float, float] | None = None
+    """adam's and adamw's moment decays (None: torch's, (0.9, 0.999))."""
     weight_decay: float = 0.0
     batch_size: int = 100
     epochs: float = 20

@@ -21,10 +21,11 @@ def setup_backends() -> None:
 
 def make_optimizer(recipe: Recipe, params, lr: float | None = None) -> torch.optim.Optimizer:
     lr = recipe.lr if lr is None else lr
+    betas = {"betas": recipe.betas} if recipe.betas is not None else {}
     if recipe.optimizer == "adamw":  # nanoGPT's groups: no decay on biases and norms
-        return torch.optim.AdamW(decay_groups(list(params), recipe.weight_decay), lr=lr)
+        return torch.optim.AdamW(decay_groups(list(params), recipe.weight_decay), lr=lr, **betas)
     if recipe.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=recipe.weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=recipe.weight_decay, **betas)
     momentum = recipe.momentum if recipe.optimizer == "momentum" else 0.0
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=recipe.weight_decay)
 

@@ -46,7 +46,7 @@ def make_runner(rung: Rung, wl, model, device, lr: float, notes: list[str],
                                  grad_clip=r.grad_clip)
 
     def build_optimizer(params, impl):
-        return make_optimizer(r.optimizer, params, lr, momentum=r.momentum,
+        return make_optimizer(r.optimizer, params, lr, momentum=r.momentum, betas=r.betas,
                               weight_decay=r.weight_decay, impl=impl)
 
     # No metric: the plain rung computes none, and each rung must do the same arithmetic for

@@ -16,6 +16,11 @@ class LogReport:
     ``log`` and as one flushed line to ``out/filename``; with a train loader that counts the
     bad files it skipped (``loader.skipped``), also ``data/skipped``, that count so far.
 
+    With ``unit`` (a workload's ``sample_unit``: ``tokens``, ``images``), each entry also counts
+    what the run has trained on so far under that name: the samples the steps took, times
+    ``units_per_sample`` (a language model's block of tokens), times the data-parallel
+    workers (each takes as many).
+
     Each entry also has ``epoch_detail`` (the progress as a float, what charts plot against).
     When the stop trigger ends the run between two log lines, the last iteration writes the
     last, partial interval as one more line, marked ``"final": true``, whose ``epoch`` is where
@@ -38,8 +43,10 @@ class LogReport:
     priority = PRIORITY_LOG
     name = "LogReport"
 
-    def __init__(self, keys=None, trigger=(1, "epoch"), filename: str | None = "log.jsonl"):
+    def __init__(self, keys=None, trigger=(1, "epoch"), filename: str | None = "log.jsonl",
+                 unit: str | None = None, units_per_sample: int = 1):
         self.keys = None if keys is None else list(keys)
+        self.unit, self.units_per_sample = unit, units_per_sample
         self.log_trigger = get_trigger(trigger)
         self.filename = filename
         self.log: list[dict] = []
@@ -86,6 +93,9 @@ class LogReport:
             entry.update(phases.take())
         entry.update(epoch=u.epoch, epoch_detail=u.epoch_detail, iteration=u.iteration,
                      elapsed_time=u.elapsed_time)
+        samples = getattr(u, "samples", None)
+        if self.unit is not None and samples is not None:
+            entry[self.unit] = samples * self.units_per_sample * _world_size()
         skipped = getattr(trainer.train_loader, "skipped", None)
         if skipped is not None:
             entry["data/skipped"] = int(skipped)
@@ -143,3 +153,9 @@ def _rewrite(path, entries: list[dict]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def _world_size() -> int:
+    """The data-parallel workers (1 outside a process group)."""
+    import torch.distributed as dist  # deferred: loaded already wherever a trainer runs
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
