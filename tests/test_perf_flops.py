@@ -6,7 +6,7 @@ from torch import nn
 from kasoku.perf import flops as flops_mod
 from kasoku.perf.flops import count_step_flops
 from kasoku.perf.mfu import compute_mfu
-from kasoku.perf.peak import measure_matmul_peak
+from kasoku.perf.peak import measure_bandwidth, measure_matmul_peak
 
 SIZES = [(20, 30), (30, 40), (40, 5)]
 
@@ -100,3 +100,14 @@ def test_peak_probe_on_cpu_is_positive_and_quick():
         measure_matmul_peak("cpu", "tf32", size=64)
     with pytest.raises(ValueError, match="unknown peak dtype"):
         measure_matmul_peak("cpu", "fp8", size=64)
+
+
+def test_bandwidth_probe_on_cpu_counts_a_copy_read_and_written():
+    size = 64 << 20  # 64 MiB: past this machine's caches, a tenth of a second to copy
+    r = measure_bandwidth("cpu", size_bytes=size, reps=3)
+    assert r.size_bytes == size and r.device == "cpu" and r.copies_per_rep >= 1
+    assert r.min_bytes_per_s <= r.bytes_per_s <= r.max_bytes_per_s
+    # a DDR channel moves 1-100 GB/s; a copy of 2 x 64 MiB in under a second either way
+    assert 1e9 < r.bytes_per_s < 1e12
+    with pytest.raises(ValueError, match="size_bytes"):
+        measure_bandwidth("cpu", size_bytes=0)

@@ -1,9 +1,15 @@
-"""This device's matrix-product peak for a dtype, measured (MFU's denominator).
+"""This device's matrix-product peak for a dtype, measured (MFU's denominator), and its memory
+bandwidth, measured (the limit of a memory-bound kernel: ``measure_bandwidth``).
 
 GPU: square ``size``-cubed products (8192 by default, large enough to reach the tensor cores'
 plateau on an H200), timed with CUDA events around a run of back-to-back products, the median
 of ``reps`` runs. CPU: a smaller product (2048 by default) timed with ``perf_counter``, on the
 threads PyTorch is set to use, so the peak matches what the benchmark's operators get.
+
+The bandwidth is a copy of one tensor into another, each far larger than the last-level cache
+(1 GiB on a GPU, 256 MiB on a CPU), read once and written once: the bytes of both over the
+copy's time, timed as the products are. A copy is the rate every memory-bound kernel meets at
+best (STREAM's "copy"; the datasheet's figure counts what no kernel reaches).
 
 Each dtype is measured in a state that touches no other: ``tf32`` turns TF32 on for the fp32
 product and restores the previous setting; ``fp32`` forces it off.
@@ -75,23 +81,74 @@ def measure_matmul_peak(device: str | torch.device, dtype: str, size: int | None
                       threads=torch.get_num_threads(), spread=s.spread, stable=s.stable)
 
 
+BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
+"""The size of the copied tensor: both it and its copy far exceed the device's caches."""
+
+
+@dataclass(frozen=True)
+class BandwidthResult:
+    device: str
+    device_name: str
+    size_bytes: int
+    """The tensor copied (the bytes moved per copy are twice this: read and written)."""
+    bytes_per_s: float
+    """Median over the runs."""
+    min_bytes_per_s: float
+    max_bytes_per_s: float
+    reps: int
+    copies_per_rep: int
+    threads: int
+    spread: float = 0.0
+    stable: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_bandwidth(device: str | torch.device, size_bytes: int | None = None,
+                      reps: int | None = None) -> BandwidthResult:
+    """Measure the device memory's copy rate on ``device``: bytes read and written per second
+    copying a ``size_bytes`` tensor into another."""
+    device = torch.device(device)
+    if size_bytes is None:
+        size_bytes = BANDWIDTH_BYTES.get(device.type, BANDWIDTH_BYTES["cpu"])
+    reps = reps or (7 if device.type == "cuda" else 5)
+    if size_bytes < 4 or reps < 1:
+        raise ValueError(f"size_bytes must be >= 4 and reps >= 1, got {size_bytes} and {reps}")
+    src = torch.ones(size_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    rates, inner = _rates(device, lambda: dst.copy_(src), 2.0 * src.numel() * 4, reps)
+    s = spread(rates)
+    return BandwidthResult(device=device.type, device_name=_device_name(device),
+                           size_bytes=src.numel() * 4, bytes_per_s=s.median,
+                           min_bytes_per_s=s.min, max_bytes_per_s=s.max, reps=len(rates),
+                           copies_per_rep=inner, threads=torch.get_num_threads(),
+                           spread=s.spread, stable=s.stable)
+
+
 def _measure(device: torch.device, dtype: torch.dtype, size: int, reps: int):
     g = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, generator=g).to(dtype)
     b = torch.randn(size, size, device=device, generator=g).to(dtype)
     out = torch.empty(size, size, device=device, dtype=dtype)
-    flops = 2.0 * size ** 3
+    return _rates(device, lambda: torch.mm(a, b, out=out), 2.0 * size ** 3, reps)
+
+
+def _rates(device: torch.device, op, work: float, reps: int) -> tuple[list[float], int]:
+    """``work`` (FLOPs or bytes of one ``op``) per second over ``reps`` timed runs, each of
+    as many ``op``s back to back as last about ``TARGET_RUN_S``; more runs, a bounded few,
+    where they disagree. Returns the rates and the ``op``s per run."""
     # Warm-up: library initialization, kernel selection, clocks ramping up.
-    one = max(_timed(device, lambda: torch.mm(a, b, out=out)) for _ in range(3))
+    one = max(_timed(device, op) for _ in range(3))
     inner = max(1, round(TARGET_RUN_S.get(device.type, 0.05) / max(one, 1e-9)))
 
     def run():
         for _ in range(inner):
-            torch.mm(a, b, out=out)
+            op()
 
-    rates = [flops * inner / _timed(device, run) for _ in range(reps)]
-    while not spread(rates).stable and len(rates) < 3 * reps:  # more runs, a bounded few
-        rates.append(flops * inner / _timed(device, run))
+    rates = [work * inner / _timed(device, run) for _ in range(reps)]
+    while not spread(rates).stable and len(rates) < 3 * reps:
+        rates.append(work * inner / _timed(device, run))
     return rates, inner
 
 

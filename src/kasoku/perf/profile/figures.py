@@ -34,6 +34,9 @@ class StepFigures:
     launches_per_step: float | None = None
     by_kind_ms: dict | None = None
     by_kind_pct: dict | None = None
+    by_class_ms: dict | None = None
+    """A GPU step's kernel time per ``kernels.KERNEL_CLASSES`` entry (ms per step): what each
+    class of work takes, each against its own limit."""
     comm_pct: float | None = None
     attention_ms: dict | None = None
     """``{"fused": ms, "softmax": ms}`` per step (``kernels.attention_kind``)."""

@@ -55,6 +55,48 @@ def attention_kind(name: str) -> str | None:
     return None
 
 
+KERNEL_CLASSES = ("matmul/conv", "attention", "norm/element-wise", "loss/softmax", "optimizer",
+                  "copies", "communication", "other")
+"""What a GPU kernel does, as far as its time's limit goes: matrix products and convolutions
+(the math), fused attention, normalization and element-wise chains, the loss and softmax
+(reductions over a row of logits), the optimizer's update, copies and fills, collectives.
+The classes of the verdict per kernel class: each has its own limit (the matmul peak for the
+math and attention, the memory's bandwidth for the rest)."""
+
+_ATTENTION = FUSED_ATTENTION + ("compute_dot_do_o", "convert_dq_to_16bits", "sdpa")
+"""Fused attention kernels and the helpers of cuDNN's attention backward."""
+_LOSS = ("softmax", "nll", "cross_entropy", "argmax")
+_NORM = ("layer_norm", "batch_norm", "group_norm", "rms_norm", "bn_")
+_COPIES = ("memcpy", "memset", "copy_kernel", "fillfunctor", "fill_kernel",
+           "catarraybatchedcopy")
+
+
+def kernel_class(name: str) -> str:
+    """The ``KERNEL_CLASSES`` entry of a GPU kernel, from its name: inductor's kernels by the
+    operators their name lists (``triton_tem_`` a matrix-product template, the rest fused
+    element-wise chains and reductions unless they hold the loss's softmax)."""
+    low = name.lower()
+    if "nccl" in low:
+        return "communication"
+    if any(k in low for k in _ATTENTION):
+        return "attention"
+    if any(k in low for k in ("multi_tensor", "fused_adam", "foreach", "adam")):
+        return "optimizer"
+    if any(k in low for k in _LOSS):
+        return "loss/softmax"
+    if low.startswith("triton_tem_"):
+        return "matmul/conv"
+    if "triton" in low or name.startswith(_KASOKU_TRITON) or any(k in low for k in _NORM):
+        return "norm/element-wise"
+    if any(k in low for k in _CONV_MATMUL):
+        return "matmul/conv"
+    if any(k in low for k in _COPIES):
+        return "copies"
+    if "elementwise" in low or "reduce_kernel" in low:
+        return "norm/element-wise"
+    return "other"
+
+
 def classify(name: str) -> str:
     """The category of a kernel (CUDA) or operator (CPU) from its name."""
     low = name.lower()

@@ -42,7 +42,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kasoku.perf.profile.kernels import CATEGORIES, attention_kind, classify
+from kasoku.perf.profile.kernels import (
+    CATEGORIES,
+    KERNEL_CLASSES,
+    attention_kind,
+    classify,
+    kernel_class,
+)
 
 PHASE_PREFIX = "kasoku/"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -287,11 +293,13 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
     kernels = [d for d in work if d.cat == "kernel"]
     launches = [r for r in trace.runtime.values() if steps.index(r.start) >= 1]
     by_kind = collections.defaultdict(float)
+    by_class = collections.defaultdict(float)
     by_name = collections.defaultdict(lambda: [0.0, 0])
     phase_device = collections.defaultdict(float)
     phase_at = [(s.start, s.end, phase_name(s)) for s in trace.phases]
     for d in work:
         by_kind[classify(d.name)] += d.dur
+        by_class[kernel_class(d.name)] += d.dur
         by_name[d.name][0] += d.dur
         by_name[d.name][1] += 1
         phase_device[_phase_of(d, launch_time, graph_corr, phase_at)] += d.dur
@@ -313,6 +321,7 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
         graph_replays_per_step=sum(1 for r in launches if r.name in GRAPH_LAUNCHES) / n,
         by_kind_ms={k: by_kind.get(k, 0.0) / 1e3 / n for k in CATEGORIES},
         by_kind_pct={k: 100 * by_kind.get(k, 0.0) / kernel_time for k in CATEGORIES},
+        by_class_ms={k: by_class.get(k, 0.0) / 1e3 / n for k in KERNEL_CLASSES},
         comm_pct=100 * comm / window,
         phases_device_ms={p: v / 1e3 / n for p, v in phase_device.items()},
         top_kernels=[{"name": k, "ms_per_step": v[0] / 1e3 / n, "launches_per_step": v[1] / n}
