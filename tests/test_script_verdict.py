@@ -49,7 +49,7 @@ def test_advise_script_returns_the_typed_verdict_with_its_fields_set():
     assert verdict.edits and all(isinstance(e, Lever) and not e.change for e in verdict.edits)
     assert verdict.lever == verdict.edits[0]
     assert verdict.line.endswith(f"-> {verdict.edits[0].text} ({verdict.edits[0].expect})")
-    assert verdict.unconfirmed == ["synthetic data on the device", "batch x2"]
+    assert verdict.unconfirmed == ["batch x2"]  # its batch size unknown: not "(200)"
     assert result["ladder"] == []
     assert list(verdict.to_dict()) == [*JUDGED, "edits", "measured", "unconfirmed"]
     assert verdict.to_dict()["edits"][0] == {"text": verdict.lever.text,
