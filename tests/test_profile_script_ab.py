@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,12 +15,13 @@ from test_profile_script import MNIST, kasoku, write
 from torch.utils.data import DataLoader
 
 from kasoku.advisor.levers import Lever
-from kasoku.advisor.verdict import Experiment
+from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.cli import main
 from kasoku.commands import ab
 from kasoku.commands.script_launch import parse_launched
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.core.errors import ConfigError
+from kasoku.perf.profile.figures import StepFigures
 
 LEVERS = """
 import sys
@@ -94,17 +96,19 @@ def test_with_levers_reach_the_script_and_a_side_stops_after_its_timed_steps(
 def test_the_verdicts_levers_in_the_scripts_terms():
     facts = ScriptFacts(loader_site="train.py:12", forward_site="train.py:30", has_conv=True,
                         loader_steps=True, batch_size=128)
-    verdict = {"rule": "device-bound (compute-bound)", "candidates": [
-        {"text": "tensor cores in bf16: --precision bf16", "expect": "estimate ~2.0x",
-         "args": ["--precision", "bf16"], "speedup": 2.0},
-        {"text": "NHWC convolutions: --channels-last", "expect": "estimate ~1.3x",
-         "args": ["--channels-last"]},
-        {"text": "something kasoku's workloads alone have: --fused-bn", "expect": "",
-         "args": ["--fused-bn"]}],
+    verdict = Verdict.from_dict({
+        "rule": "device-bound (compute-bound)", "reason": "",
+        "lever": {"text": "", "expect": ""}, "candidates": [
+            {"text": "tensor cores in bf16: --precision bf16", "expect": "estimate ~2.0x",
+             "args": ["--precision", "bf16"], "speedup": 2.0},
+            {"text": "NHWC convolutions: --channels-last", "expect": "estimate ~1.3x",
+             "args": ["--channels-last"]},
+            {"text": "something kasoku's workloads alone have: --fused-bn", "expect": "",
+             "args": ["--fused-bn"]}],
         "experiments": [{"label": "synthetic data on the device", "faster": False,
                          "args": ["--synthetic", "--loader", "device"]},
                         {"label": "batch x2 (256)", "args": ["--batch-size", "256"],
-                         "faster": False}]}
+                         "faster": False}]})
     levers = script_candidates(verdict, facts, "cuda")
     assert [lever.args for lever in levers] == [("--with", "bf16"), ("--with", "tf32"),
                                                 ("--with", "cudnn-benchmark"), ()]
@@ -112,13 +116,13 @@ def test_the_verdicts_levers_in_the_scripts_terms():
                               "forward and the loss (the forward: train.py:30)")
     assert levers[-1].text.endswith("(needs an edit: not measured)")
     # batches copied from pageable memory, 6% of the step: pinned memory is offered
-    copies = {"step_ms": 10.0, "h2d_ms": 0.6, "h2d_pageable": True}
+    copies = StepFigures(step_ms=10.0, h2d_ms=0.6, h2d_pageable=True)
     (pinned,) = [lever for lever in script_candidates(verdict, facts, "cuda", copies)
                  if lever.args == ("--with", "pin-memory")]
     assert "pin_memory=True) at train.py:12" in pinned.text
     # a script already in bf16, or on TF32, is not offered them again
     done = ScriptFacts(autocast="bfloat16", tf32=True)
-    assert script_candidates(dict(verdict, candidates=[]), done, "cuda") == []
+    assert script_candidates(replace(verdict, candidates=[]), done, "cuda") == []
     kept, left = script_experiments(verdict, facts)
     assert kept == [Experiment("replayed batches (no wait for data)", {"with.replay": True},
                                False)]

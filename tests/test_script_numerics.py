@@ -10,6 +10,8 @@ import torch
 from test_profile_script import write
 
 from kasoku.advisor.levers import Lever
+from kasoku.advisor.script import ScriptVerdict
+from kasoku.advisor.verdict import Verdict
 from kasoku.cli import main
 from kasoku.commands.script_levers import NUMERICS, ScriptFacts, numerics, script_lever
 from kasoku.commands.script_profile import verdict_lines
@@ -165,6 +167,6 @@ def test_advice_that_changes_the_arithmetic_carries_its_note():
                                  {"train.threads": 1}), facts, "cpu")
     assert threads.caveat == NUMERICS["threads"]
     # the advice says it under the verdict
-    result = {"verdict": {"line": "device-bound -> bf16", "lever": bf16.to_dict(),
-                          "measured": True}, "out": "prof", "report": "prof/report.html"}
+    result = {"verdict": ScriptVerdict(Verdict("device-bound", "busy", bf16), measured=True),
+              "out": "prof", "report": "prof/report.html"}
     assert f"  note: {NUMERICS['bf16']}" in verdict_lines(result)

@@ -194,9 +194,9 @@ def _launch(args, dist, cfg, run_cfg) -> int:
     if code or (cfg.estimate and not cfg.confirm):
         return code
     result = ab_saved(out, list(args.argv), cfg)
-    print("\n".join([f"verdict (the levers measured): {result['verdict']['line']}",
+    print("\n".join([f"verdict (the levers measured): {result['verdict'].line}",
                       *tried_lines(result["verdict"]),
-                      *ladder_lines(result), f"report: {result.get('report')}"]))
+                      *ladder_lines(result.get("ladder")), f"report: {result.get('report')}"]))
     return 0
 
 
@@ -205,7 +205,7 @@ def _launch_workers(request: ProfileRequest, dist: DistConfig) -> int:
 
 
 def summary(result: dict) -> str:
-    """The figures, the verdict and the ladder as a few lines of text."""
+    """The figures, the verdict (a ``Verdict``) and the ladder as a few lines of text."""
     from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
     from kasoku.core.phases import format_phases  # deferred: torch (module doc)
     from kasoku.perf.profile.kfac_cost import format_kfac  # deferred: torch (module doc)
@@ -238,13 +238,13 @@ def summary(result: dict) -> str:
     if f.get("mem_peak_gib") is not None:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")
-    lines.append(f"verdict: {v['line']}")
-    lines += tried_lines(result["verdict"])
-    if v["lever"].get("caveat"):
-        lines.append(f"  note: {v['lever']['caveat']}")
-    for also in v.get("secondary") or []:
+    lines.append(f"verdict: {v.line}")
+    lines += tried_lines(v)
+    if v.lever.caveat:
+        lines.append(f"  note: {v.lever.caveat}")
+    for also in v.secondary:
         lines.append(f"  also: {also}")
-    lines += ladder_lines(result)
+    lines += ladder_lines(result.get("ladder"))
     if result.get("python_profile"):
         lines.append(f"host Python profile (pyinstrument): {result['python_profile']}")
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")

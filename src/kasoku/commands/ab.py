@@ -18,7 +18,7 @@ import time
 
 from kasoku.advisor.advice import Outcome, short
 from kasoku.advisor.levers import Lever
-from kasoku.advisor.verdict import MIN_GAIN, Experiment
+from kasoku.advisor.verdict import MIN_GAIN, Experiment, Verdict
 from kasoku.core.flags import option
 
 ROUNDS = 3
@@ -145,10 +145,11 @@ def confirm(argv: list[str], experiments: list[Experiment], lever: Lever,
     return rows
 
 
-def ladder_lines(result: dict) -> list[str]:
-    """The ``--confirm`` rows: label, samples/s, ratio, what was predicted, the outcome, and
-    what the row proves (the bound, or the advice)."""
-    rows = result.get("ladder") or []
+def ladder_lines(rows: list[dict] | None) -> list[str]:
+    """The ``--confirm`` rows (``confirm``'s, a result's ``ladder``): label, samples/s,
+    ratio, what was predicted, the outcome, and what the row proves (the bound, or the
+    advice)."""
+    rows = rows or []
     lines = ["confirm (fresh processes; the bound's proof, then the advice):"] if rows else []
     for row in rows:
         rate = row.get("samples_per_s")
@@ -160,10 +161,9 @@ def ladder_lines(result: dict) -> list[str]:
     return lines
 
 
-def tried_lines(verdict: dict) -> list[str]:
+def tried_lines(verdict: Verdict) -> list[str]:
     """The candidate levers as measured, fastest first (``kasoku.advisor.advice``),
     where the verdict's line does not list them already."""
-    tried = verdict.get("tried") or []
-    if not tried or "(tried: " in verdict["line"]:
+    if not verdict.tried or "(tried: " in verdict.line:
         return []
-    return ["  tried: " + "; ".join(short(t) for t in tried)]
+    return ["  tried: " + "; ".join(short(t) for t in verdict.tried)]

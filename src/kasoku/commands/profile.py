@@ -24,6 +24,7 @@ import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.advisor.advice import advise
+from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import Verdict, judge
 from kasoku.commands import ab
 from kasoku.commands.bench.pool import batch_spec
@@ -44,6 +45,7 @@ from kasoku.perf import cpuinfo
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile import trace as trace_mod
+from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
     kfac_figures,
@@ -57,7 +59,8 @@ from kasoku.workloads import create_workload
 
 def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
                 measure_only: bool = False, argv: list[str] | None = None) -> dict:
-    """Profile ``run``; returns the result dict written to ``out/profile.json``.
+    """Profile ``run``; returns the result written to ``out/profile.json`` (its verdict a
+    ``Verdict``: ``write_outputs`` writes its ``to_dict``).
     ``measure_only``: steps 1 and 2 only, the result printed as one JSON line (a side of
     ``confirm``). ``argv``: the command line, for ``confirm`` to vary.
 
@@ -92,13 +95,11 @@ def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
     if measure_only:
         return result
     if not speak:
-        result["verdict"] = result["verdict"].to_dict()
         return result
     trainer = None
     _free_device_memory()  # the A/B runs' processes need the GPU's memory, not this one
     if argv is not None and not under_launcher():
         _ab(result, argv, cfg)
-    result["verdict"] = result["verdict"].to_dict()
     write_outputs(out, result)
     return result
 
@@ -176,7 +177,6 @@ def ab_saved(out: Path, argv: list[str], cfg: ProfileConfig) -> dict:
     result = json.loads((Path(out) / "profile.json").read_text())
     result["verdict"] = Verdict.from_dict(result["verdict"])
     _ab(result, argv, cfg)
-    result["verdict"] = result["verdict"].to_dict()
     write_outputs(Path(out), result)
     return result
 
@@ -264,22 +264,37 @@ def _python_profile(u, out: Path, steps: int) -> Path:
 def write_outputs(out: Path, result: dict) -> None:
     """``timeline.png`` (where matplotlib is there) and ``report.html`` from the window's
     ``trace.json`` when ``result`` has figures, and ``profile.json``, into ``out``; a
-    workload's profile or a script's (``kasoku.commands.script_profile``)."""
-    figures = result.get("figures")
+    workload's profile or a script's (``kasoku.commands.script_profile``). Its verdict and
+    figures are typed (``Verdict`` or a script's ``ScriptVerdict``, ``StepFigures``) or
+    already as saved; ``profile.json`` holds their ``to_dict`` in their places."""
+    figures, verdict = as_saved(result.get("figures")), as_saved(result.get("verdict"))
     png = None
     if figures is not None:
         try:
             # a script's steps keep its own numbers (the trace's first is the window's anchor)
             first = result["profiled_steps"][0] - 1 if "profiled_steps" in result else 1
             png = draw_timeline(trace_mod.load(out / "trace.json"), out / "timeline.png",
-                                title=f"{result['workload']}: {result['verdict']['rule']}",
+                                title=f"{result['workload']}: {verdict['rule']}",
                                 first_step=first)
             result["timeline"] = str(png)
         except ImportError as exc:  # matplotlib is optional
             result["timeline"] = f"not drawn: {exc}"
         result["report"] = str(write_report(
             out / "report.html", title=f"kasoku profile: {result['workload']}",
-            verdict=result["verdict"], figures=figures, phases=result.get("phases"),
+            verdict=verdict, figures=figures, phases=result.get("phases"),
             timeline_png=png, ladder=result.get("ladder"), settings=result["settings"],
             python_profile=result.get("python_profile"), stability=result.get("stability")))
-    (out / "profile.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "profile.json").write_text(json.dumps(result, indent=1, default=_json))
+
+
+_TYPED = (Verdict, ScriptVerdict, StepFigures)
+"""The typed values of a result, each written as its ``to_dict``."""
+
+
+def as_saved(value):
+    """``value`` as ``profile.json`` holds it: a typed verdict's or figures' ``to_dict``."""
+    return value.to_dict() if isinstance(value, _TYPED) else value
+
+
+def _json(value):
+    return value.to_dict() if isinstance(value, _TYPED) else str(value)

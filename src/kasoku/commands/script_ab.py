@@ -13,15 +13,17 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from kasoku.advisor.advice import advise
-from kasoku.advisor.levers import Lever
+from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args, with_args
+from kasoku.perf.profile.figures import StepFigures
 
 MEASURE_FILE = "measure.json"
 
@@ -65,34 +67,46 @@ class ScriptSides:
             return json.loads(path.read_text())
 
 
-def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg, say) -> None:
+def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
+                  say) -> ScriptVerdict:
     """The verdict's levers for the script (``script_candidates``), those pulled from outside
     measured in rounds of fresh runs unless ``cfg.estimate``, the best one measured faster
     advised; with ``cfg.confirm`` the bound's proof (replayed batches) and the advice once
-    more. Updates ``result["verdict"]`` (and ``result["ladder"]``)."""
-    verdict = result["verdict"]
+    more. ``result["verdict"]`` (a ``ScriptVerdict``) is replaced by the advised one, which
+    is returned (and ``result["ladder"]`` set)."""
+    judged: Verdict = result["verdict"].verdict
     device = result["device"].split(":")[0]
-    candidates = script_candidates(verdict, facts, device, result["figures"])
+    candidates = script_candidates(judged, facts, device, result["figures"])
     edits = [c for c in candidates if not c.change]
-    verdict["edits"] = [{"text": c.text, "expect": c.expect} for c in edits]
-    lever = candidates[0] if candidates else Lever.from_dict(verdict["lever"])
-    advised = Verdict(verdict["rule"], verdict["reason"], lever)
+    lever = candidates[0] if candidates else judged.lever
+    advised = Verdict(judged.rule, judged.reason, lever)
     if not cfg.estimate and any(c.change for c in candidates):
-        say(f"trying the levers for {verdict['rule']} in fresh runs of the script, each "
+        say(f"trying the levers for {judged.rule} in fresh runs of the script, each "
             f"beside the run as given ({option('estimate')} skips this):")
         outcomes = ab.try_levers([], candidates, say=lambda line: say(line.strip()),
                                  rounds=cfg.rounds, measure=sides.measure)
         advised = advise(advised, outcomes)
         if (advised.lever.measured or {}).get("result") == "none faster" and edits:
             advised = Verdict(advised.rule, advised.reason, edits[0], tried=advised.tried)
-    verdict.update(lever=advised.lever.to_dict(), tried=advised.tried, line=advised.line,
-                   measured=bool(advised.tried))
+    verdict = ScriptVerdict(replace(judged, lever=advised.lever, tried=advised.tried), edits,
+                            measured=bool(advised.tried))
+    result["verdict"] = verdict
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")
-        kept, left = script_experiments(verdict, facts)
+        kept, left = script_experiments(judged, facts)
         result["ladder"] = ab.confirm([], kept, advised.lever, rounds=cfg.rounds,
                                       measure=sides.measure, command=sides.text,
                                       say=lambda line: say(line.strip()))
         if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not
             result["ladder"] = []
-        verdict["unconfirmed"] = left
+        verdict.unconfirmed = left
+    return verdict
+
+
+def saved_result(path: Path) -> dict:
+    """A script's ``profile.json`` read back, its verdict and figures typed again
+    (``ScriptVerdict``, ``StepFigures``)."""
+    result = json.loads(Path(path).read_text())
+    result.update(verdict=ScriptVerdict.from_dict(result["verdict"]),
+                  figures=StepFigures.from_dict(result["figures"]))
+    return result

@@ -14,7 +14,6 @@ takes, kasoku takes.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from torch.distributed.run import get_args_parser
 
 from kasoku.commands.profile import ProfileConfig, write_outputs
-from kasoku.commands.script_ab import ScriptSides, advise_script
+from kasoku.commands.script_ab import ScriptSides, advise_script, saved_result
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import PYTHON, ScriptCommand, parse_command
 from kasoku.commands.script_watch import check_window
@@ -97,7 +96,7 @@ def profile_launched(launched: Launched, cfg: ProfileConfig, out: Path | None,
         if code == 0:
             say("torchrun ended well but worker 0 wrote no profile")
         return code or 1, None
-    result = json.loads(path.read_text())
+    result = saved_result(path)
     sides = ScriptSides(launched.script, cfg, list(given or ()),
                         launcher=launched.launcher(), shown=list(launched.argv))
     advise_script(result, ScriptFacts(**result["facts"]), sides, cfg, say)

@@ -31,11 +31,12 @@ from pathlib import Path
 
 import torch
 
-from kasoku.advisor.levers import Lever, estimate, idle_speedup
-from kasoku.advisor.verdict import Experiment
+from kasoku.advisor.levers import Lever, estimate, given, idle_speedup
+from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import with_args, with_value
 from kasoku.perf.cpu import usable_cores
+from kasoku.perf.profile.figures import StepFigures
 
 NAMES = ("replay", "workers=N", "threads=N", "tf32", "cudnn-benchmark", "bf16", "pin-memory")
 
@@ -292,18 +293,17 @@ own process is offered worker processes whatever its bound: the loading is host 
 host-bound step's host is its bound."""
 
 
-def extra_levers(rule: str, facts: ScriptFacts, device: str, figures: dict | None = None
-                 ) -> list[Lever]:
+def extra_levers(rule: str, facts: ScriptFacts, device: str,
+                 figures: StepFigures | None = None) -> list[Lever]:
     """Levers a script may lack that kasoku's workloads never do (kasoku sets them itself):
     TF32 for fp32 products and cuDNN's autotuning on a GPU-bound step; worker processes for
     a step that waits for its batches (``WAIT_PCT``), where the bound is not the input's
     (whose own levers include them); pinned memory for batches copied from pageable memory
     (``H2D_PCT``)."""
-    f = figures or {}
-    data_pct, out = f.get("data_pct", 0.0), []
-    h2d_pct = 100 * f.get("h2d_ms", 0.0) / f["step_ms"] if f.get("step_ms") else 0.0
-    if device == "cuda" and facts.loader_steps and f.get("h2d_pageable") \
-            and h2d_pct >= H2D_PCT:
+    f = figures or StepFigures()
+    data_pct, out = given(f.data_pct, 0.0), []
+    h2d_pct = 100 * given(f.h2d_ms, 0.0) / f.step_ms if f.step_ms else 0.0
+    if device == "cuda" and facts.loader_steps and f.h2d_pageable and h2d_pct >= H2D_PCT:
         out.append(Lever(f"copy the batches from pinned memory: DataLoader(..., pin_memory="
                          f"True){_at(facts.loader_site)}, and .to(device, non_blocking=True) "
                          f"(the copies from pageable memory take {h2d_pct:.0f}% of the step)",
@@ -329,27 +329,27 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str, figures: dict | Non
     return out
 
 
-def script_candidates(verdict: dict, facts: ScriptFacts, device: str,
-                      figures: dict | None = None) -> list[Lever]:
+def script_candidates(verdict: Verdict, facts: ScriptFacts, device: str,
+                      figures: StepFigures | None = None) -> list[Lever]:
     """The verdict's candidate levers for this script, best first: those kasoku pulls from
     outside (to be measured), then those that need an edit (estimates)."""
     out, seen = [], set()
-    for d in verdict.get("candidates") or []:
-        lever = script_lever(Lever.from_dict(d), facts, device)
+    for candidate in verdict.candidates:
+        lever = script_lever(candidate, facts, device)
         if lever is not None and lever.text not in seen:
             seen.add(lever.text)
             out.append(lever)
-    out += extra_levers(verdict["rule"], facts, device, figures)
+    out += extra_levers(verdict.rule, facts, device, figures)
     return sorted(out, key=lambda lever: not lever.change)
 
 
-def script_experiments(verdict: dict, facts: ScriptFacts
+def script_experiments(verdict: Verdict, facts: ScriptFacts
                        ) -> tuple[list[Experiment], list[str]]:
     """The verdict's ``--confirm`` experiments a script's runs can make (synthetic batches on
     the device: the DataLoader's batches replayed, where its steps take them from one), and
     the labels of those that cannot be made without an edit."""
     kept, left = [], []
-    for e in map(Experiment.from_dict, verdict.get("experiments") or []):
+    for e in verdict.experiments:
         change = dict(e.change)
         if "data.synthetic" in change and facts.loader_steps:
             kept.append(Experiment("replayed batches (no wait for data)", {"with.replay": True},

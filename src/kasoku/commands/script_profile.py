@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kasoku.accel.config import AccelConfig
+from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import judge
 from kasoku.commands import script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
@@ -153,6 +154,8 @@ def _say_nothing(end) -> int:
 
 
 def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -> dict:
+    """The script's result, ``profile.json`` once written (``write_outputs``): its figures a
+    ``StepFigures``, its verdict a ``ScriptVerdict`` (advised by ``advise_script``)."""
     device, facts, measured = watch.window.device, watch.facts, watch.measured
     facts.batch_size = watch.batch_size
     loader = None if watch.num_workers is None else \
@@ -164,10 +167,11 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
     figures = watch.window.analyse(context, samples_per_step=watch.batch_size).restated(
         measured["samples_per_step"], measured["samples_per_s"],
         measured["phases"].get("time/data%", 0.0))
-    verdict = judge(figures, AccelConfig(precision=precision)).to_dict()
+    # once: typed (``StepFigures``, ``ScriptVerdict``) until profile.json holds them
+    verdict = ScriptVerdict(judge(figures, AccelConfig(precision=precision)))
     first = cfg.skip + cfg.measure_steps + cfg.warmup + 2  # the anchor step is not analysed
     return {"workload": command.name, "script": list(command.argv), "device": str(device),
-            "out": str(watch.out), "figures": figures.to_dict(), "verdict": verdict,
+            "out": str(watch.out), "figures": figures, "verdict": verdict,
             "phases": measured["phases"], "stability": measured["stability"],
             "unprofiled": measured, "facts": vars(facts),
             "steps_seen": watch.steps, "profiled_steps": [first, first + cfg.steps - 1],
@@ -185,33 +189,33 @@ def profiled_line(result: dict) -> str:
     rates = m["window_rates"]
     unit = "samples" if result["settings"]["batch_size"] else "steps"
     return (f"{result['workload']}: {m['measured_steps']} steps timed on {result['device']}, "
-            f"{f['step_ms']:.2f} ms per step, {m['samples_per_s']:.1f} {unit}/s "
+            f"{f.step_ms:.2f} ms per step, {m['samples_per_s']:.1f} {unit}/s "
             f"({min(rates):.1f}-{max(rates):.1f} over {len(rates)} windows), waiting for data "
-            f"{f['data_pct']:.0f}%"
-            + (f", copies to the GPU {f['h2d_ms']:.2f} ms per step"
-               + (" from pageable memory" if f.get("h2d_pageable") else "")
-               if f.get("h2d_ms") else "")
+            f"{f.data_pct:.0f}%"
+            + (f", copies to the GPU {f.h2d_ms:.2f} ms per step"
+               + (" from pageable memory" if f.h2d_pageable else "")
+               if f.h2d_ms else "")
             + f"; steps {first}-{last} profiled"
             + ("; the script stopped after the window" if result["stopped_after_window"]
                else ""))
 
 
 def verdict_lines(result: dict) -> list[str]:
-    """kasoku's lines for a script's verdict: the verdict, what was tried, what needs an
-    edit, the --confirm rows, the files."""
-    v = result["verdict"]
-    label = "verdict" if v.get("measured") else "verdict (estimate: no lever measured)"
-    lines = [f"{label}: {v['line']}"]
-    lines += tried_lines(v)
-    if v["lever"].get("caveat"):
-        lines.append(f"  note: {v['lever']['caveat']}")
-    for edit in v.get("edits") or []:
-        if edit["text"] != v["lever"]["text"]:
-            lines.append(f"  also (an edit, not measured): {edit['text']}")
-    lines += [f"  also: {also}" for also in v.get("secondary") or []]
-    lines += ladder_lines(result)
-    if v.get("unconfirmed"):
+    """kasoku's lines for a script's verdict (``result["verdict"]``, a ``ScriptVerdict``):
+    the verdict, what was tried, what needs an edit, the --confirm rows, the files."""
+    v: ScriptVerdict = result["verdict"]
+    label = "verdict" if v.measured else "verdict (estimate: no lever measured)"
+    lines = [f"{label}: {v.line}"]
+    lines += tried_lines(v.verdict)
+    if v.lever.caveat:
+        lines.append(f"  note: {v.lever.caveat}")
+    for edit in v.edits or []:
+        if edit.text != v.lever.text:
+            lines.append(f"  also (an edit, not measured): {edit.text}")
+    lines += [f"  also: {also}" for also in v.verdict.secondary]
+    lines += ladder_lines(result.get("ladder"))
+    if v.unconfirmed:
         lines.append(f"  not confirmed (each needs an edit to the script): "
-                     f"{'; '.join(v['unconfirmed'])}")
+                     f"{'; '.join(v.unconfirmed)}")
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")
     return lines
