@@ -149,6 +149,9 @@ def test_the_report_is_one_offline_file_with_the_verdict_and_the_picture(tmp_pat
     assert ">12.3%<" in text and ">3.5 GiB<" in text  # MFU and peak memory
     assert ">64<" in text and "gemm_backward_" in text  # samples/step, a top kernel
     assert f">{figures['launches_per_step']:.3g}<" in text
+    # the kernel time by class, each class with its ms per step
+    assert "<h2>Time by kernel class</h2>" in text and ">matmul/conv<" in text
+    assert f">{figures['by_class_ms']['matmul/conv']:.3g}<" in text
 
 
 def test_a_report_without_picture_phases_or_ladder(tmp_path):
@@ -199,3 +202,15 @@ def test_a_browser_shows_the_verdict_the_ladder_and_the_picture(tmp_path):
     assert "confirmed" in ladder and "x1.80" in ladder and "1,800" in ladder
     loaded = re.search(r'<img id="timeline"[^>]*data-loaded="(\d+)"', dom)
     assert loaded and int(loaded.group(1)) > 800, "the embedded PNG did not decode"
+
+
+def test_the_printed_summary_names_the_kernel_classes(tmp_path):
+    from kasoku.cli.profile import summary
+    t = trace.parse(gpu_events())
+    figures = trace.analyse(t, samples_per_step=64)
+    verdict = judge_saved(figures)
+    text = summary({"phases": {"time/step": 11.2, "time/data": 2.0, "time/data%": 17.9},
+                    "figures": figures, "verdict": verdict, "out": str(tmp_path)})
+    line = next(x for x in text.splitlines() if x.startswith("time by kernel class"))
+    assert f"matmul/conv {figures['by_class_ms']['matmul/conv']:.2f}" in line
+    assert all(f"{k} " in line for k, ms in figures["by_class_ms"].items() if ms > 0)

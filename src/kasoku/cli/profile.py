@@ -224,6 +224,9 @@ def summary(result: dict) -> str:
                      f"{f['ops_per_step']:.0f} operators per step")
     kind = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_kind_ms"].items() if ms > 0)
     lines.append(f"time by kind (ms/step): {kind}")
+    if f.get("by_class_ms"):
+        classes = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_class_ms"].items() if ms > 0)
+        lines.append(f"time by kernel class (ms/step): {classes}")
     if f.get("mfu") is not None:
         lines.append(f"MFU: {100 * f['mfu']:.1f}% ({f['mfu_note']})")
     elif f.get("peak_fraction") is not None:

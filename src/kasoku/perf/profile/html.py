@@ -69,6 +69,10 @@ def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict
     if kinds:
         parts += ["<h2>Time by kind</h2>",
                   _table(["kind", "ms/step"], [(k, _num(v)) for k, v in kinds.items()])]
+    classes = {k: v for k, v in (figures.get("by_class_ms") or {}).items() if v > 0}
+    if classes:
+        parts += ["<h2>Time by kernel class</h2>",
+                  _table(["class", "ms/step"], [(k, _num(v)) for k, v in classes.items()])]
     if figures.get("top_kernels"):
         parts += ["<h2>Top kernels</h2>",
                   _table(["kernel", "ms/step", "launches/step"],
