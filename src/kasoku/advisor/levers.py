@@ -23,8 +23,21 @@ Change = tuple[tuple[str, object], ...]
 """A change of a run's fields as pairs (``(("accel.compile", True),)``): immutable."""
 
 
+class Changes:
+    """What a lever and an experiment share: the run's fields they set, held as ``Change``
+    pairs, and the command-line arguments that set them (the A/B runs'; () when none can)."""
+    change: Change
+
+    def __post_init__(self):
+        object.__setattr__(self, "change", tuple(dict(self.change).items()))
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return change_args(dict(self.change))
+
+
 @dataclass(frozen=True)
-class Lever:
+class Lever(Changes):
     text: str
     """What to do, as the flags to add (``--cuda-graph``) or a sentence."""
     expect: str
@@ -39,14 +52,6 @@ class Lever:
     """What else it changes (a larger batch changes the training, not only its speed)."""
     measured: dict | None = None
     """Its A/B runs (``advice.Outcome.to_dict``) once measured; None: an estimate."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "change", tuple(dict(self.change).items()))
-
-    @property
-    def args(self) -> tuple[str, ...]:
-        """The command-line arguments that apply it (the A/B runs'); () when none can."""
-        return change_args(dict(self.change))
 
     def to_dict(self) -> dict:
         """The lever as ``profile.json`` holds it (``from_dict`` reads it back): ``args`` as

@@ -23,28 +23,20 @@ from typing import Callable
 
 from kasoku.accel.config import AccelConfig
 from kasoku.advisor import levers as lv
-from kasoku.advisor.levers import Change, Lever, given, read_change
-from kasoku.core.flags import args_text, change_args
+from kasoku.advisor.levers import Change, Changes, Lever, given, read_change
+from kasoku.core.flags import args_text
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kfac_cost import ms
 
 
 @dataclass(frozen=True)
-class Experiment:
+class Experiment(Changes):
     """One side of ``--confirm``: the run with ``change`` made (its fields, as a lever's);
     ``faster``: whether the rule predicts at least ``MIN_GAIN`` more throughput (True) or less
     than it (False)."""
     label: str
     change: Mapping[str, object] | Change
     faster: bool
-
-    def __post_init__(self):
-        object.__setattr__(self, "change", tuple(dict(self.change).items()))
-
-    @property
-    def args(self) -> tuple[str, ...]:
-        """The command-line arguments that make the change (the A/B runs')."""
-        return change_args(dict(self.change))
 
     def to_dict(self) -> dict:
         return {"label": self.label, "args": list(self.args), "faster": self.faster,

@@ -13,6 +13,7 @@ registries' names), and each command's ``run`` imports its engine when it runs: 
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 
@@ -95,6 +96,22 @@ def run_as_program() -> None:
     if under_launcher():
         exit_worker(code)
     sys.exit(code)
+
+
+def run_worker(argv: list[str], usage: str, parse, handler) -> int:
+    """One worker of a data-parallel ``kasoku train`` or ``profile``, started with its
+    request's JSON (``argv``: that one word, else ``usage`` and exit 2): the request read by
+    ``parse``, CUDA's queues set before anything starts CUDA, warnings and errors said as
+    ``kasoku``'s command line says them, ``handler(request)``'s exit code."""
+    if len(argv) != 1:
+        print(usage, file=sys.stderr)
+        return EXIT_USAGE
+    request = parse(argv[0])
+    request_queues()
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _run(argparse.Namespace(handler=lambda _args: handler(request),
+                                       dist_timeout=request.run.dist.dist_timeout))
 
 
 def _run(args) -> int:

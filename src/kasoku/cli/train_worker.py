@@ -5,14 +5,11 @@ checked, not its command line to parse again. The worker says its errors and end
 codes of ``kasoku``'s own command line (``kasoku.cli``), through ``exit_worker``."""
 from __future__ import annotations
 
-import argparse
 import sys
-import warnings
 
 from kasoku import cli
 from kasoku.cli.train import says_how_to_continue
 from kasoku.commands.train import train_run
-from kasoku.core.queues import request_queues
 from kasoku.distributed.launch import exit_worker
 from kasoku.run import TrainRequest
 
@@ -20,20 +17,11 @@ USAGE = "usage: python -m kasoku.cli.train_worker REQUEST (started by kasoku tra
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(USAGE, file=sys.stderr)
-        return cli.EXIT_USAGE
-    request = TrainRequest.from_json(argv[0])
-    request_queues()  # before anything starts CUDA, as kasoku's command line does
-    with warnings.catch_warnings():
-        warnings.showwarning = cli._show_warning
-
-        def train(_args) -> int:
-            with says_how_to_continue(list(request.argv)):
-                train_run(request.run, request.resume)
-            return 0
-        return cli._run(argparse.Namespace(handler=train,
-                                           dist_timeout=request.run.dist.dist_timeout))
+    def train(request: TrainRequest) -> int:
+        with says_how_to_continue(list(request.argv)):
+            train_run(request.run, request.resume)
+        return 0
+    return cli.run_worker(argv, USAGE, TrainRequest.from_json, train)
 
 
 if __name__ == "__main__":
