@@ -37,7 +37,7 @@ import torch
 from kasoku.accel.notes import skip, warn_once
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
-from kasoku.train.step import Step, StepWrapper
+from kasoku.train.step import Step, StepWrapper, steps_of
 
 WARMUP_STEPS = 3
 
@@ -128,6 +128,8 @@ class CudaGraphStep(StepWrapper):
         self.warmup_steps = warmup_steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.replays = self.eager_steps = 0
+        self.eager = False
+        """Run the captured step eagerly (its operators seen by a profiler: ``eagerly``)."""
         self._stream: torch.cuda.Stream | None = stream
         self._last_signature = None
         self._static_batch: tuple = ()
@@ -143,6 +145,8 @@ class CudaGraphStep(StepWrapper):
                 self._last_signature = signature
                 return self._warm_up(model, batch, optimizer)
             return self._capture(model, batch, optimizer)
+        if self.eager:
+            return self._eager(model, batch, optimizer)
         if signature != self._last_signature:
             warn_once(f"cuda_graph: a batch of shapes {[tuple(s[0]) for s in signature]} "
                       f"differs from the captured {[tuple(s[0]) for s in self._last_signature]}"
@@ -213,3 +217,18 @@ class CudaGraphStep(StepWrapper):
 
     def __repr__(self) -> str:
         return f"CudaGraphStep({self.inner!r}, captured={self.graph is not None})"
+
+
+@contextlib.contextmanager
+def eagerly(step_fn: Step):
+    """Inside, every CUDA graph in ``step_fn``'s chain runs its step eagerly, the kernels the
+    replays run launched one by one (a profiled work step sees their operators and shapes);
+    real training steps, the gradients left in the graph's buffers."""
+    graphs = [s for s in steps_of(step_fn) if isinstance(s, CudaGraphStep)]
+    for g in graphs:
+        g.eager = True
+    try:
+        yield
+    finally:
+        for g in graphs:
+            g.eager = False

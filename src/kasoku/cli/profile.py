@@ -209,6 +209,7 @@ def summary(result: dict) -> str:
     from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
     from kasoku.core.phases import format_phases  # deferred: torch (module doc)
     from kasoku.perf.profile.kfac_cost import format_kfac  # deferred: torch (module doc)
+    from kasoku.perf.profile.roofline import format_table  # deferred: torch (module doc)
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
     if f.get("kfac"):
@@ -224,7 +225,9 @@ def summary(result: dict) -> str:
                      f"{f['ops_per_step']:.0f} operators per step")
     kind = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_kind_ms"].items() if ms > 0)
     lines.append(f"time by kind (ms/step): {kind}")
-    if f.get("by_class_ms"):
+    if f.get("roofline"):
+        lines += format_table(f["roofline"], f["step_ms"])
+    elif f.get("by_class_ms"):
         classes = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_class_ms"].items() if ms > 0)
         lines.append(f"time by kernel class (ms/step): {classes}")
     if f.get("mfu") is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from kasoku.accel.checkpointing import checkpointable_blocks
+from kasoku.accel.graph import eagerly
 from kasoku.advisor.advice import advise
 from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import Verdict, judge
@@ -50,8 +51,10 @@ from kasoku.perf.profile.html import write_report
 from kasoku.perf.profile.kfac_cost import (
     kfac_figures,
 )
+from kasoku.perf.profile.roofline import draw as draw_roofline
 from kasoku.perf.profile.timeline import draw_timeline
 from kasoku.perf.profile.window import machine_facts, profile_updater
+from kasoku.perf.profile.work import optimizer_bytes
 from kasoku.run import RunConfig
 from kasoku.train.run_dir import make_out_dir, out_or_new
 from kasoku.workloads import create_workload
@@ -140,7 +143,8 @@ def _profile(workload, trainer, data, train, accel, cfg: ProfileConfig, out: Pat
                 print(f"unstable: {reason}", file=sys.stderr)
         context = _context(workload, trainer, train, accel, result)
         figures = profile_updater(u, out, cfg.steps, cfg.warmup, context,
-                                  samples_per_step=result["samples_per_step"])
+                                  samples_per_step=result["samples_per_step"], work_step=True,
+                                  eager=lambda: eagerly(u.step_fn))
         figures = figures.restated(result["samples_per_step"], result["samples_per_s"],
                                    result["phases"].get("time/data%", 0.0))
         result["figures"] = figures.to_dict()
@@ -194,6 +198,8 @@ def _context(workload, trainer, train, accel, result: dict) -> dict:
                "data_kind": dataset_kind(_dataset(trainer.train_loader)),
                **machine_facts(trainer.updater.device)}
     context.update(_mfu(workload, trainer, accel, result))
+    if trainer.updater.device.type == "cuda":  # the update's bytes: the optimizer's roof
+        context["optimizer_bytes"] = optimizer_bytes(trainer.updater.optimizer)
     if isinstance(trainer.updater.optimizer, KFAC):
         context.update(kfac_figures(result["phases"], trainer.updater.optimizer,
                                     result["measured_steps"]))
@@ -279,10 +285,16 @@ def write_outputs(out: Path, result: dict) -> None:
             result["timeline"] = str(png)
         except ImportError as exc:  # matplotlib is optional
             result["timeline"] = f"not drawn: {exc}"
+        roof_png = None
+        if figures.get("roofline"):
+            roof_png = draw_roofline(figures["roofline"], figures["step_ms"],
+                                     out / "roofline.png")
+            result["roofline_png"] = str(roof_png) if roof_png else "not drawn: no matplotlib"
         result["report"] = str(write_report(
             out / "report.html", title=f"kasoku profile: {result['workload']}",
             verdict=verdict, figures=figures, phases=result.get("phases"),
-            timeline_png=png, ladder=result.get("ladder"), settings=result["settings"],
+            timeline_png=png, roofline_png=roof_png, ladder=result.get("ladder"),
+            settings=result["settings"],
             python_profile=result.get("python_profile"), stability=result.get("stability")))
     (out / "profile.json").write_text(json.dumps(result, indent=1, default=_json))
 

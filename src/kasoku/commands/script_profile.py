@@ -35,7 +35,9 @@ from kasoku.core.errors import ConfigError
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
+from kasoku.perf.profile.roofline import format_table
 from kasoku.perf.profile.window import machine_facts
+from kasoku.perf.profile.work import optimizer_bytes
 from kasoku.train.run_dir import make_out_dir, out_or_new
 
 EXIT_USAGE = 2
@@ -104,6 +106,10 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         say(f"the window's trace could not be analysed: {exc}")
         return end.code or 1
     say(profiled_line(result))
+    figures = result["figures"]
+    if figures.roofline:
+        for line in format_table(figures.roofline, figures.step_ms):
+            say(line)
     if end.code:
         say(f"the script exited with code {end.code} after the window; the profile is kept")
     write_outputs(out, result)  # kept should the A/B runs be interrupted
@@ -164,6 +170,8 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
     context = {"loader": loader, "batch_size": watch.batch_size, "has_conv": facts.has_conv,
                "config": {"precision": precision},
                "unprofiled_samples_per_s": measured["samples_per_s"], **machine_facts(device)}
+    if device.type == "cuda" and watch.optimizer is not None:  # the update's roof
+        context["optimizer_bytes"] = optimizer_bytes(watch.optimizer)
     figures = watch.window.analyse(context, samples_per_step=watch.batch_size).restated(
         measured["samples_per_step"], measured["samples_per_s"],
         measured["phases"].get("time/data%", 0.0))

@@ -75,6 +75,8 @@ class StepWatch:
         self.measured: dict | None = None
         self.facts = ScriptFacts()
         self._stepper = None  # the optimizer whose steps are the steps
+        self.optimizer = None
+        """The optimizer whose steps were the steps, once the window has ended."""
         self._backwards = 0
         self._in_backward = 0
         self._loader_calls = 0  # this step's
@@ -318,12 +320,13 @@ class StepWatch:
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
                                   for o in gc.get_objects())
-        self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup)
+        self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True)
         self.clock = self.window.start(PhaseClock(device))
         self._loader_steps = self.facts.loader_steps = took_batch
 
     def _end(self) -> None:
         self.clock, self.done = None, True
+        self.optimizer = self._stepper  # kept for the update's bytes: uninstall forgets it
         self.unpatch()
         if self.cfg.stop_after_window:
             raise ScriptStopped
@@ -331,7 +334,12 @@ class StepWatch:
     @property
     def window_steps(self) -> int:
         c = self.cfg
-        return c.skip + c.measure_steps + (0 if self.measure_only else c.warmup + 1 + c.steps)
+        if self.measure_only:
+            return c.skip + c.measure_steps
+        return c.skip + c.measure_steps + (self.window.total_steps if self.window is not None
+                                           else c.warmup + 1 + c.steps)
+
+
 
 
 def check_window(cfg) -> None:

@@ -37,6 +37,9 @@ class StepFigures:
     by_class_ms: dict | None = None
     """A GPU step's kernel time per ``kernels.KERNEL_CLASSES`` entry (ms per step): what each
     class of work takes, each against its own limit."""
+    roofline: dict | None = None
+    """Each kernel class's distance to its measured limit (``roofline.roofline``): a GPU
+    step's, where its work step was profiled."""
     comm_pct: float | None = None
     attention_ms: dict | None = None
     """``{"fused": ms, "softmax": ms}`` per step (``kernels.attention_kind``)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kasoku.core.flags import flag
 from kasoku.core.phases import PHASES
+from kasoku.perf.profile import roofline
 from kasoku.perf.profile.kfac_cost import format_kfac
 
 STYLE = """
@@ -46,7 +47,8 @@ pre { font-size: 12px; overflow-x: auto; background: #f7f7f7; padding: 0.5em; }
 
 def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict | None,
                  timeline_png: Path | None, ladder: list[dict] | None, settings: dict,
-                 python_profile: Path | None = None, stability: dict | None = None) -> Path:
+                 python_profile: Path | None = None, stability: dict | None = None,
+                 roofline_png: Path | None = None) -> Path:
     """Write the report to ``path`` and return it as a ``Path``. ``verdict``:
     ``Verdict.to_dict()``; ``figures``: ``trace.analyse``'s dict plus the context keys
     (``mfu`` a fraction, ``mem_peak_gib``, ...); ``phases``: ``phases.summarize``'s dict
@@ -54,7 +56,8 @@ def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict
     rows of ``--confirm`` (``label``, ``samples_per_s``, ``ratio``, ``expected``,
     ``outcome``); ``settings``: shown as key/value pairs; ``python_profile``: pyinstrument's
     HTML page, linked, with its text form (the ``.txt`` beside it) shown; ``stability``: the
-    unprofiled throughput's (``kasoku.perf.noise.Stability.to_dict``)."""
+    unprofiled throughput's (``kasoku.perf.noise.Stability.to_dict``); ``roofline_png``: the
+    picture of ``figures["roofline"]`` (``roofline.draw``), shown under its table."""
     parts = [f"<h1>{_esc(title)}</h1>", _verdict(verdict)]
     if verdict.get("tried"):
         parts += ["<h2>The levers tried</h2>", _tried(verdict["tried"])]
@@ -70,7 +73,9 @@ def write_report(path, *, title: str, verdict: dict, figures: dict, phases: dict
         parts += ["<h2>Time by kind</h2>",
                   _table(["kind", "ms/step"], [(k, _num(v)) for k, v in kinds.items()])]
     classes = {k: v for k, v in (figures.get("by_class_ms") or {}).items() if v > 0}
-    if classes:
+    if figures.get("roofline"):
+        parts += _roofline(figures["roofline"], figures["step_ms"], roofline_png)
+    elif classes:
         parts += ["<h2>Time by kernel class</h2>",
                   _table(["class", "ms/step"], [(k, _num(v)) for k, v in classes.items()])]
     if figures.get("top_kernels"):
@@ -245,6 +250,22 @@ def _phase_tables(phases: dict | None, f: dict) -> list[str]:
                 for p in names]
         out += ["<h2>Phases in the profiled window</h2>", _table(headers, rows)]
     return out
+
+
+def _roofline(table: dict, step_ms: float, png: Path | None) -> list[str]:
+    roofs = table["roofs"]
+    peaks = ", ".join(f"{dt} {v / 1e12:,.0f} TFLOP/s" for dt, v in roofs["flops_per_s"].items())
+    parts = ["<h2>Time by kernel class, against its limit</h2>",
+             f"<p class=\"note\">roofs measured on this machine: matmul peak {peaks}; "
+             f"memory copy {roofs['bytes_per_s'] / 1e9:,.0f} GB/s. {table['gap_ms']:.2f} ms of "
+             f"the {step_ms:.2f} ms step above the limits "
+             f"({100 * table['gap_ms'] / step_ms:.0f}%).</p>",
+             _table(roofline.HEADER, roofline.table_rows(table, step_ms))]
+    if png is not None and Path(png).is_file():
+        data = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+        parts.append(f"<img id=\"roofline\" alt=\"time per kernel class against its limit\" "
+                     f"src=\"data:image/png;base64,{data}\">")
+    return parts
 
 
 def _timeline(png: Path | None, cpu: bool) -> list[str]:

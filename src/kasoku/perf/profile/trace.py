@@ -96,11 +96,16 @@ class Trace:
 
 def load(path) -> Trace:
     """Parse a Chrome trace file (``.json`` or ``.json.gz``) written by torch.profiler."""
+    return parse(read_events(path))
+
+
+def read_events(path) -> list[dict]:
+    """A Chrome trace file's events, as written (``.json`` or ``.json.gz``)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         data = json.load(f)
-    return parse(data["traceEvents"] if isinstance(data, dict) else data)
+    return data["traceEvents"] if isinstance(data, dict) else data
 
 
 def parse(events: list[dict]) -> Trace:

@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 
 from kasoku.perf import cpuinfo
+from kasoku.perf.profile import roofline as roofline_mod
 from kasoku.perf.profile import trace as trace_mod
+from kasoku.perf.profile import work as work_mod
 from kasoku.perf.profile.figures import StepFigures
 
 
@@ -77,9 +79,17 @@ class Window:
     """torch.profiler over ``warmup + 1 + steps`` steps: ``start()`` before the first,
     ``step()`` after each (returns True after the last, when the trace has been written to
     ``out/trace.json``). The step after the warm-up is recorded as the analysis's anchor, so
-    ``steps`` steps are analysed, as many as the settings say."""
+    ``steps`` steps are analysed, as many as the settings say.
 
-    def __init__(self, device, out, steps: int = 10, warmup: int = 3):
+    ``work_step`` (on a GPU): one step more, after the window, profiled apart with the
+    operators' shapes (``out/work_trace.json``): the work each kernel class does
+    (``kasoku.perf.profile.work``), which ``analyse`` judges against the machine's measured
+    limits (``roofline``). Its own profiler, so that recording shapes costs the window's
+    steps nothing; ``eager`` (a context manager's factory) runs it eagerly where the step
+    replays a CUDA graph, whose replays launch no operators."""
+
+    def __init__(self, device, out, steps: int = 10, warmup: int = 3, work_step: bool = False,
+                 eager=None):
         if steps < 1:
             raise ValueError(f"a profiled window needs at least 1 step, got {steps}")
         self.device = torch.device(device)
@@ -88,6 +98,11 @@ class Window:
         self._prof = None
         self._done = 0
         self.trace_path = self.out / "trace.json"
+        self.work_step = work_step and self.device.type == "cuda"
+        self.work_path = self.out / "work_trace.json"
+        self._eager = eager
+        self._work = None
+        self._work_ctx = None
         self.mem_peak_gib: float | None = None
         self.recompiles: int | None = None
         self._compiles_before = 0
@@ -118,8 +133,16 @@ class Window:
         self.clock = TracingClock(clock)
         return self.clock
 
+    @property
+    def total_steps(self) -> int:
+        """The steps ``step()`` is called for, the work step included."""
+        return self.warmup + 1 + self.steps + (1 if self.work_step else 0)
+
     def step(self) -> bool:
         self._done += 1
+        if self._work is not None:  # the work step ran
+            self._stop_work()
+            return True
         last = self._done == self.warmup + 1 + self.steps
         if last:
             self.clock.close()  # the last step's last phase ends here
@@ -129,9 +152,38 @@ class Window:
             self._prof.step()
         if last:
             self.stop()
+            if self.work_step:
+                self._start_work()
+                return False
         return last
 
+    def _start_work(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        self._work = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                             record_shapes=True)
+        self._work_ctx = self._eager() if self._eager is not None else contextlib.nullcontext()
+        self._work_ctx.__enter__()
+        with muted():
+            self._work.__enter__()
+
+    def _stop_work(self) -> None:
+        prof, self._work = self._work, None
+        torch.cuda.synchronize(self.device)  # note: sync, the work step's kernels in its trace
+        try:
+            with muted():
+                prof.__exit__(None, None, None)
+                prof.export_chrome_trace(str(self.work_path))
+        finally:
+            ctx, self._work_ctx = self._work_ctx, None
+            ctx.__exit__(None, None, None)
+
     def stop(self) -> None:
+        if self._work is not None:  # stopped during the work step: its trace is not kept
+            prof, self._work = self._work, None
+            with muted():
+                prof.__exit__(None, None, None)
+            ctx, self._work_ctx = self._work_ctx, None
+            ctx.__exit__(None, None, None)
         if self._prof is None:
             return
         self.clock.close()
@@ -153,7 +205,22 @@ class Window:
         figures.update(context or {})
         figures.update(mem_peak_gib=self.mem_peak_gib, recompiles=self.recompiles,
                        profiled_steps=self.steps)
+        if self.work_path.exists() and figures.get("by_class_ms"):
+            figures.update(self._roofline(figures))
         return StepFigures.from_dict(figures)
+
+    def _roofline(self, figures: dict) -> dict:
+        """``roofline``: each kernel class's distance to its measured limit, from the work
+        step's trace (``roofline_note`` instead where it cannot be read)."""
+        try:
+            work = work_mod.class_work(trace_mod.read_events(self.work_path))
+            dtypes = {dt for w in work.values() for dt in (w.flop_by_dtype or {})} or {"bf16"}
+            roofs = roofline_mod.measure_roofs(self.device, dtypes,
+                                               torch.backends.cuda.matmul.allow_tf32)
+            return {"roofline": roofline_mod.roofline(figures["by_class_ms"], work, roofs,
+                                                      figures.get("optimizer_bytes"))}
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            return {"roofline_note": f"not measured: {exc}"}
 
 
 def machine_facts(device) -> dict:
@@ -213,12 +280,12 @@ def compiled_graphs() -> int:
 
 
 def profile_updater(updater, out, steps: int = 10, warmup: int = 3,
-                    context: dict | None = None, samples_per_step: int | None = None
-                    ) -> StepFigures:
+                    context: dict | None = None, samples_per_step: int | None = None,
+                    work_step: bool = False, eager=None) -> StepFigures:
     """Profile ``warmup + steps`` calls of ``updater.update()`` (a ``kasoku.train.Updater``,
     warm already) and return the analysed figures (the caller judges them); the trace is
-    ``out/trace.json``."""
-    window = Window(updater.device, out, steps, warmup)
+    ``out/trace.json``; ``work_step``, ``eager``: ``Window``'s."""
+    window = Window(updater.device, out, steps, warmup, work_step, eager)
     clock = updater.phases
     updater.phases = window.start(clock)
     try:

@@ -1,0 +1,178 @@
+"""How far each kernel class of a GPU step is from its limit: its time per step, the work it
+does (``kasoku.perf.profile.work``), its achieved rate, its roof, the time it would take at
+the roof and the milliseconds the step would save there (its gap).
+
+The roofs are measured on the machine, as MFU's peak is (``kasoku.perf.peak``): the matrix
+products' peak for each dtype the step's products run in (the math: matrix products,
+convolutions, attention), the device memory's copy bandwidth for the rest. A class's time at
+the roof is the slower of its FLOPs at the peak and its bytes at the bandwidth (a roofline:
+a small product is limited by its bytes). Its gap is its time, for the part of it whose work
+is known, less that; never below zero (a class whose estimated bytes exceed what it could
+have moved, ``over``, has its bytes overcounted: kernels that skip parts of their
+arguments). A class whose work is unknown (collectives; an optimizer whose update was not
+counted) has no gap, and says so.
+
+The rows add up to the device's busy time; the step's idle rest is its own row, so that the
+table adds up to the step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kasoku.perf.peak import measure_bandwidth, measure_matmul_peak
+from kasoku.perf.profile.kernels import KERNEL_CLASSES
+from kasoku.perf.profile.work import ClassWork
+
+MATH = ("matmul/conv", "attention")
+"""The classes judged by their FLOPs; the others by their bytes."""
+NO_CHEAP_LEVER_PCT = 10.0
+"""The classes' gaps add up to less than this % of the step: no cheap lever left."""
+
+
+@dataclass(frozen=True)
+class Roofs:
+    """The measured limits: ``flops_per_s`` per dtype (``bf16``, ``fp16``, ``tf32``,
+    ``fp32``), ``bytes_per_s`` the memory's copy rate."""
+    flops_per_s: dict
+    bytes_per_s: float
+
+    def flop_time_s(self, flop_by_dtype: dict) -> float:
+        return sum(f / self.flops_per_s[dt] for dt, f in flop_by_dtype.items()
+                   if self.flops_per_s.get(dt))
+
+    def to_dict(self) -> dict:
+        return {"flops_per_s": dict(self.flops_per_s), "bytes_per_s": self.bytes_per_s}
+
+
+def peak_dtype(dtype: str, tf32: bool) -> str:
+    """The peak a product of ``dtype`` runs at: fp32 products on TF32 cores where allowed."""
+    return "tf32" if dtype == "fp32" and tf32 else dtype
+
+
+def measure_roofs(device, dtypes, tf32: bool) -> Roofs:
+    """The matmul peak of each of ``dtypes`` (``work.dtype_of``'s) and the copy bandwidth,
+    measured on ``device``."""
+    peaks = {dt: measure_matmul_peak(device, peak_dtype(dt, tf32)).flops_per_s
+             for dt in sorted(set(dtypes))}
+    return Roofs(peaks, measure_bandwidth(device).bytes_per_s)
+
+
+def roofline(by_class_ms: dict, work: dict[str, ClassWork], roofs: Roofs,
+             optimizer_bytes: float | None = None) -> dict:
+    """The table: one row per class that ran (``by_class_ms``: the window's kernel time per
+    step), its ``work`` per step (from the work step), judged against ``roofs``;
+    ``optimizer_bytes``: the update's bytes where the caller counted them. JSON-ready."""
+    rows = []
+    for cls in KERNEL_CLASSES:
+        ms = by_class_ms.get(cls, 0.0)
+        if ms <= 0:
+            continue
+        w = work.get(cls) or ClassWork()
+        if cls == "optimizer" and optimizer_bytes and not w.bytes:
+            w = ClassWork(bytes=optimizer_bytes, known_us=1.0)
+        seen_us = w.known_us + w.unknown_us
+        known = w.known_us / seen_us if seen_us else 0.0
+        row = {"class": cls, "ms": ms, "known_pct": 100 * known, "flop": w.flop,
+               "bytes": w.bytes, "unit": "TFLOP/s" if cls in MATH else "GB/s"}
+        if known == 0.0 or (not w.flop and not w.bytes) or cls == "communication":
+            rows.append({**row, "rate": None, "roof": None, "roof_ms": None, "gap_ms": None})
+            continue
+        known_ms = ms * known
+        flop_s = roofs.flop_time_s(w.flop_by_dtype or {}) if w.flop else 0.0
+        roof_ms = 1e3 * max(flop_s, w.bytes / roofs.bytes_per_s)
+        if cls in MATH and w.flop:
+            rate, scale = w.flop / known_ms / 1e9, 1e12
+            # The roof: the peak of the dtype most of the FLOPs ran in.
+            dt = max(w.flop_by_dtype or {"fp32": 1.0}, key=(w.flop_by_dtype or {}).get)
+            roof = roofs.flops_per_s.get(dt, 0.0) / scale
+        else:
+            rate, roof = w.bytes / known_ms / 1e6, roofs.bytes_per_s / 1e9
+        rows.append({**row, "rate": rate, "roof": roof, "roof_ms": roof_ms,
+                     "gap_ms": max(0.0, known_ms - roof_ms), "over": known_ms < roof_ms})
+    known_gaps = [r["gap_ms"] for r in rows if r["gap_ms"] is not None]
+    return {"classes": rows, "gap_ms": sum(known_gaps),
+            "unknown_ms": sum(r["ms"] for r in rows if r["gap_ms"] is None)
+            + sum(r["ms"] * (1 - r["known_pct"] / 100) for r in rows if r["gap_ms"] is not None),
+            "roofs": roofs.to_dict()}
+
+
+def largest_gap(table: dict) -> dict | None:
+    """The row with the most to gain, or None when no class has a gap."""
+    rows = [r for r in table.get("classes", []) if r.get("gap_ms")]
+    return max(rows, key=lambda r: r["gap_ms"]) if rows else None
+
+
+def gap_pct(table: dict, step_ms: float) -> float:
+    return 100 * table["gap_ms"] / step_ms if step_ms else 0.0
+
+
+def _num(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table_rows(table: dict, step_ms: float) -> list[list[str]]:
+    """The rows as printed: class, ms, % of the step, work, rate, roof, ms at the roof, ms to
+    gain; the idle rest of the step last, so the ms add up to the step."""
+    out = []
+    for r in table["classes"]:
+        work = (f"{r['flop'] / 1e12:.2f} TFLOP" if r["unit"] == "TFLOP/s" and r["flop"]
+                else f"{r['bytes'] / 1e9:.2f} GB" if r["bytes"] else "unknown")
+        rate = "-" if r["rate"] is None else f"{r['rate']:,.0f} {r['unit']}"
+        roof = "-" if r["roof"] is None else f"{r['roof']:,.0f}"
+        gap = _num(r["gap_ms"]) + (" (bytes overcounted)" if r.get("over") else "")
+        if r["gap_ms"] is not None and r["known_pct"] < 99.5:
+            gap += f" (of the {r['known_pct']:.0f}% with known work)"
+        out.append([r["class"], _num(r["ms"]), f"{100 * r['ms'] / step_ms:.0f}%", work, rate,
+                    roof, _num(r["roof_ms"]), gap])
+    busy = sum(r["ms"] for r in table["classes"])
+    if step_ms > busy:
+        out.append(["idle (no kernel)", _num(step_ms - busy),
+                    f"{100 * (step_ms - busy) / step_ms:.0f}%", "", "", "", "", ""])
+    return out
+
+
+HEADER = ["class", "ms/step", "share", "work/step", "rate", "roof", "ms at roof", "ms to gain"]
+
+
+def format_table(table: dict, step_ms: float) -> list[str]:
+    """The table as aligned lines of text, its title first."""
+    rows = [HEADER, *table_rows(table, step_ms)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    peaks = ", ".join(f"{dt} {v / 1e12:,.0f} TFLOP/s"
+                      for dt, v in table["roofs"]["flops_per_s"].items())
+    title = (f"time by kernel class against its limit (roofs measured: matmul {peaks}, memory "
+             f"copy {table['roofs']['bytes_per_s'] / 1e9:,.0f} GB/s): {table['gap_ms']:.2f} ms "
+             f"of the {step_ms:.2f} ms step above the limits")
+    return [title] + ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                       for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+                      for r in rows]
+
+
+def draw(table: dict, step_ms: float, path, title: str = ""):
+    """The picture: per class, its time per step as a bar, the part the roof allows solid and
+    the gap hatched. Returns the path (None without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = table["classes"]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
+    names = [r["class"] for r in rows][::-1]
+    at_roof = [r["ms"] - (r["gap_ms"] or 0.0) if r["gap_ms"] is not None else 0.0
+               for r in rows][::-1]
+    gaps = [r["gap_ms"] or 0.0 for r in rows][::-1]
+    unknown = [r["ms"] if r["gap_ms"] is None else 0.0 for r in rows][::-1]
+    ax.barh(names, at_roof, color="#4c72b0", label="time the class's limit allows")
+    ax.barh(names, gaps, left=at_roof, color="#dd8452", hatch="//", label="above the limit")
+    if any(unknown):
+        ax.barh(names, unknown, color="#bbbbbb", label="work unknown")
+    ax.set_xlabel("ms per step")
+    ax.set_title(title or f"time per kernel class against its limit (step {step_ms:.2f} ms; "
+                 f"{table['gap_ms']:.2f} ms above the limits)", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
