@@ -3,7 +3,7 @@ steps: GPT-2 small's top rung, ResNet-50's top rung (synthetic images on the dev
 nanoGPT's ``bench.py`` under ``kasoku profile -- python bench.py``.
 
     PYTHONPATH=src python benchmarks/roofline.py --nanogpt .peers/nanogpt --out OUT
-        [--only gpt,resnet,nanogpt] [--batch 16]
+        [--only gpt,resnet,nanogpt] [--batch 16] [--tar FILE.tgz]
 
 Each runs as ``kasoku profile ... --estimate`` (the verdict, its levers not measured) and
 writes its ``profile.json``, ``report.html`` and ``roofline.png`` under OUT/NAME; this prints
@@ -32,11 +32,12 @@ def commands(args) -> dict[str, list[str]]:
         "gpt": kasoku + GPT + ["--batch-size", str(args.batch),
                                "--out", str(args.out / "gpt")],
         "resnet": kasoku + RESNET + ["--out", str(args.out / "resnet")],
+        # run in nanoGPT's folder: bench.py reads its configurator.py from there
         "nanogpt": [sys.executable, "-m", "kasoku", "profile", "--estimate", "--skip", "3",
                     "--measure-steps", "8", "--warmup", "2", "--steps", "5",
-                    "--out", str(args.out / "nanogpt"), "--", "python",
-                    str(args.nanogpt / "bench.py"), "--real_data=False",
-                    f"--batch_size={args.batch}", "--compile=True"],
+                    "--out", str((args.out / "nanogpt").resolve()), "--", sys.executable,
+                    "bench.py", "--real_data=False", f"--batch_size={args.batch}",
+                    "--compile=True"],
     }
 
 
@@ -65,21 +66,28 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", default="gpt,resnet,nanogpt")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--tar", type=Path, help="also pack OUT (less the traces) into this file")
     args = p.parse_args()
     runs = commands(args)
     summary = []
     for name in args.only.split(","):
         cmd = runs[name]
         print("$", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              cwd=args.nanogpt if name == "nanogpt" else None)
         (args.out / name).mkdir(parents=True, exist_ok=True)
         (args.out / name / "lines.txt").write_text(proc.stdout + proc.stderr)
         print(proc.stdout[-4000:], proc.stderr[-4000:], flush=True)
         row = check(name, args.out / name)
+        for work_trace in (args.out / name).rglob("work_trace.json"):  # kept, smaller
+            subprocess.run(["gzip", "-f", str(work_trace)], check=True)
         row["exit"] = proc.returncode
         summary.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "rows"}), flush=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if args.tar:  # one file back from a machine that returns few
+        subprocess.run(["tar", "czf", str(args.tar), "--exclude=*trace.json", "-C",
+                        str(args.out), "."], check=True)
 
 
 if __name__ == "__main__":

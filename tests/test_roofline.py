@@ -170,3 +170,31 @@ def test_the_picture_is_drawn(events, by_class_ms, tmp_path):
     table = roofline.roofline(by_class_ms, work.class_work(events, STEPS), ROOFS)
     path = roofline.draw(table, 32.0, tmp_path / "roofline.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_levers_on_the_class_with_most_to_gain_are_measured_first(events, by_class_ms):
+    table = roofline.roofline(by_class_ms, work.class_work(events, STEPS), ROOFS)
+    f = _figures(table, sum(by_class_ms.values()) + 0.3).adding(has_blocks=True)
+    v = judge(f, AccelConfig(precision="bf16", compile=True, cuda_graph=True))
+    assert [c.args for c in v.candidates] == [("--sdpa-backend", "cudnn"),
+                                              ("--sdpa-backend", "flash")]
+    assert v.candidates[0].text.startswith("attention 3.2 ms above its limit")
+    # A script's figures (no workload's blocks known): kasoku sets none of these.
+    assert judge(f.adding(has_blocks=None), AccelConfig(precision="bf16")).candidates == []
+
+
+def test_streams_at_once_are_their_own_row():
+    # ResNet-50's top rung on one H200: the weight gradients' convolutions on a second stream
+    # put 38.3 ms of kernels into a 32.1 ms busy step.
+    rows = [{"class": "matmul/conv", "ms": 15.66, "known_pct": 100.0, "flop": 8.31e12,
+             "bytes": 1.0, "unit": "TFLOP/s", "rate": 531.0, "roof": 692.0, "roof_ms": 12.0,
+             "gap_ms": 3.66},
+            {"class": "norm/element-wise", "ms": 22.64, "known_pct": 100.0, "flop": 0.0,
+             "bytes": 45e9, "unit": "GB/s", "rate": 2072.0, "roof": 4216.0, "roof_ms": 10.68,
+             "gap_ms": 11.96}]
+    table = {"classes": rows, "gap_ms": 15.62, "unknown_ms": 0.0, "busy_ms": 32.08,
+             "roofs": ROOFS.to_dict()}
+    printed = roofline.table_rows(table, 32.58)
+    assert [r[0] for r in printed][-2:] == ["overlapped (streams at once)", "idle (no kernel)"]
+    assert printed[-2][1] == "-6.22" and printed[-1][1] == "0.50"
+    assert sum(float(r[1]) for r in printed) == pytest.approx(32.58, abs=0.02)

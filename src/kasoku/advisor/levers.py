@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from kasoku.accel.config import AccelConfig
 from kasoku.core.flags import args_text, change_args, change_of, flag, setting_flag
 from kasoku.perf.profile.figures import StepFigures
-from kasoku.perf.profile.roofline import NO_CHEAP_LEVER_PCT, gap_pct, largest_gap
 
 Change = tuple[tuple[str, object], ...]
 """A change of a run's fields as pairs (``(("accel.compile", True),)``): immutable."""
@@ -335,50 +334,3 @@ def attention_fallback(f: StepFigures) -> Lever:
 def nothing_left(why: str) -> Lever:
     return Lever(f"no cheap lever left: {why}", "none")
 
-
-def class_levers() -> dict[str, str]:
-    """What acts on each kernel class's time above its limit."""
-    return {
-        "matmul/conv": (f"products in bf16 or float8 ({flag('accel.precision')}, "
-                        f"{flag('accel.float8')}), shapes in multiples of 64, max-autotune's "
-                        f"product templates ({flag('accel.compile_mode')} max-autotune)"),
-        "attention": (f"another fused attention kernel ({flag('accel.sdpa_backend')} flash or "
-                      f"cudnn), FlexAttention"),
-        "norm/element-wise": (f"fewer, fused element-wise kernels ({flag('accel.compile')}), "
-                              f"fewer fp32 tensors between them"),
-        "loss/softmax": ("a fused or chunked linear + cross-entropy that never writes the fp32 "
-                         "logits"),
-        "optimizer": "a fused optimizer; bf16 parameters with fp32 master weights",
-        "copies": "fewer dtype casts and copies; pinned memory for copies from the host",
-        "other": "see the top kernels",
-    }
-
-
-def roofline_fallback(f: StepFigures, otherwise: Lever) -> Lever:
-    """Where a device-bound step's levers are spent: the kernel class with most time above
-    its limit and what acts on it, or "no cheap lever left" where the classes' gaps add up to
-    under ``NO_CHEAP_LEVER_PCT`` of the step; ``otherwise`` without a roofline."""
-    table = f.roofline
-    if not table or not f.step_ms:
-        return otherwise
-    pct, top = gap_pct(table, f.step_ms), largest_gap(table)
-    if top is None or pct < NO_CHEAP_LEVER_PCT:
-        return nothing_left(f"every kernel class is near its measured limit: their gaps add up "
-                            f"to {table['gap_ms']:.2f} ms, {pct:.0f}% of the step")
-    gain = f.step_ms / (f.step_ms - top["gap_ms"])
-    return Lever(f"the time above the limits is most in {top['class']}: "
-                 f"{top['gap_ms']:.2f} ms of its {top['ms']:.2f} ms per step; "
-                 f"{class_levers()[top['class']]}",
-                 estimate(gain, f"{top['class']} at its roof"), (), gain)
-
-
-def roofline_reason(f: StepFigures) -> str:
-    """The step's time above the kernels' limits, for a device-bound verdict's reason."""
-    table = f.roofline
-    if not table or not f.step_ms:
-        return ""
-    top = largest_gap(table)
-    most = (f", most in {top['class']} ({top['gap_ms']:.2f} ms: {top['rate']:,.0f} of a "
-            f"{top['roof']:,.0f} {top['unit']} roof)" if top else "")
-    return (f"; {table['gap_ms']:.2f} ms ({gap_pct(table, f.step_ms):.0f}%) of the step above "
-            f"the kernels' measured limits{most}")

@@ -23,6 +23,7 @@ from typing import Callable
 
 from kasoku.accel.config import AccelConfig
 from kasoku.advisor import levers as lv
+from kasoku.advisor import limits
 from kasoku.advisor.levers import Change, Changes, Lever, given, read_change
 from kasoku.core.flags import args_text
 from kasoku.perf.profile.figures import StepFigures
@@ -288,27 +289,28 @@ RULES: list[Rule] = [
          lambda f: (f"the GPU is busy {_pct(f.busy_pct)} of the step, but its "
                     f"{f.kernels_per_step:.0f} kernels per step average "
                     f"{_mean_kernel_us(f):.1f} us, too short to fill it{_mfu(f)}"
-                    f"{lv.roofline_reason(f)}"),
-         lv.latency_candidates,
-         lambda f: lv.roofline_fallback(f, lv.nothing_left("the kernels are as few as they get")),
+                    f"{limits.roofline_reason(f)}"),
+         limits.first_the_roofline(lv.latency_candidates),
+         lambda f: limits.roofline_fallback(
+             f, lv.nothing_left("the kernels are as few as they get")),
          lambda f: [*_on_device(f), _batch(f, True)], "device-bound"),
     Rule("compute-bound", {"busy_pct": 75.0, "matmul_pct": MATMUL_SHARE},
          lambda f, t: _gpu(f) and given(f.busy_pct, 0.0) >= t["busy_pct"]
          and _matmul_pct(f) >= t["matmul_pct"],
          lambda f: (f"the GPU is busy {_pct(f.busy_pct)} of the step, "
                     f"{_pct(f.by_kind_pct['conv/matmul'])} of it in "
-                    f"{_products(f)}{_mfu(f)}{lv.roofline_reason(f)}"),
-         lv.gpu_compute_candidates,
-         lambda f: lv.roofline_fallback(f, lv.nothing_left("the step is in the math")),
+                    f"{_products(f)}{_mfu(f)}{limits.roofline_reason(f)}"),
+         limits.first_the_roofline(lv.gpu_compute_candidates),
+         lambda f: limits.roofline_fallback(f, lv.nothing_left("the step is in the math")),
          lambda f: [*_on_device(f), _batch(f, False)], "device-bound"),
     Rule("memory-bound", {"busy_pct": 75.0, "matmul_pct": MATMUL_SHARE},
          lambda f, t: _gpu(f) and given(f.busy_pct, 0.0) >= t["busy_pct"]
          and _matmul_pct(f) < t["matmul_pct"],
          lambda f: (f"the GPU is busy {_pct(f.busy_pct)} of the step, only "
                     f"{_pct(f.by_kind_pct['conv/matmul'])} of it in matrix products: "
-                    f"the rest moves memory{_mfu(f)}{lv.roofline_reason(f)}"),
-         lv.gpu_memory_candidates,
-         lambda f: lv.roofline_fallback(f, lv.gpu_memory_fallback(f)),
+                    f"the rest moves memory{_mfu(f)}{limits.roofline_reason(f)}"),
+         limits.first_the_roofline(lv.gpu_memory_candidates),
+         lambda f: limits.roofline_fallback(f, lv.gpu_memory_fallback(f)),
          lambda f: [*_on_device(f), _batch(f, False)], "device-bound"),
     Rule("dispatch-bound", {"operator_pct": 60.0},
          lambda f, t: _cpu(f) and given(f.operator_pct, 100.0) < t["operator_pct"],

@@ -29,6 +29,8 @@ PEAK_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloa
 DEFAULT_SIZE = {"cuda": 8192, "cpu": 2048}
 TARGET_RUN_S = {"cuda": 0.02, "cpu": 0.05}
 """Each timed run repeats the product until it lasts about this long."""
+WARM_S = {"cuda": 0.5}
+"""Seconds of the operation run before any is timed, for the clocks to rise."""
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,14 @@ def _rates(device: torch.device, op, work: float, reps: int) -> tuple[list[float
     """``work`` (FLOPs or bytes of one ``op``) per second over ``reps`` timed runs, each of
     as many ``op``s back to back as last about ``TARGET_RUN_S``; more runs, a bounded few,
     where they disagree. Returns the rates and the ``op``s per run."""
-    # Warm-up: library initialization, kernel selection, clocks ramping up.
+    # Warm-up: library initialization, kernel selection, clocks ramping up (an idle GPU's
+    # clocks take a fraction of a second to rise: a few products alone left an H200 measuring
+    # 688 TFLOP/s where the step's own products ran at 714).
     one = max(_timed(device, op) for _ in range(3))
+    warm_s = WARM_S.get(device.type, 0.0)
+    if warm_s:
+        reps_warm = max(1, round(warm_s / max(one, 1e-9)))
+        _timed(device, lambda: [op() for _ in range(reps_warm)])
     inner = max(1, round(TARGET_RUN_S.get(device.type, 0.05) / max(one, 1e-9)))
 
     def run():

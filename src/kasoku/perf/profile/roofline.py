@@ -7,13 +7,13 @@ products' peak for each dtype the step's products run in (the math: matrix produ
 convolutions, attention), the device memory's copy bandwidth for the rest. A class's time at
 the roof is the slower of its FLOPs at the peak and its bytes at the bandwidth (a roofline:
 a small product is limited by its bytes). Its gap is its time, for the part of it whose work
-is known, less that; never below zero (a class whose estimated bytes exceed what it could
-have moved, ``over``, has its bytes overcounted: kernels that skip parts of their
+is known, less that; never below zero (``over``: a class faster than its roof allows, its
+products at the measured peak, or its bytes overcounted: kernels that skip parts of their
 arguments). A class whose work is unknown (collectives; an optimizer whose update was not
 counted) has no gap, and says so.
 
-The rows add up to the device's busy time; the step's idle rest is its own row, so that the
-table adds up to the step.
+The rows add up to the device's busy time, less what ran at once on two streams (its own
+row, negative); the step's idle rest is its own row, so that the table adds up to the step.
 """
 from __future__ import annotations
 
@@ -58,10 +58,12 @@ def measure_roofs(device, dtypes, tf32: bool) -> Roofs:
 
 
 def roofline(by_class_ms: dict, work: dict[str, ClassWork], roofs: Roofs,
-             optimizer_bytes: float | None = None) -> dict:
+             optimizer_bytes: float | None = None, busy_ms: float | None = None) -> dict:
     """The table: one row per class that ran (``by_class_ms``: the window's kernel time per
     step), its ``work`` per step (from the work step), judged against ``roofs``;
-    ``optimizer_bytes``: the update's bytes where the caller counted them. JSON-ready."""
+    ``optimizer_bytes``: the update's bytes where the caller counted them; ``busy_ms``: the
+    device's busy time per step (less than the classes' sum where streams ran kernels at
+    once). JSON-ready."""
     rows = []
     for cls in KERNEL_CLASSES:
         ms = by_class_ms.get(cls, 0.0)
@@ -93,7 +95,7 @@ def roofline(by_class_ms: dict, work: dict[str, ClassWork], roofs: Roofs,
     return {"classes": rows, "gap_ms": sum(known_gaps),
             "unknown_ms": sum(r["ms"] for r in rows if r["gap_ms"] is None)
             + sum(r["ms"] * (1 - r["known_pct"] / 100) for r in rows if r["gap_ms"] is not None),
-            "roofs": roofs.to_dict()}
+            "busy_ms": busy_ms, "roofs": roofs.to_dict()}
 
 
 def largest_gap(table: dict) -> dict | None:
@@ -112,19 +114,25 @@ def _num(x, digits: int = 2) -> str:
 
 def table_rows(table: dict, step_ms: float) -> list[list[str]]:
     """The rows as printed: class, ms, % of the step, work, rate, roof, ms at the roof, ms to
-    gain; the idle rest of the step last, so the ms add up to the step."""
+    gain; then the kernels' time that overlapped (streams running at once) and the step's
+    idle rest, so that the ms add up to the step."""
     out = []
     for r in table["classes"]:
         work = (f"{r['flop'] / 1e12:.2f} TFLOP" if r["unit"] == "TFLOP/s" and r["flop"]
                 else f"{r['bytes'] / 1e9:.2f} GB" if r["bytes"] else "unknown")
         rate = "-" if r["rate"] is None else f"{r['rate']:,.0f} {r['unit']}"
         roof = "-" if r["roof"] is None else f"{r['roof']:,.0f}"
-        gap = _num(r["gap_ms"]) + (" (bytes overcounted)" if r.get("over") else "")
+        over = " (at the measured peak)" if r["unit"] == "TFLOP/s" else " (bytes overcounted)"
+        gap = _num(r["gap_ms"]) + (over if r.get("over") else "")
         if r["gap_ms"] is not None and r["known_pct"] < 99.5:
             gap += f" (of the {r['known_pct']:.0f}% with known work)"
         out.append([r["class"], _num(r["ms"]), f"{100 * r['ms'] / step_ms:.0f}%", work, rate,
                     roof, _num(r["roof_ms"]), gap])
-    busy = sum(r["ms"] for r in table["classes"])
+    total = sum(r["ms"] for r in table["classes"])
+    busy = table.get("busy_ms") or total
+    if total > busy * 1.001:
+        out.append(["overlapped (streams at once)", _num(busy - total),
+                    f"{100 * (busy - total) / step_ms:.0f}%", "", "", "", "", ""])
     if step_ms > busy:
         out.append(["idle (no kernel)", _num(step_ms - busy),
                     f"{100 * (step_ms - busy) / step_ms:.0f}%", "", "", "", "", ""])
@@ -168,6 +176,12 @@ def draw(table: dict, step_ms: float, path, title: str = ""):
     ax.barh(names, gaps, left=at_roof, color="#dd8452", hatch="//", label="above the limit")
     if any(unknown):
         ax.barh(names, unknown, color="#bbbbbb", label="work unknown")
+    for y, (roof_part, gap) in enumerate(zip(at_roof, gaps)):
+        if roof_part + gap > 0:
+            ax.text(roof_part + gap, y, f" {roof_part + gap:.1f}" + (f" (+{gap:.1f})" if gap
+                                                                      else ""),
+                    va="center", fontsize=8)
+    ax.set_xlim(0, 1.2 * max(r["ms"] for r in rows))
     ax.set_xlabel("ms per step")
     ax.set_title(title or f"time per kernel class against its limit (step {step_ms:.2f} ms; "
                  f"{table['gap_ms']:.2f} ms above the limits)", fontsize=9)

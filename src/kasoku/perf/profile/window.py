@@ -217,8 +217,9 @@ class Window:
             dtypes = {dt for w in work.values() for dt in (w.flop_by_dtype or {})} or {"bf16"}
             roofs = roofline_mod.measure_roofs(self.device, dtypes,
                                                torch.backends.cuda.matmul.allow_tf32)
-            return {"roofline": roofline_mod.roofline(figures["by_class_ms"], work, roofs,
-                                                      figures.get("optimizer_bytes"))}
+            return {"roofline": roofline_mod.roofline(
+                figures["by_class_ms"], work, roofs, figures.get("optimizer_bytes"),
+                figures.get("device_ms"))}
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             return {"roofline_note": f"not measured: {exc}"}
 

@@ -1,0 +1,95 @@
+"""Advice from each kernel class's distance to its measured limit
+(``kasoku.perf.profile.roofline``), for the device-bound rules of ``kasoku.advisor.verdict``:
+what they say of the time above the limits (``roofline_reason``), the levers kasoku can set
+that act on the class with most to gain, measured first (``roofline_candidates``,
+``first_the_roofline``), and the fallback once none is left: the class and what acts on it,
+or "no cheap lever left" only where the classes' gaps add up to under
+``NO_CHEAP_LEVER_PCT`` of the step (``roofline_fallback``).
+"""
+from __future__ import annotations
+
+from kasoku.accel.config import AccelConfig
+from kasoku.advisor.levers import Lever, _said, estimate, nothing_left
+from kasoku.core.flags import flag
+from kasoku.perf.profile.figures import StepFigures
+from kasoku.perf.profile.roofline import NO_CHEAP_LEVER_PCT, gap_pct, largest_gap
+
+
+def class_levers() -> dict[str, str]:
+    """What acts on each kernel class's time above its limit."""
+    return {
+        "matmul/conv": (f"products in bf16 or float8 ({flag('accel.precision')}, "
+                        f"{flag('accel.float8')}), shapes in multiples of 64, max-autotune's "
+                        f"product templates ({flag('accel.compile_mode')} max-autotune)"),
+        "attention": (f"another fused attention kernel ({flag('accel.sdpa_backend')} flash or "
+                      f"cudnn), FlexAttention"),
+        "norm/element-wise": (f"fewer, fused element-wise kernels ({flag('accel.compile')}), "
+                              f"fewer fp32 tensors between them"),
+        "loss/softmax": ("a fused or chunked linear + cross-entropy that never writes the fp32 "
+                         "logits"),
+        "optimizer": "a fused optimizer; bf16 parameters with fp32 master weights",
+        "copies": "fewer dtype casts and copies; pinned memory for copies from the host",
+        "other": "see the top kernels",
+    }
+
+
+def roofline_fallback(f: StepFigures, otherwise: Lever) -> Lever:
+    """Where a device-bound step's levers are spent: the kernel class with most time above
+    its limit and what acts on it, or "no cheap lever left" where the classes' gaps add up to
+    under ``NO_CHEAP_LEVER_PCT`` of the step; ``otherwise`` without a roofline."""
+    table = f.roofline
+    if not table or not f.step_ms:
+        return otherwise
+    pct, top = gap_pct(table, f.step_ms), largest_gap(table)
+    if top is None or pct < NO_CHEAP_LEVER_PCT:
+        return nothing_left(f"every kernel class is near its measured limit: their gaps add up "
+                            f"to {table['gap_ms']:.2f} ms, {pct:.0f}% of the step")
+    gain = f.step_ms / (f.step_ms - top["gap_ms"])
+    return Lever(f"the time above the limits is most in {top['class']}: "
+                 f"{top['gap_ms']:.2f} ms of its {top['ms']:.2f} ms per step; "
+                 f"{class_levers()[top['class']]}",
+                 estimate(gain, f"{top['class']} at its roof"), (), gain)
+
+
+def roofline_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+    """The levers kasoku can set (on its own workloads) that act on the kernel class with
+    most time above its limit, each to be measured; none under ``NO_CHEAP_LEVER_PCT``."""
+    top = largest_gap(f.roofline) if f.roofline and f.step_ms else None
+    if (top is None or f.has_blocks is None
+            or gap_pct(f.roofline, f.step_ms) < NO_CHEAP_LEVER_PCT):
+        return []
+    cls, why = top["class"], f"{top['class']} {top['gap_ms']:.1f} ms above its limit"
+    changes: list[dict] = []
+    if cls == "attention" and f.has_blocks:
+        changes = [{"accel.sdpa_backend": b} for b in ("cudnn", "flash")
+                   if b != accel.sdpa_backend]
+    elif cls == "matmul/conv" and accel.compile and accel.compile_mode == "default":
+        mode = "max-autotune-no-cudagraphs" if accel.cuda_graph else "max-autotune"
+        changes = [{"accel.compile_mode": mode}]
+    elif cls == "norm/element-wise" and not accel.compile:
+        changes = [{"accel.compile": True}]
+    elif cls == "optimizer" and accel.optimizer_impl != "fused":
+        changes = [{"accel.optimizer_impl": "fused"}]
+    return [Lever(_said(why, c), estimate(None, f"{cls} nearer its roof"), c) for c in changes]
+
+
+def roofline_reason(f: StepFigures) -> str:
+    """The step's time above the kernels' limits, for a device-bound verdict's reason."""
+    table = f.roofline
+    if not table or not f.step_ms:
+        return ""
+    top = largest_gap(table)
+    most = (f", most in {top['class']} ({top['gap_ms']:.2f} ms: {top['rate']:,.0f} of a "
+            f"{top['roof']:,.0f} {top['unit']} roof)" if top else "")
+    return (f"; {table['gap_ms']:.2f} ms ({gap_pct(table, f.step_ms):.0f}%) of the step above "
+            f"the kernels' measured limits{most}")
+
+
+def first_the_roofline(candidates):
+    """A device-bound rule's levers: those acting on the kernel class with most time above
+    its limit first (``levers.roofline_candidates``), then the rule's own."""
+    def both(f: StepFigures, accel: AccelConfig) -> list[Lever]:
+        first = roofline_candidates(f, accel)
+        seen = [dict(c.change) for c in first]
+        return first + [c for c in candidates(f, accel) if dict(c.change) not in seen]
+    return both
