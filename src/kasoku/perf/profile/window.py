@@ -103,6 +103,7 @@ class Window:
         self._eager = eager
         self._work = None
         self._work_ctx = None
+        self._teardown = False
         self.mem_peak_gib: float | None = None
         self.recompiles: int | None = None
         self._compiles_before = 0
@@ -120,8 +121,13 @@ class Window:
             # Kineto leaves CUPTI attached after the window unless told to tear it down, and
             # the steps after it run 10-20% slower (pytorch#144455; measured 12% on a script's
             # launch-bound MNIST step, docs/benchmarks.md). A value the user set is kept;
-            # torch itself sets 0 where CUDA graphs need it (CUDA before 12.6).
-            os.environ.setdefault("TEARDOWN_CUPTI", "1")
+            # torch itself sets 0 where CUDA graphs need it (CUDA before 12.6). Kineto reads
+            # it when a session stops, and the next session after a teardown may record no
+            # GPU activity (seen: a script's work step): with a work step to come, CUPTI is
+            # torn down after it, not after the window.
+            self._teardown = "TEARDOWN_CUPTI" not in os.environ
+            if self._teardown:
+                os.environ["TEARDOWN_CUPTI"] = "0" if self.work_step else "1"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self._prof = profile(activities=activities,
                              schedule=schedule(wait=0, warmup=self.warmup,
@@ -169,6 +175,8 @@ class Window:
     def _stop_work(self) -> None:
         prof, self._work = self._work, None
         torch.cuda.synchronize(self.device)  # note: sync, the work step's kernels in its trace
+        if self._teardown and "DISABLE_CUPTI_LAZY_REINIT" not in os.environ:
+            os.environ["TEARDOWN_CUPTI"] = "1"  # torch's CUDA graphs set both, to keep it
         try:
             with muted():
                 prof.__exit__(None, None, None)
