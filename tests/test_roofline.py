@@ -179,6 +179,12 @@ def test_the_levers_on_the_class_with_most_to_gain_are_measured_first(events, by
     assert [c.args for c in v.candidates] == [("--sdpa-backend", "cudnn"),
                                               ("--sdpa-backend", "flash")]
     assert v.candidates[0].text.startswith("attention 3.2 ms above its limit")
+    # The step ran cuDNN's attention already (PyTorch's pick on an H200): flash is left.
+    cudnn = f.adding(top_kernels=[{"name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop"
+                                           "_wgmma_f16_knob_3_64x64x64", "ms_per_step": 1.5,
+                                   "launches_per_step": 12}])
+    v = judge(cudnn, AccelConfig(precision="bf16", compile=True, cuda_graph=True))
+    assert [c.args for c in v.candidates] == [("--sdpa-backend", "flash")]
     # A script's figures (no workload's blocks known): kasoku sets none of these.
     assert judge(f.adding(has_blocks=None), AccelConfig(precision="bf16")).candidates == []
 

@@ -15,22 +15,44 @@ from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.roofline import NO_CHEAP_LEVER_PCT, gap_pct, largest_gap
 
 
-def class_levers() -> dict[str, str]:
-    """What acts on each kernel class's time above its limit."""
+def attention_backend(f: StepFigures) -> str | None:
+    """The fused attention kernel the step ran (``cudnn``, ``flash``, ``efficient``), from its
+    top kernels' names; None where none is among them."""
+    names = [k["name"].lower() for k in f.rest.get("top_kernels") or []]
+    for backend, parts in (("cudnn", ("cudnn_generated", "native_sdpa")), ("flash", ("flash",)),
+                           ("efficient", ("fmha", "efficient_attention"))):
+        if any(p in n for n in names for p in parts):
+            return backend
+    return None
+
+
+def class_levers(f: StepFigures, cls: str) -> str:
+    """What acts on ``cls``'s time above its limit, less what the run has set already (its
+    levers as ``profile.json`` saved them: ``config``)."""
+    config = f.rest.get("config") or {}
+    if cls == "matmul/conv":
+        parts = ([f"products in bf16 ({flag('accel.precision')} bf16)"]
+                 if config.get("precision", "fp32") in ("fp32", "tf32") else [])
+        if config.get("float8", "none") == "none" and f.has_conv is False:
+            parts.append(f"float8 products on wide layers ({flag('accel.float8')})")
+        if config.get("compile") and config.get("compile_mode", "default") == "default":
+            parts.append(f"max-autotune's product templates ({flag('accel.compile_mode')})")
+        return ", ".join(parts + ["shapes in multiples of 64"])
+    if cls == "attention":
+        others = [b for b in ("cudnn", "flash") if b != attention_backend(f)]
+        return (f"another fused attention kernel ({flag('accel.sdpa_backend')} "
+                f"{' or '.join(others)}), FlexAttention")
+    if cls == "norm/element-wise":
+        fuse = ([f"fused element-wise kernels ({flag('accel.compile')})"]
+                if not config.get("compile") else [])
+        return ", ".join(fuse + ["fewer fp32 tensors between kernels", "each kernel nearer "
+                                 "the copy bandwidth (its blocks, its passes over the data)"])
     return {
-        "matmul/conv": (f"products in bf16 or float8 ({flag('accel.precision')}, "
-                        f"{flag('accel.float8')}), shapes in multiples of 64, max-autotune's "
-                        f"product templates ({flag('accel.compile_mode')} max-autotune)"),
-        "attention": (f"another fused attention kernel ({flag('accel.sdpa_backend')} flash or "
-                      f"cudnn), FlexAttention"),
-        "norm/element-wise": (f"fewer, fused element-wise kernels ({flag('accel.compile')}), "
-                              f"fewer fp32 tensors between them"),
         "loss/softmax": ("a fused or chunked linear + cross-entropy that never writes the fp32 "
                          "logits"),
         "optimizer": "a fused optimizer; bf16 parameters with fp32 master weights",
         "copies": "fewer dtype casts and copies; pinned memory for copies from the host",
-        "other": "see the top kernels",
-    }
+    }.get(cls, "see the top kernels")
 
 
 def roofline_fallback(f: StepFigures, otherwise: Lever) -> Lever:
@@ -47,7 +69,7 @@ def roofline_fallback(f: StepFigures, otherwise: Lever) -> Lever:
     gain = f.step_ms / (f.step_ms - top["gap_ms"])
     return Lever(f"the time above the limits is most in {top['class']}: "
                  f"{top['gap_ms']:.2f} ms of its {top['ms']:.2f} ms per step; "
-                 f"{class_levers()[top['class']]}",
+                 f"{class_levers(f, top['class'])}",
                  estimate(gain, f"{top['class']} at its roof"), (), gain)
 
 
@@ -61,8 +83,9 @@ def roofline_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     cls, why = top["class"], f"{top['class']} {top['gap_ms']:.1f} ms above its limit"
     changes: list[dict] = []
     if cls == "attention" and f.has_blocks:
+        running = attention_backend(f)
         changes = [{"accel.sdpa_backend": b} for b in ("cudnn", "flash")
-                   if b != accel.sdpa_backend]
+                   if b != accel.sdpa_backend and b != running]
     elif cls == "matmul/conv" and accel.compile and accel.compile_mode == "default":
         mode = "max-autotune-no-cudagraphs" if accel.cuda_graph else "max-autotune"
         changes = [{"accel.compile_mode": mode}]
