@@ -13,6 +13,7 @@ from kasoku.accel.checkpointing import apply_activation_checkpointing, checkpoin
 from kasoku.accel.compile import GRAPHING_MODES, apply_compile, compile_fn
 from kasoku.accel.config import AccelConfig, check_choices
 from kasoku.accel.conv_matmul import apply_matmul_1x1
+from kasoku.accel.cross_entropy import apply_fused_loss
 from kasoku.accel.cudnn import apply_cudnn_benchmark
 from kasoku.accel.float8 import apply_float8
 from kasoku.accel.fused_bn import apply_fused_bn
@@ -221,6 +222,8 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     if cfg.compile and not per_block:
         model = apply_compile(model, device, notes, **compile_options)
     optimizer = make_optimizer(params, cfg.optimizer_impl)
+    if cfg.fused_loss:
+        loss_fn = apply_fused_loss(loss_fn, device, notes)
     step_fn = precision.make_step(loss_fn, metric_fn)
     if cfg.compile:  # the loss and the metric too, one graph: both read the whole output
         step_fn.objective = compile_fn(step_fn.objective, device)

@@ -74,6 +74,10 @@ class AccelConfig:
     """float8 matrix products of the Linear layers through torchao (pip install torchao): none
     | tensorwise | rowwise scaling; CUDA, compute capability 8.9+ (Ada, Hopper). Faster than
     bf16 only for wide matrices (measured on an H100: from about 2,048 wide; 1.4x at 4,096)."""
+    fused_loss: bool = False
+    """The cross-entropy as kasoku's two Triton kernels: the forward pass keeps each row's
+    log-sum-exp, the backward pass writes the gradient in one pass over the logits (a
+    language model's 50,304-token head); workloads whose loss is a cross-entropy; CUDA."""
     compile: bool = False
     """torch.compile the model (fuses batch norm, ReLU, residual adds and other elementwise
     chains into fewer kernels); compilation happens in the first steps."""

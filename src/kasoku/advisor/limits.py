@@ -36,7 +36,8 @@ def class_levers(f: StepFigures, cls: str) -> str:
         if config.get("float8", "none") == "none" and f.has_conv is False:
             parts.append(f"float8 products on wide layers ({flag('accel.float8')})")
         if config.get("compile") and config.get("compile_mode", "default") == "default":
-            parts.append(f"max-autotune's product templates ({flag('accel.compile_mode')})")
+            parts.append(f"max-autotune's product templates ({flag('accel.compile_mode')} "
+                         f"max-autotune)")
         return ", ".join(parts + ["shapes in multiples of 64"])
     if cls == "attention":
         others = [b for b in ("cudnn", "flash") if b != attention_backend(f)]

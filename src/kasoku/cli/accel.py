@@ -22,6 +22,7 @@ _FLAGS = {
     "optimizer_impl": {"type": choice(OPTIMIZER_IMPLS),
                        "metavar": "{" + ",".join(OPTIMIZER_IMPLS) + "}"},
     "fused_bn": None, "fast_stem": None, "matmul_1x1": None, "wgrad_stream": None,
+    "fused_loss": None,
     "combo_kernels": None, "cuda_graph": None, "keep_memory": None,
     "loss_scale_init": {"metavar": "SCALE"},
     "steps_per_call": {"metavar": "K"},

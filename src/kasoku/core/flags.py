@@ -52,6 +52,7 @@ FLAGS: dict[str, str] = {
     "accel.activation_checkpointing": "--activation-checkpointing",
     "accel.sdpa_backend": "--sdpa-backend",
     "accel.float8": "--float8",
+    "accel.fused_loss": "--fused-loss",
     "accel.compile": "--compile",
     "accel.compile_mode": "--compile",
     "accel.combo_kernels": "--combo-kernels",
