@@ -3,7 +3,7 @@ steps: GPT-2 small's top rung, ResNet-50's top rung (synthetic images on the dev
 nanoGPT's ``bench.py`` under ``kasoku profile -- python bench.py``.
 
     PYTHONPATH=src python benchmarks/roofline.py --nanogpt .peers/nanogpt --out OUT
-        [--only gpt,resnet,nanogpt] [--batch 16] [--tar FILE.tgz]
+        [--only gpt,resnet,nanogpt] [--batch 16] [--measure] [--extra FLAGS] [--tar FILE]
 
 Each runs as ``kasoku profile ... --estimate`` (the verdict, its levers not measured) and
 writes its ``profile.json``, ``report.html`` and ``roofline.png`` under OUT/NAME; this prints
@@ -27,9 +27,11 @@ RESNET = ["imagenet-resnet50", "--batch-size", "256", "--synthetic", "--syntheti
 
 
 def commands(args) -> dict[str, list[str]]:
-    kasoku = [sys.executable, "-m", "kasoku", "profile", "--device", "cuda", "--estimate"]
+    kasoku = [sys.executable, "-m", "kasoku", "profile", "--device", "cuda"]
+    if not args.measure:  # the verdict's levers measured (A/B runs) only when asked
+        kasoku.append("--estimate")
     return {
-        "gpt": kasoku + GPT + ["--batch-size", str(args.batch),
+        "gpt": kasoku + GPT + args.extra.split() + ["--batch-size", str(args.batch),
                                "--out", str(args.out / "gpt")],
         "resnet": kasoku + RESNET + ["--out", str(args.out / "resnet")],
         # run in nanoGPT's folder: bench.py reads its configurator.py from there
@@ -66,6 +68,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", default="gpt,resnet,nanogpt")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--measure", action="store_true",
+                   help="measure the verdict's levers of gpt and resnet (no --estimate)")
+    p.add_argument("--extra", default="", help="more flags for gpt's profile (--fused-loss)")
     p.add_argument("--tar", type=Path, help="also pack OUT (less the traces) into this file")
     args = p.parse_args()
     runs = commands(args)

@@ -35,6 +35,7 @@ import torch
 from kasoku.accel.checkpointing import checkpointable_blocks
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.cpu_threads import apply_cpu_threads
+from kasoku.accel.graph import eagerly
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.commands.bench.fed import FedBatches
 from kasoku.commands.bench.numerics import DEFAULT_STEPS
@@ -53,6 +54,7 @@ from kasoku.perf.peak import measure_matmul_peak
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kernels import profile_steps
 from kasoku.perf.profile.window import Window
+from kasoku.perf.profile.work import optimizer_bytes
 from kasoku.perf.sysinfo import environment
 from kasoku.run import decode
 from kasoku.train.step import markable
@@ -268,6 +270,8 @@ def _profile(req: WorkerRequest, runner, batches, start: int, device: torch.devi
     try:
         context = {"batch_size": req.batch_size, "has_conv": has_conv2d(model),
                    "has_blocks": checkpointable_blocks(model) is not None, **cpu_bf16()}
+        if device.type == "cuda" and isinstance(runner, StepRunner):  # the update's roof
+            context["optimizer_bytes"] = optimizer_bytes(runner.optimizer)
         figures = profile_window(runner, batches, start, device, req.profile_steps, context,
                                  per_step)
         figures = figures.restated(per_step, per_step / (step_ms / 1e3),
@@ -290,7 +294,10 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
     its eager step takes them, else one ``compute``."""
     inner = markable(runner.step) if isinstance(runner, StepRunner) else None
     with tempfile.TemporaryDirectory(prefix="kasoku-bench-profile-") as tmp:
-        window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP)
+        # the work step (each kernel class against its limit) eagerly where a graph replays
+        eager = (lambda: eagerly(runner.step)) if isinstance(runner, StepRunner) else None
+        window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP, work_step=True,
+                        eager=eager)
         clock = window.start(NoClock())  # the trace's spans only: nothing else to time
         if inner is not None:
             inner.mark = clock.mark
