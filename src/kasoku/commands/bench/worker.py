@@ -294,7 +294,6 @@ def profile_window(runner, batches, start: int, device: torch.device, steps: int
     its eager step takes them, else one ``compute``."""
     inner = markable(runner.step) if isinstance(runner, StepRunner) else None
     with tempfile.TemporaryDirectory(prefix="kasoku-bench-profile-") as tmp:
-        # the work step (each kernel class against its limit) eagerly where a graph replays
         eager = (lambda: eagerly(runner.step)) if isinstance(runner, StepRunner) else None
         window = Window(device, tmp, steps=steps, warmup=PROFILE_WARMUP, work_step=True,
                         eager=eager)
