@@ -204,3 +204,16 @@ def test_streams_at_once_are_their_own_row():
     assert [r[0] for r in printed][-2:] == ["overlapped (streams at once)", "idle (no kernel)"]
     assert printed[-2][1] == "-6.22" and printed[-1][1] == "0.50"
     assert sum(float(r[1]) for r in printed) == pytest.approx(32.58, abs=0.02)
+
+
+def test_where_no_lever_was_faster_the_class_is_still_named(events, by_class_ms):
+    from kasoku.advisor.advice import Outcome, advise
+    table = roofline.roofline(by_class_ms, work.class_work(events, STEPS), ROOFS)
+    f = _figures(table, sum(by_class_ms.values()) + 0.3).adding(has_blocks=True)
+    v = judge(f, AccelConfig(precision="bf16", compile=True, cuda_graph=True))
+    flash = v.candidates[-1]
+    v = advise(v, [Outcome(flash, base=[100.0, 101.0], rates=[100.5, 100.0])])
+    assert v.lever.text.startswith("none of the levers tried was faster here (tried: "
+                                   "--sdpa-backend flash 1.00x, within noise); the time above "
+                                   "the limits is most in attention")
+    assert type(v).from_dict(v.to_dict()).fallback.text == v.fallback.text  # as saved

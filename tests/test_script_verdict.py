@@ -17,7 +17,8 @@ from kasoku.commands.script_levers import ScriptFacts
 from kasoku.perf.profile.figures import StepFigures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "verdicts" / "h200-mnist-mlp.json"
-JUDGED = ["rule", "reason", "line", "lever", "candidates", "tried", "experiments", "secondary"]
+JUDGED = ["rule", "reason", "line", "lever", "candidates", "tried", "experiments", "secondary",
+          "fallback"]
 
 
 class NoSides:

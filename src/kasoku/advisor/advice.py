@@ -97,7 +97,9 @@ def advise(verdict, outcomes: list[Outcome]):
     if best is not None:
         lever = best.lever.measured_as(best.to_dict())
     else:
+        then = getattr(verdict, "fallback", None)
         lever = Lever("none of the levers tried was faster here (tried: "
-                      + "; ".join(short(t) for t in tried) + ")", "",
-                      measured={"result": "none faster"})
+                      + "; ".join(short(t) for t in tried) + ")"
+                      + (f"; {then.text}" if then is not None and not then.change else ""),
+                      "", measured={"result": "none faster"})
     return replace(verdict, lever=lever, tried=tried)

@@ -107,6 +107,8 @@ class Verdict:
     """The levers that apply, to be measured (the verdict's lever is the best measured)."""
     tried: list[dict] = field(default_factory=list)
     """The candidates as measured (``advice.Outcome.to_dict``), best first."""
+    fallback: Lever | None = None
+    """The rule's word where no candidate is faster (said after what was tried)."""
 
     @property
     def line(self) -> str:
@@ -119,7 +121,8 @@ class Verdict:
                 "candidates": [c.to_dict() for c in self.candidates],
                 "tried": list(self.tried),
                 "experiments": [e.to_dict() for e in self.experiments],
-                "secondary": list(self.secondary)}
+                "secondary": list(self.secondary),
+                **({"fallback": self.fallback.to_dict()} if self.fallback else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Verdict":
@@ -128,7 +131,8 @@ class Verdict:
                    [Experiment.from_dict(e) for e in d.get("experiments") or []],
                    list(d.get("secondary") or []),
                    [Lever.from_dict(c) for c in d.get("candidates") or []],
-                   list(d.get("tried") or []))
+                   list(d.get("tried") or []),
+                   Lever.from_dict(d["fallback"]) if d.get("fallback") else None)
 
 
 # --- the figures the rules read ------------------------------------------------------------
@@ -392,4 +396,5 @@ def judge(figures: StepFigures, accel: AccelConfig, rules: list[Rule] = RULES) -
         if rule not in named and share >= SECONDARY_PCT:
             secondary.append(f"{_pct(share)} of the step {words}")
     return Verdict(name, first.say(figures), first.lever(figures, accel),
-                   first.experiments(figures), secondary, first.candidates(figures, accel))
+                   first.experiments(figures), secondary, first.candidates(figures, accel),
+                   fallback=first.fallback(figures))
