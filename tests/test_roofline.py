@@ -217,3 +217,33 @@ def test_where_no_lever_was_faster_the_class_is_still_named(events, by_class_ms)
                                    "--sdpa-backend flash 1.00x, within noise); the time above "
                                    "the limits is most in attention")
     assert type(v).from_dict(v.to_dict()).fallback.text == v.fallback.text  # as saved
+
+
+def test_the_summary_and_the_report_show_the_table(tmp_path):
+    """GPT-2 small's top rung as ``kasoku profile`` saved it on one H200: the printed table's
+    rows and the report's are the classes, the idle rest and the step's time above the
+    limits."""
+    import json
+    import re
+
+    from kasoku.advisor.verdict import Verdict
+    from kasoku.cli.profile import summary
+    from kasoku.perf.profile.html import write_report
+    saved = json.loads((Path(__file__).parent / "fixtures" / "verdicts"
+                        / "h200-gpt-small-top-roofline.json").read_text())
+    f = saved["figures"]
+    text = summary({"phases": saved["phases"], "figures": f,
+                    "verdict": Verdict.from_dict(saved["verdict"]), "out": str(tmp_path)})
+    lines = text.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("time by kernel class against"))
+    assert "6.63 ms of the 33.19 ms step above the limits" in lines[head]
+    rows = lines[head + 2:head + 2 + len(f["roofline"]["classes"]) + 1]
+    assert [r.split()[0] for r in rows] == [r["class"] for r in f["roofline"]["classes"]] + ["idle"]
+    png = roofline.draw(f["roofline"], f["step_ms"], tmp_path / "roofline.png")
+    page = write_report(tmp_path / "report.html", title="gpt", verdict=saved["verdict"],
+                        figures=f, phases=saved["phases"], timeline_png=None, ladder=None,
+                        settings={}, roofline_png=png).read_text()
+    section = page[page.index("Time by kernel class, against its limit"):]
+    table = re.search(r"<table>(.*?)</table>", section, re.S).group(1)
+    assert table.count("<tr>") == 1 + len(f["roofline"]["classes"]) + 1  # header, idle
+    assert 'id="roofline"' in section and "data:image/png;base64," in section
