@@ -263,6 +263,7 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
     hatched."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     rungs, sizes, cells = _grid(records)
     fig = Figure(figsize=(max(6.4, 1.2 + 1.1 * len(sizes) * max(1, len(rungs)) / 3), 4.2))
@@ -271,6 +272,7 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
     width = 0.8 / max(1, len(rungs))
     top = max([median_rate(r) or 0.0 for r in records] + [1.0])
     colors = rung_colors(len(rungs))
+    handles: list = []
     for i, rung in enumerate(rungs):
         xs, heights, errs, hatches, labels, ceilings = [], [], [[], []], [], [], []
         for j, bs in enumerate(sizes):
@@ -291,7 +293,9 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
             hatches.append("FAIL" if record.get("numerics", {}).get("status") == "FAIL"
                            else "unstable" if unstable(record) else None)
             labels.append(speedup_text(record, cells.get(("plain", bs))))
-        bars = ax.bar(xs, heights, width, yerr=errs, capsize=2, label=rung, color=colors[i])
+        bars = ax.bar(xs, heights, width, yerr=errs, capsize=2, color=colors[i])
+        # the legend's own patch: an empty bar set (a rung skipped here) has no color of its own
+        handles.append(Patch(color=colors[i], label=rung if xs else f"{rung} (not run)"))
         for bar, mark, label, ceiling in zip(bars, hatches, labels, ceilings):
             x = bar.get_x() + bar.get_width() / 2
             if label and rung != "plain":  # the speed-up over plain, above the whisker
@@ -313,10 +317,11 @@ def plot_ladder(records: list[dict], path: Path, title: str) -> Path:
                  fontsize=8)
     longest = max((len(r) for r in rungs), default=0)
     if longest > 24:  # --config specs as labels: below the axes, as wide as they need
-        ax.legend(fontsize=7, ncols=max(1, min(len(rungs), 90 // longest)), loc="upper left",
-                  bbox_to_anchor=(0.0, -0.14))
+        ax.legend(handles=handles, fontsize=7, ncols=max(1, min(len(rungs), 90 // longest)),
+                  loc="upper left", bbox_to_anchor=(0.0, -0.14))
     else:
-        ax.legend(fontsize=7, ncols=min(4, max(1, len(rungs))), loc="upper left")
+        ax.legend(handles=handles, fontsize=7, ncols=min(4, max(1, len(rungs))),
+                  loc="upper left")
     # Room above the highest whisker for its speed-up label (upright or turned) and the legend.
     highest = max([top] + [r["figures"]["samples_per_s"]["max"] for r in records
                            if median_rate(r)])
