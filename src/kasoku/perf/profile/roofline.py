@@ -70,10 +70,12 @@ def roofline(by_class_ms: dict, work: dict[str, ClassWork], roofs: Roofs,
         if ms <= 0:
             continue
         w = work.get(cls) or ClassWork()
-        if cls == "optimizer" and optimizer_bytes and not w.bytes:
-            w = ClassWork(bytes=optimizer_bytes, known_us=1.0)
         seen_us = w.known_us + w.unknown_us
         known = w.known_us / seen_us if seen_us else 0.0
+        if cls == "optimizer" and optimizer_bytes and not w.bytes:
+            # the update's tensor lists carry no shapes: its bytes as the caller counted them,
+            # for all of its time
+            w, known = ClassWork(bytes=optimizer_bytes), 1.0
         row = {"class": cls, "ms": ms, "known_pct": 100 * known, "flop": w.flop,
                "bytes": w.bytes, "unit": "TFLOP/s" if cls in MATH else "GB/s"}
         if known == 0.0 or (not w.flop and not w.bytes) or cls == "communication":
