@@ -3,11 +3,13 @@ DataLoader and its forward are, and the levers set on its objects (``--with work
 ``--with replay``).
 
 Steps are found without help: a step is one ``step()`` of the first optimizer that steps (a
-global post-hook on every ``torch.optim.Optimizer``), or, for a script that never calls an
-optimizer (a hand-written update), one backward pass (``torch.Tensor.backward`` and
-``torch.autograd.backward`` wrapped; a backward is a step once a second one comes with no
-optimizer step between). The wait for a batch is the time in the DataLoader iterator's
-``__next__``.
+global post-hook on every ``torch.optim.Optimizer``), whatever the backward passes before it
+(two losses, gradient accumulation; a closure's passes inside ``step(closure)`` are that
+step's update). Only a script that updates by hand is stepped by its backward passes
+(``torch.Tensor.backward`` and ``torch.autograd.backward`` wrapped): one that has made no
+optimizer (``Optimizer.__init__`` wrapped), or whose optimizers have not stepped in
+``UNUSED_OPTIMIZER`` backward passes. The wait for a batch is the time in the DataLoader
+iterator's ``__next__``.
 
 The steps, in order: ``skip`` steps not timed (the script's own warm-up: compilation,
 autotuning, the loader's first workers); ``measure_steps`` steps timed without the profiler, in
@@ -54,6 +56,9 @@ times the same wait for every DataLoader the script makes."""
 MEASURE_WINDOWS = 5
 REPLAY_BATCHES = 8
 """``--with replay`` hands out the DataLoader's first batches, at most this many, in turn."""
+UNUSED_OPTIMIZER = 64
+"""Backward passes with an optimizer made and none stepped after which the script is taken to
+update by hand: more than any gradient accumulation waits before its first step."""
 
 
 class StepWatch:
@@ -77,8 +82,10 @@ class StepWatch:
         self._stepper = None  # the optimizer whose steps are the steps
         self.optimizer = None
         """The optimizer whose steps were the steps, once the window has ended."""
-        self._backwards = 0
+        self._backwards = 0  # outside an optimizer's step, while none has stepped
         self._in_backward = 0
+        self._in_step = 0  # optimizer steps under way (an LBFGS closure's passes are in one)
+        self._made_optimizer = False
         self._loader_calls = 0  # this step's
         self._loader_steps = False
         self._pending = False  # the next batch's wait starts a step
@@ -96,6 +103,8 @@ class StepWatch:
         self._pre_hook = register_optimizer_step_pre_hook(self._optimizer_starts)
         self._patch(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
         self._patch(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._patch(torch.optim.Optimizer, "__init__",
+                    self._wrap_optimizer_init(torch.optim.Optimizer.__init__))
         self._patch(LOADER_ITER, "__next__", self._wrap_next(LOADER_ITER.__next__))
         self._patch(DataLoader, "__init__", self._wrap_loader_init(DataLoader.__init__))
         autocast = torch.amp.autocast_mode.autocast
@@ -128,7 +137,7 @@ class StepWatch:
         watch = self
 
         def backward(*args, **kwargs):
-            if not watch._in_backward and watch.clock is not None:
+            if not (watch._in_backward or watch._in_step) and watch.clock is not None:
                 watch.clock.mark("backward")
             watch._in_backward += 1
             try:
@@ -138,6 +147,14 @@ class StepWatch:
                 if not watch._in_backward:  # Tensor.backward calls autograd.backward
                     watch._backward_done()
         return backward
+
+    def _wrap_optimizer_init(self, original):
+        watch = self
+
+        def __init__(optimizer, *args, **kwargs):
+            original(optimizer, *args, **kwargs)
+            watch._made_optimizer = True
+        return __init__
 
     def _wrap_next(self, original):
         watch = self
@@ -202,25 +219,28 @@ class StepWatch:
 
     # --- the events ---------------------------------------------------------------------
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
-        if self.done:
+        if self.done:  # its pre-hook is gone: no count of steps under way to keep
             return
+        self._in_step -= 1
         if self._stepper is None:
             self._stepper = optimizer
         if optimizer is self._stepper:
             self._step_end()
 
     def _optimizer_starts(self, optimizer, args, kwargs) -> None:
+        self._in_step += 1
         if self.clock is not None and optimizer is self._stepper:
             self.clock.mark("update")
 
     def _backward_done(self) -> None:
-        if self._stepper is None and self.clock is not None:
-            self.clock.mark("update")  # a hand-written update follows its backward pass
+        if self._stepper is not None or self._in_step or self.done:
+            return
         self._backwards += 1
-        if self._stepper is None and self._backwards >= 2 and not self.done:
-            # Two backward passes with no optimizer step between: each is a step.
-            self.steps = max(self.steps, self._backwards - 1)
-            self._step_end()
+        if self._made_optimizer and self._backwards <= UNUSED_OPTIMIZER:
+            return  # its first step() ends the first step
+        if self.clock is not None:
+            self.clock.mark("update")  # a hand-written update follows its backward pass
+        self._step_end()
 
     def _batch_wait(self, it) -> bool:
         self._loader_calls += 1
