@@ -1,7 +1,8 @@
 """A script's advice is in the script's terms (``kasoku.advisor.script_words``): every lever
 said to a script is a ``--with`` lever kasoku sets from outside or an edit at the script's
 line, never a flag of kasoku's own workloads; a batch kasoku did not see come from a
-DataLoader is no number of samples."""
+DataLoader is no number of samples; and timed steps that were unstable are said on the
+terminal beside the advice."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from kasoku.advisor.verdict import judge
 from kasoku.commands.profile import ProfileConfig
 from kasoku.commands.script_ab import advise_script
 from kasoku.commands.script_levers import ScriptFacts
-from kasoku.commands.script_profile import verdict_lines
+from kasoku.commands.script_profile import unstable_line, verdict_lines
 from kasoku.perf.profile.figures import StepFigures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verdicts"
@@ -30,6 +31,7 @@ NO_LOADER = ScriptFacts(forward_site="train.py:30")
 episode per step): no DataLoader seen."""
 LOADER = ScriptFacts(loader_site="train.py:12", forward_site="train.py:30", num_workers=0,
                      has_conv=True, loader_steps=True, batch_size=64)
+STABLE = {"stable": True, "reasons": []}
 
 
 class EvenSides:
@@ -43,13 +45,14 @@ class EvenSides:
         return "kasoku profile -- python train.py"
 
 
-def scripts_lines(figures: dict, judged, facts: ScriptFacts, cfg: ProfileConfig
-                  ) -> tuple[ScriptVerdict, list[str]]:
+def scripts_lines(figures: dict, judged, facts: ScriptFacts, cfg: ProfileConfig,
+                  stability: dict = STABLE) -> tuple[ScriptVerdict, list[str]]:
     """The terminal's lines for a script judged ``judged`` and advised with ``cfg``, and every
     text of the saved verdict a person reads (its lever, edits, fallback, unconfirmed)."""
     f = StepFigures.from_dict(figures)
     result = {"device": "cuda:0" if f.device == "cuda" else "cpu", "figures": f,
-              "verdict": ScriptVerdict(judged), "out": "runs/x", "report": "runs/x/report.html"}
+              "verdict": ScriptVerdict(judged), "out": "runs/x", "report": "runs/x/report.html",
+              "stability": stability}
     verdict = advise_script(result, facts, EvenSides(), cfg, say=lambda line: None)
     saved = verdict.to_dict()
     texts = [saved["line"], saved["lever"]["text"], saved["lever"]["caveat"],
@@ -133,3 +136,16 @@ def test_a_rules_fallback_is_said_in_the_scripts_terms():
                                        "train.py:12, smaller inputs, or faster storage")
     assert verdict.verdict.fallback.text.startswith("more DataLoader worker processes")
 
+
+def test_unstable_timed_steps_are_said_beside_the_advice():
+    figures = json.loads((FIXTURES / "cpu-epyc2-mnist-mlp.json").read_text())["figures"]
+    busy = {"stable": False, "reasons": ["load average 3.1 on 2 cores"]}
+    _, lines = scripts_lines(figures, judge_saved(figures), LOADER,
+                             ProfileConfig(estimate=True), stability=busy)
+    (said,) = [line for line in lines if line.startswith("unstable: ")]
+    assert said == unstable_line(busy)
+    assert "load average 3.1 on 2 cores" in said and "measure again on a quiet machine" in said
+    _, lines = scripts_lines(figures, judge_saved(figures), LOADER,
+                             ProfileConfig(estimate=True))
+    assert not [line for line in lines if line.startswith("unstable")]
+    assert unstable_line(None) is None
