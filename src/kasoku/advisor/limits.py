@@ -56,10 +56,11 @@ def class_levers(f: StepFigures, cls: str) -> str:
     }.get(cls, "see the top kernels")
 
 
-def roofline_fallback(f: StepFigures, otherwise: Lever) -> Lever:
+def roofline_fallback(f: StepFigures, otherwise: Lever, levers=class_levers) -> Lever:
     """Where a device-bound step's levers are spent: the kernel class with most time above
-    its limit and what acts on it, or "no cheap lever left" where the classes' gaps add up to
-    under ``NO_CHEAP_LEVER_PCT`` of the step; ``otherwise`` without a roofline."""
+    its limit and what acts on it (``levers(f, cls)``: kasoku's flags, or a script's edits),
+    or "no cheap lever left" where the classes' gaps add up to under ``NO_CHEAP_LEVER_PCT``
+    of the step; ``otherwise`` without a roofline."""
     table = f.roofline
     if not table or not f.step_ms:
         return otherwise
@@ -70,7 +71,7 @@ def roofline_fallback(f: StepFigures, otherwise: Lever) -> Lever:
     gain = f.step_ms / (f.step_ms - top["gap_ms"])
     return Lever(f"the time above the limits is most in {top['class']}: "
                  f"{top['gap_ms']:.2f} ms of its {top['ms']:.2f} ms per step; "
-                 f"{class_levers(f, top['class'])}",
+                 f"{levers(f, top['class'])}",
                  estimate(gain, f"{top['class']} at its roof"), (), gain)
 
 

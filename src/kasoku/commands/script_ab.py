@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kasoku.advisor.advice import advise
 from kasoku.advisor.script import ScriptVerdict
+from kasoku.advisor.script_words import script_fallback
 from kasoku.advisor.verdict import Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
@@ -71,15 +72,18 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
                   say) -> ScriptVerdict:
     """The verdict's levers for the script (``script_candidates``), those pulled from outside
     measured in rounds of fresh runs unless ``cfg.estimate``, the best one measured faster
-    advised; with ``cfg.confirm`` the bound's proof (replayed batches) and the advice once
-    more. ``result["verdict"]`` (a ``ScriptVerdict``) is replaced by the advised one, which
-    is returned (and ``result["ladder"]`` set)."""
+    advised, else the first edit, else the rule's fallback in the script's terms
+    (``script_fallback``, kept as the verdict's ``fallback``); with ``cfg.confirm`` the
+    bound's proof (replayed batches) and the advice once more. ``result["verdict"]`` (a
+    ``ScriptVerdict``) is replaced by the advised one, which is returned (and
+    ``result["ladder"]`` set)."""
     judged: Verdict = result["verdict"].verdict
     device = result["device"].split(":")[0]
     candidates = script_candidates(judged, facts, device, result["figures"])
     edits = [c for c in candidates if not c.change]
-    lever = candidates[0] if candidates else judged.lever
-    advised = Verdict(judged.rule, judged.reason, lever)
+    fallback = script_fallback(judged, result["figures"], facts.loader_site)
+    lever = candidates[0] if candidates else fallback or judged.lever
+    advised = Verdict(judged.rule, judged.reason, lever, fallback=fallback)
     if not cfg.estimate and any(c.change for c in candidates):
         say(f"trying the levers for {judged.rule} in fresh runs of the script, each "
             f"beside the run as given ({option('estimate')} skips this):")
@@ -88,8 +92,8 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
         advised = advise(advised, outcomes)
         if (advised.lever.measured or {}).get("result") == "none faster" and edits:
             advised = Verdict(advised.rule, advised.reason, edits[0], tried=advised.tried)
-    verdict = ScriptVerdict(replace(judged, lever=advised.lever, tried=advised.tried), edits,
-                            measured=bool(advised.tried))
+    verdict = ScriptVerdict(replace(judged, lever=advised.lever, tried=advised.tried,
+                                    fallback=fallback), edits, measured=bool(advised.tried))
     result["verdict"] = verdict
     if cfg.confirm:
         say("confirming the bound and the advice in fresh runs of the script:")

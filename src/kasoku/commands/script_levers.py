@@ -26,12 +26,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from kasoku.advisor.levers import Lever, estimate, given, idle_speedup
+from kasoku.advisor.script_words import (
+    UNKNOWN_BATCH_CAVEAT,
+    at,
+    batch_words,
+    edit_words,
+    experiment_words,
+)
 from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import with_args, with_value
@@ -230,10 +237,6 @@ class ScriptFacts:
     """The first batch's length; None where no batch came from a DataLoader."""
 
 
-def _at(site: str | None) -> str:
-    return f" at {site}" if site else ""
-
-
 def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
     """``lever`` (one of the verdict's candidates, a change of the run's fields) as the
     script's lever: a change of its ``--with`` levers where kasoku can pull it from outside
@@ -241,9 +244,11 @@ def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
     script."""
     change = dict(lever.change)
     if change == {"train.loader": "multiprocess"}:
+        if not facts.loader_steps:
+            return None  # --with workers=N sets a DataLoader's: none gives the steps batches
         n = default_workers()
         return _as(lever, f"load in {n} worker processes: DataLoader(..., num_workers={n})"
-                   f"{_at(facts.loader_site)}", {"with.workers": n})
+                   f"{at(facts.loader_site)}", {"with.workers": n})
     if change == {"accel.precision": "bf16"}:
         where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
         return _as(lever, f"bf16: torch.autocast('{device}', dtype=torch.bfloat16) around the "
@@ -253,29 +258,16 @@ def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
         return _as(lever, f"torch.set_num_threads({n}) (or OMP_NUM_THREADS={n})",
                    {"with.threads": n})
     if change.keys() == {"train.batch_size"}:
-        words = (f"a batch twice as large ({change['train.batch_size']} samples; scale the "
-                 f"learning rate)")
+        # its size only where the steps take their batches from a DataLoader kasoku saw
+        words = batch_words(facts.batch_size if facts.loader_steps else None,
+                            facts.loader_site, facts.forward_site)
+        if not (facts.loader_steps and facts.batch_size):
+            lever = replace(lever, caveat=UNKNOWN_BATCH_CAVEAT)
     else:
-        words = EDITS.get(lever.change[0]) if len(lever.change) == 1 else None
+        words = edit_words(change, facts.loader_site)
     if words is None:
         return None
-    if change == {"train.loader": "device"}:
-        words += _at(facts.loader_site)
     return _as(lever, words + " (needs an edit: not measured)", {})
-
-
-EDITS = {
-    ("train.loader", "device"): "keep the dataset on the GPU and index its batches there "
-                                "instead of a DataLoader",
-    ("accel.compile", True): "torch.compile the model",
-    ("accel.channels_last", True): "the model and its inputs in torch.channels_last",
-    ("accel.cuda_graph", True): "capture the step as a CUDA graph (torch.cuda.graph, or "
-                                "torch.compile with mode='reduce-overhead')",
-    ("accel.keep_memory", True): "keep freed memory: a memory allocator such as jemalloc or "
-                                 "tcmalloc (LD_PRELOAD)",
-}
-"""The change of a lever that needs the script edited (its one field and value), as the
-edit."""
 
 
 def _as(lever: Lever, text: str, change: dict) -> Lever:
@@ -305,14 +297,14 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str,
     h2d_pct = 100 * given(f.h2d_ms, 0.0) / f.step_ms if f.step_ms else 0.0
     if device == "cuda" and facts.loader_steps and f.h2d_pageable and h2d_pct >= H2D_PCT:
         out.append(Lever(f"copy the batches from pinned memory: DataLoader(..., pin_memory="
-                         f"True){_at(facts.loader_site)}, and .to(device, non_blocking=True) "
+                         f"True){at(facts.loader_site)}, and .to(device, non_blocking=True) "
                          f"(the copies from pageable memory take {h2d_pct:.0f}% of the step)",
                          estimate(None, "the copies' share at most"), {"with.pin_memory": True}))
     if rule != "input-bound" and facts.loader_steps and data_pct >= WAIT_PCT \
             and not facts.num_workers:
         n = default_workers()
         out.append(Lever(f"load in {n} worker processes: DataLoader(..., num_workers={n})"
-                         f"{_at(facts.loader_site)} (the step waits {data_pct:.0f}% for its "
+                         f"{at(facts.loader_site)} (the step waits {data_pct:.0f}% for its "
                          f"batches)", estimate(idle_speedup(data_pct), "up to"),
                          {"with.workers": n}, idle_speedup(data_pct), NUMERICS["workers"]))
     if device != "cuda" or "device-bound" not in rule:
@@ -347,7 +339,8 @@ def script_experiments(verdict: Verdict, facts: ScriptFacts
                        ) -> tuple[list[Experiment], list[str]]:
     """The verdict's ``--confirm`` experiments a script's runs can make (synthetic batches on
     the device: the DataLoader's batches replayed, where its steps take them from one), and
-    the labels of those that cannot be made without an edit."""
+    the labels of those that cannot be made without an edit (a larger batch's size only where
+    the steps take their batches from a DataLoader whose batches were seen)."""
     kept, left = [], []
     for e in verdict.experiments:
         change = dict(e.change)
@@ -355,6 +348,9 @@ def script_experiments(verdict: Verdict, facts: ScriptFacts
             kept.append(Experiment("replayed batches (no wait for data)", {"with.replay": True},
                                    e.faster))
         else:
-            unknown = facts.batch_size is None and "train.batch_size" in change
-            left.append("batch x2" if unknown else e.label)
+            words = experiment_words(e)
+            if "train.batch_size" in change:  # the size only of a DataLoader's batches seen
+                known = facts.batch_size if facts.loader_steps else None
+                words = f"{words.split(' (')[0]} ({2 * known})" if known else "batch x2"
+            left.append(words)
     return kept, left

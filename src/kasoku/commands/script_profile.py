@@ -210,7 +210,8 @@ def profiled_line(result: dict) -> str:
 
 def verdict_lines(result: dict) -> list[str]:
     """kasoku's lines for a script's verdict (``result["verdict"]``, a ``ScriptVerdict``):
-    the verdict, what was tried, what needs an edit, the --confirm rows, the files."""
+    the verdict, what was tried, what needs an edit, the --confirm rows, whether the timed
+    steps were unstable (``unstable_line``), the files."""
     v: ScriptVerdict = result["verdict"]
     label = "verdict" if v.measured else "verdict (estimate: no lever measured)"
     lines = [f"{label}: {v.line}"]
@@ -225,5 +226,20 @@ def verdict_lines(result: dict) -> list[str]:
     if v.unconfirmed:
         lines.append(f"  not confirmed (each needs an edit to the script): "
                      f"{'; '.join(v.unconfirmed)}")
+    busy = unstable_line(result.get("stability"))
+    if busy:
+        lines.append(busy)
     lines.append(f"report: {result.get('report')}  trace: {result['out']}/trace.json")
     return lines
+
+
+def unstable_line(stability: dict | None) -> str | None:
+    """What the terminal says of timed steps that were unstable (``Stability.to_dict``: its
+    reasons, a busy machine's among them), or None where they were stable: the figures and the
+    advice drawn from them follow the noise, an estimate to measure again."""
+    if not stability or stability.get("stable", True):
+        return None
+    reasons = "; ".join(stability.get("reasons") or ()) or "their rates disagreed"
+    return (f"unstable: the machine was busy or the steps' rates varied while they were timed "
+            f"({reasons}): the figures and the advice are estimates; measure again on a quiet "
+            f"machine")
