@@ -19,10 +19,10 @@ ERRORS = {
     "an unknown flag": (["train", "mnist-mlp", "--epochz", "3"],
                         "kasoku: error: unrecognized arguments: --epochz 3 (see kasoku --help)"),
     "an unknown command": (["nosuch"],
-                           "kasoku: error: argument {list,train,profile,bench,compare,data,"
+                           "kasoku: error: argument {list,train,profile,run,bench,compare,data,"
                            "allreduce-bench,scale}: invalid choice: 'nosuch' (choose from 'list', "
-                           "'train', 'profile', 'bench', 'compare', 'data', 'allreduce-bench', "
-                           "'scale') (see kasoku --help)"),
+                           "'train', 'profile', 'run', 'bench', 'compare', 'data', "
+                           "'allreduce-bench', 'scale') (see kasoku --help)"),
     "a missing argument": (["train"], "kasoku train: error: the following arguments are "
                                       "required: workload (see kasoku train --help)"),
     "a missing option": (["data", "make-jpeg"],

@@ -40,6 +40,7 @@ def build_parser() -> a.Parser:
         data,
         listing,
         profile,
+        run,
         scale,
         train,
     )
@@ -48,10 +49,11 @@ def build_parser() -> a.Parser:
     parser.add_argument("--version", action="version", version=f"kasoku {__version__}")
     sub = parser.add_subparsers(
         dest="command", required=True, parser_class=a.Parser,
-        metavar="{list,train,profile,bench,compare,data,allreduce-bench,scale}")
+        metavar="{list,train,profile,run,bench,compare,data,allreduce-bench,scale}")
     listing.add_parser(sub)
     train.add_parser(sub)
     profile.add_parser(sub)
+    run.add_parser(sub)
     bench.add_parser(sub)
     compare.add_parser(sub)
     data.add_parser(sub)

@@ -99,9 +99,9 @@ def add_parser(sub) -> None:
 
 
 def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``kasoku profile OPTIONS -- COMMAND``: (kasoku's arguments, the script's command);
-    None for the command when there is no ``--`` (or another command than profile)."""
-    if argv[:1] != ["profile"] or "--" not in argv:
+    """``kasoku profile OPTIONS -- COMMAND`` (or ``kasoku run``): (kasoku's arguments, the
+    script's command); None for the command when there is no ``--`` (or another command)."""
+    if argv[:1] not in (["profile"], ["run"]) or "--" not in argv:
         return argv, None
     i = argv.index("--")
     return argv[:i], argv[i + 1:]
