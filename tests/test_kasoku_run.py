@@ -91,3 +91,96 @@ def test_mistakes_are_one_line(script, capsys, argv, says):
     err = capsys.readouterr().err
     assert err.startswith(says) and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
+
+
+SLOW_LOADER = textwrap.dedent("""
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class Slow(Dataset):  # each sample takes 3 ms to make: worker processes pay off
+        def __len__(self):
+            return 320
+
+        def __getitem__(self, i):
+            time.sleep(0.003)
+            return torch.randn(16, generator=torch.Generator().manual_seed(i)), i % 2
+
+
+    torch.manual_seed(0)
+    loader = DataLoader(Slow(), batch_size=8)
+    model = torch.nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"done: {loader.num_workers} workers")
+""")
+
+
+def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path):
+    # An input-bound script: the profile measures worker processes faster, the whole run
+    # takes them, and the last line says what was kept, by how much, with its spread.
+    (tmp_path / "slow.py").write_text(SLOW_LOADER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    run = subprocess.run([sys.executable, "-m", "kasoku", "run", "--auto", "--skip", "2",
+                          "--measure-steps", "8", "--warmup", "1", "--steps", "3",
+                          "--rounds", "2", "--", "python", "slow.py"], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert list((tmp_path / "runs").glob("*/profile.json"))
+    last = run.stderr.strip().splitlines()[-1]
+    # What the profile measured decides (on a busy machine one round may call it noise); what
+    # it kept is what the whole run took, and its output is the run's alone.
+    if last.startswith("kasoku: kept --with workers=2: measured "):
+        assert run.stdout == "done: 2 workers\n"
+        assert "beside the script as given; the losses were not compared" in last
+    else:
+        assert last.startswith("kasoku: no lever kept: none was measured faster (tried: "
+                               "workers=2 "), run.stderr
+        assert run.stdout == "done: 0 workers\n"
+
+
+def test_auto_keeps_nothing_that_was_not_measured_faster():
+    from kasoku.commands.script_with import kept_line
+    tried = [{"args": ["--with", "threads=1"], "ratio": 0.62, "result": "slower"}]
+    assert kept_line([], None, tried) == ("no lever kept: none was measured faster (tried: "
+                                          "threads=1 0.62x, slower)")
+    assert kept_line([], None, None) == "no lever kept: the profile did not finish"
+
+
+def test_auto_or_with_not_both(script, capsys):
+    assert main(["run", "--auto", "--with", "bf16", "--", "python", "train.py"]) == 2
+    assert capsys.readouterr().err == ("kasoku: error: --auto chooses the levers itself: give "
+                                       "--auto or --with, not both\n")
+
+
+class Sides:
+    """A side measured at a fixed rate: the script as given 100 samples/s, with every lever
+    given ``together`` samples/s."""
+
+    def __init__(self, together: float):
+        self.together = together
+
+    def measure(self, extra=()):
+        rate = self.together if extra else 100.0
+        return {"samples_per_s": rate, "window_rates": [rate] * 5}
+
+
+TRIED = [{"args": ["--with", "workers=2"], "ratio": 1.8, "ratios": [1.7, 1.9], "noise": 0.05,
+          "result": "faster"},
+         {"args": ["--with", "bf16"], "ratio": 1.3, "ratios": [1.25, 1.35], "noise": 0.05,
+          "result": "faster"},
+         {"args": ["--with", "threads=1"], "ratio": 0.7, "result": "slower"}]
+
+
+def test_several_faster_levers_are_kept_together_only_where_that_is_faster_still(capsys):
+    from kasoku.commands.script_with import choose
+    kept, proof = choose(TRIED, Sides(together=240.0), rounds=2)
+    assert kept == ["workers=2", "bf16"] and proof["ratio"] == pytest.approx(2.4)
+    kept, proof = choose(TRIED, Sides(together=150.0), rounds=2)  # 1.5x: less than 1.8x
+    assert kept == ["workers=2"] and proof is TRIED[0]
+    assert choose(TRIED[2:], Sides(together=500.0), rounds=2) == ([], None)

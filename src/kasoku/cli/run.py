@@ -2,6 +2,9 @@
 with levers set from outside it (``kasoku.commands.script_with``)."""
 from __future__ import annotations
 
+from kasoku.cli import args as a
+from kasoku.cli.profile import PROFILE_FLAGS
+from kasoku.commands.profile_config import ProfileConfig
 from kasoku.core.errors import ConfigError
 
 WITH_HELP = ("a lever kasoku sets from outside the script (repeat for several): workers=N "
@@ -20,6 +23,14 @@ def add_parser(sub) -> None:
                        "how long.")
     p.add_argument("--with", dest="with_levers", action="append", metavar="LEVER",
                    help=WITH_HELP)
+    p.add_argument("--auto", action="store_true",
+                   help="choose the levers: profile the script first (kasoku profile "
+                   "--stop-after-window, its levers measured in fresh runs of it), keep those "
+                   "measured faster (together where that is faster still), then run it whole "
+                   "with them; the last line says what was kept and the speed-up measured")
+    a.add_fields(p.add_argument_group("--auto's profile"), ProfileConfig,
+                 {k: v for k, v in PROFILE_FLAGS.items()
+                  if k in ("skip", "measure_steps", "warmup", "steps", "rounds")})
     p.set_defaults(handler=run, script=None)
 
 
@@ -27,6 +38,11 @@ def run(args) -> int:
     if args.script is None:
         raise ConfigError("give the script's command after --: kasoku run --with bf16 -- "
                           "python train.py")
+    if args.auto and args.with_levers:
+        raise ConfigError("--auto chooses the levers itself: give --auto or --with, not both")
     from kasoku.commands.script_run import parse_command  # deferred: torch (cli's doc)
-    from kasoku.commands.script_with import run_with  # deferred: torch (cli's doc)
-    return run_with(parse_command(args.script), args.with_levers)
+    from kasoku.commands.script_with import run_auto, run_with  # deferred: torch (cli's doc)
+    command = parse_command(args.script)
+    if args.auto:
+        return run_auto(command, a.config_from(args, ProfileConfig))
+    return run_with(command, args.with_levers)

@@ -3,6 +3,13 @@ end, with levers kasoku sets from outside it (``kasoku.commands.script_levers``:
 ``kasoku profile --with`` measures), its output and exit code its own, and one closing line:
 how many training steps it ran, how long, with which levers.
 
+``kasoku run --auto -- ...`` (``run_auto``) chooses them: the script's profile in a process of
+its own (``kasoku profile --stop-after-window``, its verdict's levers measured beside the
+script as given, in fresh runs of it), the levers measured faster kept, several of them
+measured together too and kept together only where that beats the best one alone; then the
+script runs whole with them, and the last line says what was kept, the speed-up measured with
+its spread, and that the losses were not compared.
+
 The levers are set as the profile sets them, through the same step watch
 (``kasoku.commands.script_watch``), whose window never opens here: the process-wide levers
 around the run, the DataLoader's as the script makes them; the watch counts the steps. A
@@ -11,17 +18,24 @@ again) is refused. What a lever changes in what the script computes is said befo
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from kasoku.commands import script_levers, script_watch
+from kasoku.advisor.levers import Lever
+from kasoku.commands import ab, script_levers, script_watch
 from kasoku.commands.profile_config import ProfileConfig
+from kasoku.commands.script_ab import ScriptSides
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
 from kasoku.commands.script_profile import say, script_root
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import SCRIPT_COMMAND, WITH, option, profile_args
+from kasoku.train.run_dir import out_or_new
 
 NEVER = 2 ** 62
 """The step the watch's timing and window would start at: never."""
@@ -65,3 +79,90 @@ def closing_line(command: ScriptCommand, given: list[str], steps: int, elapsed_s
     rate = f" ({steps / elapsed_s:,.1f} steps/s)" if steps and elapsed_s > 0 else ""
     return (f"{command.name} {how} with {with_}: {steps:,} training step"
             f"{'' if steps == 1 else 's'} in {elapsed_s:,.1f} s{rate}")
+
+
+def run_auto(command: ScriptCommand, cfg: ProfileConfig) -> int:
+    """Profile ``command``, keep the levers measured faster (``choose``), run it whole with
+    them (``run_with``) and end with the line of what was kept (``kept_line``); returns the
+    script's exit code."""
+    out = out_or_new(None, Path(command.name).stem, "profile", "the profile")
+    say(f"profiling {command.name} and measuring the levers kasoku sets from outside it "
+        f"(the profile: {out}); its output in this run is not shown")
+    argv = [sys.executable, "-m", "kasoku", "profile",
+            *profile_args({"stop_after_window": True, "out": out, "rounds": cfg.rounds,
+                           "skip": cfg.skip,
+                           "measure_steps": cfg.measure_steps, "warmup": cfg.warmup,
+                           "steps": cfg.steps}), SCRIPT_COMMAND,
+            *command.argv]
+    # kasoku's lines (stderr) pass through: the profile's progress; the script's stdout is
+    # the whole run's, below
+    subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+    profile = out / "profile.json"
+    tried = (json.loads(profile.read_text())["verdict"].get("tried") or []
+             if profile.is_file() else None)
+    if tried is None:
+        say("the profile did not finish (see above): the script runs as given")
+        kept, proof = [], None
+    else:
+        kept, proof = choose(tried, ScriptSides(command, cfg, []), cfg.rounds)
+    code = run_with(command, kept)
+    say(kept_line(kept, proof, tried))
+    return code
+
+
+def values_of(args) -> list[str]:
+    """The ``--with`` values of a side's arguments (``--with workers=4`` -> ``workers=4``)."""
+    args, flag = list(args), option("with")
+    return [args[i + 1] for i in range(len(args) - 1) if args[i] == flag]
+
+
+def change_of(values: list[str]) -> dict:
+    """``--with`` values as a lever's change: ``workers=4`` -> ``{"with.workers": 4}``."""
+    change = {}
+    for value in values:
+        name, _, count = value.partition("=")
+        change[WITH + name.replace("-", "_")] = int(count) if count else True
+    return change
+
+
+def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str], dict | None]:
+    """The ``--with`` values to keep and the outcome that proved them: the fastest measured
+    faster; where several were faster, all of them together, measured against the script as
+    given in the same way, kept only where faster than the best one alone."""
+    faster = sorted((t for t in tried if t.get("result") == "faster"),
+                    key=lambda t: -(t.get("ratio") or 0.0))
+    if not faster:
+        return [], None
+    best = values_of(faster[0]["args"])
+    if len(faster) == 1:
+        return best, faster[0]
+    together = [v for t in faster for v in values_of(t["args"])]
+    say(f"measuring {', '.join(together)} together beside the script as given:")
+    lever = Lever("together", "", change_of(together))
+    outcome = ab.try_levers([], [lever], say=lambda line: say(line.strip()), rounds=rounds,
+                            measure=sides.measure)
+    if outcome and outcome[0].result == "faster" \
+            and (outcome[0].ratio or 0.0) > (faster[0].get("ratio") or 0.0):
+        return together, outcome[0].to_dict()
+    return best, faster[0]
+
+
+def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None) -> str:
+    """The last line of ``--auto``: the levers kept with their measured speed-up and spread,
+    or why none was; the losses not compared (a lever that changes the arithmetic changes
+    them: ``numerics``)."""
+    if tried is None:
+        return "no lever kept: the profile did not finish"
+    if not kept:
+        shown = "; ".join(f"{' '.join(values_of(t['args']))} {t['ratio']:.2f}x, {t['result']}"
+                          for t in tried if t.get("ratio")) or "none could be tried"
+        return f"no lever kept: none was measured faster (tried: {shown})"
+    ratios = proof.get("ratios") or []
+    spread = (f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rounds" if len(ratios) > 1
+              else f"1 round, noise {100 * proof.get('noise', 0.0):.0f}%")
+    changes = [v for v in kept if numerics(v)]
+    numbers = (f"; the losses were not compared, and {', '.join(changes)} "
+               f"{'changes' if len(changes) == 1 else 'change'} what the script computes"
+               if changes else "; what the script computes is unchanged")
+    return (f"kept {' '.join(with_text(v) for v in kept)}: measured {proof['ratio']:.2f}x "
+            f"({spread}) beside the script as given{numbers}")
