@@ -1,13 +1,102 @@
-"""Advice that always says what to expect (``kasoku.advisor.levers``)."""
+"""A script's CPU step against the measured matmul peak (its products' FLOPs counted from the
+window's operators, recorded with their shapes), and advice that always says what to expect
+(``kasoku.commands.script_profile``, ``kasoku.perf.profile.work``, ``kasoku.advisor.levers``)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
+from test_profile_script import WINDOW, write
 from test_profile_verdict import Builder, cpu_step, figures
 
 from kasoku.advisor.saved import judge_saved
+from kasoku.cli import main
+from kasoku.commands import profile as profile_cmd
+from kasoku.perf.peak import PeakResult
+from kasoku.perf.profile.work import product_flops
+
+MLP = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                      nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(256, 1024), torch.randint(0, 10, (256,))
+for step in range(1000):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+MLP_FLOPS = 2 * 256 * (
+    (1024 * 1024 + 1024 * 1024 + 1024 * 10)  # forward: three products
+    + (1024 * 1024 + 1024 * 10) * 2  # backward: the last two layers' input and weight grads
+    + 1024 * 1024)  # the first layer's weight grad (its input needs none)
+"""A step's matrix-product FLOPs, counted by hand: 2 per multiply-add."""
+
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def fixed_peak(flops_per_s: float):
+    def measure(device, dtype, size=None, reps=None):
+        return PeakResult(dtype, "cpu", "test CPU", size or 1024, flops_per_s, flops_per_s,
+                          flops_per_s, 1, 1, 1)
+    return measure
+
+
+def test_a_script_of_big_products_gets_its_share_of_the_peak(in_tmp, capsys, monkeypatch):
+    # The peak as measured here would be shared with whatever else this machine runs: one
+    # no 2-core CPU reaches (10 TFLOP/s) makes the share small, and the rules say so.
+    monkeypatch.setattr(profile_cmd, "measure_matmul_peak", fixed_peak(1e13))
+    write(in_tmp, "mlp.py", MLP)
+    assert main(["profile", *WINDOW, "--stop-after-window", "--out", "prof", "--",
+                 "python", "mlp.py"]) == 0
+    err = capsys.readouterr().err
+    result = json.loads((in_tmp / "prof" / "profile.json").read_text())
+    f = result["figures"]
+    assert f["product_flops"] == {"fp32": pytest.approx(MLP_FLOPS, rel=1e-9)}
+    assert f["flops_per_step"] == pytest.approx(MLP_FLOPS, rel=1e-9)
+    assert f["peak_dtype"] == "fp32" and f["peak_flops_per_s"] == 1e13
+    step_s = 1 / result["unprofiled"]["steps_per_s"]
+    assert f["peak_fraction"] == pytest.approx(MLP_FLOPS / step_s / 1e13)
+    # most of the step in products far from the peak: latency-bound, not balanced
+    assert result["verdict"]["rule"] == "latency-bound", result["verdict"]["line"]
+    assert "of its measured fp32 peak: too small to keep the cores busy" in err
+    assert "unknown" not in result["verdict"]["line"]
+    # The same figures nearer the peak are compute-bound.
+    near = judge_saved({**f, "peak_fraction": 0.5})
+    assert near.rule == "compute-bound" and "50% of its measured fp32 peak" in near.reason
+
+
+def op(name, ts, dur, dims, types=("float", "float"), tid=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1,
+            "tid": tid, "args": {"Input Dims": dims, "Input type": list(types)}}
+
+
+def test_product_flops_counts_each_operator_once_in_its_steps():
+    conv = [[8, 3, 32, 32], [16, 3, 3, 3], [16]]
+    events = [
+        op("aten::addmm", 0, 50, [[64], [32, 128], [128, 64]], ("float",) * 3),  # before
+        op("aten::convolution", 100, 50, conv, ("float",) * 3),
+        op("aten::_convolution", 105, 40, conv, ("float",) * 3),  # inside: counted once
+        op("aten::mm", 160, 10, [[32, 128], [128, 64]], ("c10::BFloat16",) * 2),
+        op("aten::mm", 160, 10, [[32, 128], [128, 64]], tid=2),  # another thread's
+        op("aten::add_", 180, 5, [[32, 64], [32, 64]]),
+    ]
+    # padding 0, stride 1: 30 x 30 outputs of 16 x 3 x 3 x 3 multiply-adds per image
+    conv_flops = 2.0 * 8 * 16 * 3 * 3 * 3 * 30 * 30
+    mm = 2.0 * 32 * 128 * 64
+    assert product_flops(events, steps=2, between=(100, 200)) == {
+        "fp32": pytest.approx((conv_flops + mm) / 2), "bf16": pytest.approx(mm / 2)}
+    assert product_flops(events)["fp32"] == pytest.approx(conv_flops + 2 * mm)
 
 
 def test_a_balanced_step_names_where_to_start():

@@ -9,6 +9,18 @@ the bound proved by replaying the DataLoader's batches.
 A script that starts its own DDP under torchrun: ``kasoku.commands.script_launch`` runs
 torchrun with kasoku in each worker (this module, ``rank`` from the launcher's environment).
 
+On a CPU the verdict's compute- and latency-bound rules read the step's share of the measured
+matmul peak (``peak_fraction``). A workload's FLOPs are counted over its model; a script hands
+kasoku no model, and the module its forward calls may be one of several (a GAN's two, a loss
+module, a step that is more than one forward). The operators know: on a CPU the window's
+steps are recorded with their shapes (``Window``'s ``cpu_shapes``), which give the FLOPs of
+every matrix product and convolution the analysed steps ran (``work.product_flops``), the
+forward's, the backward's and the optimizer's alike, whichever module ran them, and no step
+more. Recording shapes costs the profiled steps a little host time and their trace about
+half again its size; the verdict's step time is the unprofiled one. The fraction is those
+FLOPs over the unprofiled step time and the peak of the dtype most of them ran in
+(``kasoku.commands.profile.peak_figures``, the workload's way).
+
 Not yet: the wait for a step's second batch (gradient
 accumulation, a second loader: left in ``forward``).
 """
@@ -25,7 +37,7 @@ from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import judge
 from kasoku.commands import script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
-from kasoku.commands.profile import ProfileConfig, write_outputs
+from kasoku.commands.profile import ProfileConfig, peak_figures, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
@@ -175,6 +187,11 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
     figures = watch.window.analyse(context, samples_per_step=watch.batch_size).restated(
         measured["samples_per_step"], measured["samples_per_s"],
         measured["phases"].get("time/data%", 0.0))
+    flops = figures.rest.get("product_flops")
+    if flops:  # a CPU's (the module's doc says why from the window's shapes)
+        figures = figures.adding(**peak_figures(device, sum(flops.values()),
+                                                1 / measured["steps_per_s"],
+                                                max(flops, key=flops.get)))
     # once: typed (``StepFigures``, ``ScriptVerdict``) until profile.json holds them
     verdict = ScriptVerdict(judge(figures, AccelConfig(precision=precision)))
     first = cfg.skip + cfg.measure_steps + cfg.warmup + 2  # the anchor step is not analysed
