@@ -1,10 +1,12 @@
 """A script's CPU step against the measured matmul peak (its products' FLOPs counted from the
-window's operators, recorded with their shapes), and advice that always says what to expect
-(``kasoku.commands.script_profile``, ``kasoku.perf.profile.work``, ``kasoku.advisor.levers``)."""
+window's operators, recorded with their shapes), the cap on a window's trace, and advice that
+always says what to expect (``kasoku.commands.script_profile``, ``kasoku.perf.profile.work``,
+``kasoku.advisor.levers``)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_profile_script import WINDOW, write
@@ -13,7 +15,9 @@ from test_profile_verdict import Builder, cpu_step, figures
 from kasoku.advisor.saved import judge_saved
 from kasoku.cli import main
 from kasoku.commands import profile as profile_cmd
+from kasoku.commands.script_profile import too_large_line
 from kasoku.perf.peak import PeakResult
+from kasoku.perf.profile import window as window_mod
 from kasoku.perf.profile.work import product_flops
 
 MLP = """
@@ -37,6 +41,15 @@ MLP_FLOPS = 2 * 256 * (
     + 1024 * 1024)  # the first layer's weight grad (its input needs none)
 """A step's matrix-product FLOPs, counted by hand: 2 per multiply-add."""
 
+STEPS = """
+import torch
+m = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(20):
+    m(torch.randn(8, 64)).sum().backward()
+    opt.step()
+print("ran 20 steps")
+"""
 
 
 @pytest.fixture
@@ -74,6 +87,41 @@ def test_a_script_of_big_products_gets_its_share_of_the_peak(in_tmp, capsys, mon
     # The same figures nearer the peak are compute-bound.
     near = judge_saved({**f, "peak_fraction": 0.5})
     assert near.rule == "compute-bound" and "50% of its measured fp32 peak" in near.reason
+
+
+def test_a_window_trace_over_the_cap_is_not_analysed(in_tmp, capsys, monkeypatch):
+    monkeypatch.setattr(window_mod, "TRACE_CAP_BYTES", 1000)
+    write(in_tmp, "steps.py", STEPS)
+    assert main(["profile", *WINDOW, "--out", "prof", "--", "python", "steps.py"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "ran 20 steps\n"  # the script went on to its end
+    size = (in_tmp / "prof" / "trace.json").stat().st_size
+    # one line, no traceback: the size, the steps, what to do, what was kept
+    assert err.startswith(f"kasoku: the window's trace is too large to analyse: "
+                          f"{size / 1e9:.2f} GB for 4 profiled steps, over the 0 MB kasoku "
+                          f"reads; even --steps 1 would record about {size / 2e6:.0f} MB: "
+                          f"each step runs too many operators (measured without the "
+                          f"profiler: "), err
+    assert err.count("\n") == 1 and err.endswith(" steps/s, in measure.json)\n")
+    kept = json.loads((in_tmp / "prof" / "measure.json").read_text())
+    assert kept["measured_steps"] == 2 and kept["steps_per_s"] > 0
+    assert not (in_tmp / "prof" / "profile.json").exists()
+
+
+@pytest.mark.parametrize(("size", "says"), [
+    # the issue's LBFGS: 10 steps, each running its closure 20 times
+    (2.17e9, "2.17 GB for 11 profiled steps, over the 300 MB kasoku reads; even --steps 1 "
+             "would record about 395 MB: each step runs too many operators"),
+    (1.0e9, "1.00 GB for 11 profiled steps, over the 300 MB kasoku reads; profile fewer "
+            "steps: --steps 2"),
+])
+def test_too_large_says_how_many_steps_fit(size, says):
+    watch = SimpleNamespace(cfg=SimpleNamespace(steps=10), batch_size=32,
+                            measured={"steps_per_s": 4.0, "samples_per_s": 128.0})
+    line = too_large_line(watch, int(size))
+    assert line.startswith(f"the window's trace is too large to analyse: {says} ")
+    assert line.endswith("(measured without the profiler: 250.00 ms per step, 128.0 "
+                         "samples/s, in measure.json)")
 
 
 def op(name, ts, dur, dims, types=("float", "float"), tid=1):

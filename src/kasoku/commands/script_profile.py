@@ -9,6 +9,9 @@ the bound proved by replaying the DataLoader's batches.
 A script that starts its own DDP under torchrun: ``kasoku.commands.script_launch`` runs
 torchrun with kasoku in each worker (this module, ``rank`` from the launcher's environment).
 
+A window's trace over ``kasoku.perf.profile.window.TRACE_CAP_BYTES`` is not analysed: one line
+says its size and how many steps fit, the unprofiled timing is kept (``measure.json``).
+
 On a CPU the verdict's compute- and latency-bound rules read the step's share of the measured
 matmul peak (``peak_fraction``). A workload's FLOPs are counted over its model; a script hands
 kasoku no model, and the module its forward calls may be one of several (a GAN's two, a loss
@@ -47,6 +50,7 @@ from kasoku.core.errors import ConfigError
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
+from kasoku.perf.profile import window as window_mod
 from kasoku.perf.profile.roofline import format_table
 from kasoku.perf.profile.window import machine_facts
 from kasoku.perf.profile.work import optimizer_bytes
@@ -112,6 +116,11 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         return 0
     if rank != 0:
         return end.code  # its trace is in out/workerR; worker 0 judges
+    size = window_mod.trace_bytes(watch.window.trace_path)
+    if size is not None:
+        say(too_large_line(watch, size))
+        (out / MEASURE_FILE).write_text(json.dumps(watch.measured))
+        return end.code or EXIT_USAGE
     try:
         result = _result(command, cfg, watch, end)
     except ValueError as exc:  # a trace without two steps' spans (trace.steps_of)
@@ -146,6 +155,23 @@ def window_text(cfg: ProfileConfig, measure_only: bool = False) -> str:
     """The window's options as given: ``--skip 10, --measure-steps 20, ...``."""
     names = ("skip", "measure_steps") + (() if measure_only else ("warmup", "steps"))
     return ", ".join(" ".join(profile_args({name: getattr(cfg, name)})) for name in names)
+
+
+def too_large_line(watch: StepWatch, size: int) -> str:
+    """Why the window was not analysed (its trace's ``size`` in bytes), the steps that would
+    fit, and the unprofiled timing kept."""
+    recorded = watch.cfg.steps + 1  # the anchor's trace is recorded too
+    cap = window_mod.TRACE_CAP_BYTES
+    fit = int(cap // (size / recorded)) - 1
+    m = watch.measured
+    todo = (f"profile fewer steps: {' '.join(profile_args({'steps': fit}))}" if fit >= 1 else
+            f"even {' '.join(profile_args({'steps': 1}))} would record about "
+            f"{2 * size / recorded / 1e6:.0f} MB: each step runs too many operators")
+    return (f"the window's trace is too large to analyse: {size / 1e9:.2f} GB for "
+            f"{recorded} profiled steps, over the {cap / 1e6:.0f} MB kasoku "
+            f"reads; {todo} (measured without the profiler: {1e3 / m['steps_per_s']:.2f} ms "
+            f"per step, {m['samples_per_s']:.1f} "
+            f"{'samples' if watch.batch_size else 'steps'}/s, in {MEASURE_FILE})")
 
 
 def script_root(command: ScriptCommand) -> Path:

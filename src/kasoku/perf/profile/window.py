@@ -33,6 +33,22 @@ from kasoku.perf.profile import trace as trace_mod
 from kasoku.perf.profile import work as work_mod
 from kasoku.perf.profile.figures import StepFigures
 
+TRACE_CAP_BYTES = 300_000_000
+"""The largest window trace analysed. Parsing holds the whole JSON and then its events as
+Python objects: a 2.17 GB trace (LBFGS, 10 steps, each running its closure 20 times) grew
+the analysis to 14.6 GB, 6.7 times the file, silent for minutes. At 300 MB that is about
+2 GB, which a laptop has, and a step of a GPU model (nanoGPT's: under 10 MB) is far below."""
+
+
+def trace_bytes(path) -> int | None:
+    """The size of the trace at ``path`` where it exceeds ``TRACE_CAP_BYTES`` (too large to
+    analyse), else None."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return None
+    return size if size > TRACE_CAP_BYTES else None
+
 
 class TracingClock:
     """Wraps a phase clock: each ``mark(phase)`` also closes the previous ``kasoku/PHASE`` host
@@ -86,7 +102,8 @@ class Window:
     (``kasoku.perf.profile.work``), which ``analyse`` judges against the machine's measured
     limits (``roofline``). Its own profiler, so that recording shapes costs the window's
     steps nothing; ``eager`` (a context manager's factory) runs it eagerly where the step
-    replays a CUDA graph, whose replays launch no operators.
+    replays a CUDA graph, whose replays launch no operators. No work step follows a window
+    whose trace is over ``TRACE_CAP_BYTES``: it would not be analysed.
 
     ``cpu_shapes`` (on a CPU): the window's own steps recorded with the operators' shapes, and
     ``analyse`` adds ``product_flops``, the FLOPs per step of the analysed steps' matrix
@@ -167,7 +184,7 @@ class Window:
             self._prof.step()
         if last:
             self.stop()
-            if self.work_step:
+            if self.work_step and trace_bytes(self.trace_path) is None:
                 self._start_work()
                 return False
         return last
