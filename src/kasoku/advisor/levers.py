@@ -79,9 +79,10 @@ def read_change(d: dict) -> dict:
 
 
 def estimate(ratio: float | None, words: str = "") -> str:
-    """``estimate ~1.3x`` (or the words): the label of a figure not measured."""
+    """``estimate ~1.3x`` (or the words): the label of a figure not measured; with neither,
+    that it has none."""
     if ratio is None:
-        return f"estimate: {words}" if words else "estimate: unknown"
+        return f"estimate: {words}" if words else "estimate: none before it is measured"
     return f"estimate ~{ratio:.1f}x" + (f", {words}" if words else "")
 
 
@@ -239,7 +240,8 @@ def cpu_latency_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     if (f.threads or 1) > 1:
         change = {"train.threads": 1}
         out.append(Lever(_said("one thread (small operators spend their time synchronizing "
-                              "threads)", change), estimate(None), change, None))
+                              "threads)", change),
+                         estimate(None, "the threads' synchronization saved"), change, None))
     return out + [_bigger_batch(f, "operator")]
 
 
@@ -256,7 +258,8 @@ def cpu_memory_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     if not accel.keep_memory:
         change = {"accel.keep_memory": True}
         out.append(Lever(_said("keep freed memory instead of returning it to the OS", change),
-                         estimate(None), change, None))
+                         estimate(None, "the page faults of fresh allocations saved"), change,
+                         None))
     return out
 
 
@@ -320,8 +323,8 @@ _FUSED_ATTENTION = {"accel.sdpa_backend": "auto"}
 def attention_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     if accel.sdpa_backend != "math":
         return []
-    return [Lever(_said("a fused attention kernel", _FUSED_ATTENTION), estimate(None),
-                  _FUSED_ATTENTION, None)]
+    return [Lever(_said("a fused attention kernel", _FUSED_ATTENTION),
+                  estimate(None, "the softmax's share at most"), _FUSED_ATTENTION, None)]
 
 
 def attention_fallback(f: StepFigures) -> Lever:
@@ -329,6 +332,21 @@ def attention_fallback(f: StepFigures) -> Lever:
                  f"{setting_flag('attention')} sdpa), its flash or memory-efficient kernel "
                  f"({args_text(_FUSED_ATTENTION)})",
                  estimate(None, "no [T, T] scores in memory"))
+
+
+def balanced_lever(f: StepFigures) -> Lever:
+    """Where no rule holds: the largest kind of the device's kernel time (a CPU's: of its
+    operators' time), to start from, and where the report shows more."""
+    where = "kernel" if f.device == "cuda" else "operator"
+    kinds = {k: v for k, v in (f.by_kind_ms or {}).items() if v}
+    if not kinds:
+        return Lever(f"no single bottleneck to remove: the report's phases and top {where}s "
+                     f"show where the step goes", "no estimate: no one bound")
+    top = max(kinds, key=kinds.get)
+    return Lever(f"no single bottleneck to remove; start from the largest share, {top}: "
+                 f"{100 * kinds[top] / sum(kinds.values()):.0f}% of the {where} time "
+                 f"({kinds[top]:.2f} ms per step; the report's top {where}s name them)",
+                 "no estimate: no one bound")
 
 
 def nothing_left(why: str) -> Lever:

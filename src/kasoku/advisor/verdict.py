@@ -386,7 +386,7 @@ def judge(figures: StepFigures, accel: AccelConfig, rules: list[Rule] = RULES) -
         busy = (f"the GPU is busy {given(figures.busy_pct, 0):.0f}% of the step"
                 if _gpu(figures) else _cpu_ops(figures))
         return Verdict("balanced", f"no single bottleneck: {busy}",
-                       Lever("see the phases and top kernels", "unknown"))
+                       lv.balanced_lever(figures))
     first = passed[0]
     name = f"{first.family} ({first.name})" if first.family else first.name
     secondary = [f"{r.name}: {r.say(figures)}" for r in passed[1:] if r.name != first.name]

@@ -227,11 +227,23 @@ def _mfu(workload, trainer, accel, result: dict) -> dict:
         model = workload.build_model()
         flops = workload.step_flops(model, batch_spec(workload, model).make_batch,
                                     batch).total
-        dtype = compute_dtype(Rung("run", accel))
+    except (RuntimeError, ValueError, NotImplementedError) as exc:
+        return {"mfu": None, "mfu_note": f"N/A: {exc}"}
+    return peak_figures(device, flops, batch / result["samples_per_s"],
+                        compute_dtype(Rung("run", accel)))
+
+
+def peak_figures(device, flops: float | None, step_s: float, dtype: str) -> dict:
+    """The figures of ``flops`` per step in ``step_s`` seconds against the ``dtype`` matmul
+    peak measured on ``device`` now: ``mfu`` on a GPU, ``peak_fraction`` on a CPU (None and
+    ``mfu_note``'s reason where withheld), the FLOPs and the peak beside them (and, on a
+    CPU, its theoretical peak). A workload's FLOPs (``_mfu``) or a script's
+    (``kasoku.commands.script_profile``)."""
+    device = torch.device(device)
+    try:
         peak = measure_matmul_peak(device, dtype, size=None if device.type == "cuda" else 1024)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
         return {"mfu": None, "mfu_note": f"N/A: {exc}"}
-    step_s = batch / result["samples_per_s"]
     value, note = compute_mfu(flops, step_s, peak.flops_per_s, dtype)
     key = "mfu" if device.type == "cuda" else "peak_fraction"
     out = {key: value, "mfu_note": note, "flops_per_step": flops, "peak_dtype": dtype,

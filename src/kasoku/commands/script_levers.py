@@ -316,7 +316,8 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str,
                          caveat=NUMERICS["tf32"]))
     if facts.has_conv and not facts.cudnn_benchmark:
         out.append(Lever("let cuDNN pick the fastest convolutions: torch.backends.cudnn."
-                         "benchmark = True", "estimate: unknown", {"with.cudnn_benchmark": True},
+                         "benchmark = True", "estimate: the convolutions' fastest algorithms",
+                         {"with.cudnn_benchmark": True},
                          caveat=NUMERICS["cudnn-benchmark"]))
     return out
 

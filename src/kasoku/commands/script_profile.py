@@ -9,6 +9,21 @@ the bound proved by replaying the DataLoader's batches.
 A script that starts its own DDP under torchrun: ``kasoku.commands.script_launch`` runs
 torchrun with kasoku in each worker (this module, ``rank`` from the launcher's environment).
 
+A window's trace over ``kasoku.perf.profile.window.TRACE_CAP_BYTES`` is not analysed: one line
+says its size and how many steps fit, the unprofiled timing is kept (``measure.json``).
+
+On a CPU the verdict's compute- and latency-bound rules read the step's share of the measured
+matmul peak (``peak_fraction``). A workload's FLOPs are counted over its model; a script hands
+kasoku no model, and the module its forward calls may be one of several (a GAN's two, a loss
+module, a step that is more than one forward). The operators know: on a CPU the window's
+steps are recorded with their shapes (``Window``'s ``cpu_shapes``), which give the FLOPs of
+every matrix product and convolution the analysed steps ran (``work.product_flops``), the
+forward's, the backward's and the optimizer's alike, whichever module ran them, and no step
+more. Recording shapes costs the profiled steps a little host time and their trace about
+half again its size; the verdict's step time is the unprofiled one. The fraction is those
+FLOPs over the unprofiled step time and the peak of the dtype most of them ran in
+(``kasoku.commands.profile.peak_figures``, the workload's way).
+
 Not yet: the wait for a step's second batch (gradient
 accumulation, a second loader: left in ``forward``).
 """
@@ -25,7 +40,7 @@ from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import judge
 from kasoku.commands import script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
-from kasoku.commands.profile import ProfileConfig, write_outputs
+from kasoku.commands.profile import ProfileConfig, peak_figures, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
@@ -35,6 +50,7 @@ from kasoku.core.errors import ConfigError
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
+from kasoku.perf.profile import window as window_mod
 from kasoku.perf.profile.roofline import format_table
 from kasoku.perf.profile.window import machine_facts
 from kasoku.perf.profile.work import optimizer_bytes
@@ -100,6 +116,11 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         return 0
     if rank != 0:
         return end.code  # its trace is in out/workerR; worker 0 judges
+    size = window_mod.trace_bytes(watch.window.trace_path)
+    if size is not None:
+        say(too_large_line(watch, size))
+        (out / MEASURE_FILE).write_text(json.dumps(watch.measured))
+        return end.code or EXIT_USAGE
     try:
         result = _result(command, cfg, watch, end)
     except ValueError as exc:  # a trace without two steps' spans (trace.steps_of)
@@ -134,6 +155,23 @@ def window_text(cfg: ProfileConfig, measure_only: bool = False) -> str:
     """The window's options as given: ``--skip 10, --measure-steps 20, ...``."""
     names = ("skip", "measure_steps") + (() if measure_only else ("warmup", "steps"))
     return ", ".join(" ".join(profile_args({name: getattr(cfg, name)})) for name in names)
+
+
+def too_large_line(watch: StepWatch, size: int) -> str:
+    """Why the window was not analysed (its trace's ``size`` in bytes), the steps that would
+    fit, and the unprofiled timing kept."""
+    recorded = watch.cfg.steps + 1  # the anchor's trace is recorded too
+    cap = window_mod.TRACE_CAP_BYTES
+    fit = int(cap // (size / recorded)) - 1
+    m = watch.measured
+    todo = (f"profile fewer steps: {' '.join(profile_args({'steps': fit}))}" if fit >= 1 else
+            f"even {' '.join(profile_args({'steps': 1}))} would record about "
+            f"{2 * size / recorded / 1e6:.0f} MB: each step runs too many operators")
+    return (f"the window's trace is too large to analyse: {size / 1e9:.2f} GB for "
+            f"{recorded} profiled steps, over the {cap / 1e6:.0f} MB kasoku "
+            f"reads; {todo} (measured without the profiler: {1e3 / m['steps_per_s']:.2f} ms "
+            f"per step, {m['samples_per_s']:.1f} "
+            f"{'samples' if watch.batch_size else 'steps'}/s, in {MEASURE_FILE})")
 
 
 def script_root(command: ScriptCommand) -> Path:
@@ -175,6 +213,11 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
     figures = watch.window.analyse(context, samples_per_step=watch.batch_size).restated(
         measured["samples_per_step"], measured["samples_per_s"],
         measured["phases"].get("time/data%", 0.0))
+    flops = figures.rest.get("product_flops")
+    if flops:  # a CPU's (the module's doc says why from the window's shapes)
+        figures = figures.adding(**peak_figures(device, sum(flops.values()),
+                                                1 / measured["steps_per_s"],
+                                                max(flops, key=flops.get)))
     # once: typed (``StepFigures``, ``ScriptVerdict``) until profile.json holds them
     verdict = ScriptVerdict(judge(figures, AccelConfig(precision=precision)))
     first = cfg.skip + cfg.measure_steps + cfg.warmup + 2  # the anchor step is not analysed

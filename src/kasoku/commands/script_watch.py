@@ -340,7 +340,8 @@ class StepWatch:
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
                                   for o in gc.get_objects())
-        self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True)
+        self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True,
+                             cpu_shapes=True)
         self.clock = self.window.start(PhaseClock(device))
         self._loader_steps = self.facts.loader_steps = took_batch
 

@@ -33,6 +33,23 @@ from kasoku.perf.profile import trace as trace_mod
 from kasoku.perf.profile import work as work_mod
 from kasoku.perf.profile.figures import StepFigures
 
+TRACE_CAP_BYTES = 300_000_000
+"""The largest window trace analysed. Parsing holds the whole JSON and then its events as
+Python objects: a 2.17 GB trace (LBFGS, 10 steps, each running its closure 20 times) grew
+the analysis to 14.6 GB, 6.7 times the file, silent for minutes. At 300 MB that is about
+2 GB, which a laptop has to spare; a window of ordinary steps records far less (a width-1024
+MLP's 4 steps on a CPU, with the operators' shapes: 0.27 MB)."""
+
+
+def trace_bytes(path) -> int | None:
+    """The size of the trace at ``path`` where it exceeds ``TRACE_CAP_BYTES`` (too large to
+    analyse), else None."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        return None
+    return size if size > TRACE_CAP_BYTES else None
+
 
 class TracingClock:
     """Wraps a phase clock: each ``mark(phase)`` also closes the previous ``kasoku/PHASE`` host
@@ -86,10 +103,18 @@ class Window:
     (``kasoku.perf.profile.work``), which ``analyse`` judges against the machine's measured
     limits (``roofline``). Its own profiler, so that recording shapes costs the window's
     steps nothing; ``eager`` (a context manager's factory) runs it eagerly where the step
-    replays a CUDA graph, whose replays launch no operators."""
+    replays a CUDA graph, whose replays launch no operators. No work step follows a window
+    whose trace is over ``TRACE_CAP_BYTES``: it would not be analysed.
+
+    ``cpu_shapes`` (on a CPU): the window's own steps recorded with the operators' shapes, and
+    ``analyse`` adds ``product_flops``, the FLOPs per step of the analysed steps' matrix
+    products and convolutions per dtype (``work.product_flops``). There the operators are
+    the work, so no second session is needed, and one would do harm: a work step's session
+    on a CPU, started in the step where the window's ended, made a later garbage collection
+    crash the process (torch 2.13, within a few profiles in one process)."""
 
     def __init__(self, device, out, steps: int = 10, warmup: int = 3, work_step: bool = False,
-                 eager=None):
+                 eager=None, cpu_shapes: bool = False):
         if steps < 1:
             raise ValueError(f"a profiled window needs at least 1 step, got {steps}")
         self.device = torch.device(device)
@@ -99,6 +124,7 @@ class Window:
         self._done = 0
         self.trace_path = self.out / "trace.json"
         self.work_step = work_step and self.device.type == "cuda"
+        self.cpu_shapes = cpu_shapes and self.device.type == "cpu"
         self.work_path = self.out / "work_trace.json"
         self._eager = eager
         self._work = None
@@ -112,6 +138,7 @@ class Window:
         """Start profiling; returns the clock to mark phases with (wrapping ``clock``)."""
         from torch.profiler import ProfilerActivity, profile, schedule
         self.out.mkdir(parents=True, exist_ok=True)
+        self.work_path.unlink(missing_ok=True)  # an earlier run's, in a folder used again
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -129,7 +156,7 @@ class Window:
             if self._teardown:
                 os.environ["TEARDOWN_CUPTI"] = "0" if self.work_step else "1"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        self._prof = profile(activities=activities,
+        self._prof = profile(activities=activities, record_shapes=self.cpu_shapes,
                              schedule=schedule(wait=0, warmup=self.warmup,
                                                active=self.steps + 1, repeat=1),
                              on_trace_ready=lambda p: p.export_chrome_trace(
@@ -158,7 +185,7 @@ class Window:
             self._prof.step()
         if last:
             self.stop()
-            if self.work_step:
+            if self.work_step and trace_bytes(self.trace_path) is None:
                 self._start_work()
                 return False
         return last
@@ -208,7 +235,13 @@ class Window:
         facts, ``context`` (what the caller knows of the run: ``StepFigures``' fields, and
         figures kept as they are, such as the run's ``config`` as saved), the window's peak
         memory and recompilations."""
-        figures = trace_mod.analyse(trace_mod.load(self.trace_path), samples_per_step)
+        events = trace_mod.read_events(self.trace_path)
+        trace = trace_mod.parse(events)
+        figures = trace_mod.analyse(trace, samples_per_step)
+        if self.cpu_shapes:
+            steps = trace_mod.steps_of(trace)
+            figures["product_flops"] = work_mod.product_flops(
+                events, figures["steps"], (steps.starts[1], steps.end))
         figures.update(machine_facts(self.device))
         figures.update(context or {})
         figures.update(mem_peak_gib=self.mem_peak_gib, recompiles=self.recompiles,

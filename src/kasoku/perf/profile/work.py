@@ -22,6 +22,10 @@ An operator whose shapes the trace does not hold (a fused optimizer's tensor lis
 work here: the caller may know it (``optimizer_bytes``). A CUDA graph's replays launch no
 operators; the step whose work is read runs eagerly (``Window``'s work step).
 
+On a CPU the math runs in the host operators themselves: ``product_flops`` sums the FLOPs of
+a step's products and convolutions from the operators alone (a script's peak fraction, where
+no model is handed to kasoku: ``Window``'s ``cpu_shapes``).
+
 Why our own: the profiler's ``with_flops`` counts FLOPs only for some products and nothing
 for the kernels inductor generates, and ``FlopCounterMode`` counts an eager model's operators,
 not the kernels a compiled step runs; neither says bytes.
@@ -238,3 +242,34 @@ def optimizer_bytes(optimizer) -> float:
                      if hasattr(t, "numel") and t.numel() == p.numel()]
             total += 3 * size + sum(2 * t.numel() * t.element_size() for t in state)
     return total
+
+
+CONVOLUTIONS = ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
+                "aten::convolution_backward")
+
+
+def product_flops(events: list[dict], steps: int = 1,
+                  between: tuple[float, float] | None = None) -> dict[str, float]:
+    """Per dtype (``dtype_of``), the FLOPs per step of the matrix products and convolutions
+    among the host operators of ``events`` (a CPU trace recorded with shapes) that start
+    ``between`` two times of the trace's clock (all where None), ``steps`` steps: a CPU
+    step's math, which runs in its operators. Each is counted once, at the outermost
+    operator ``op_flop`` counts (``aten::convolution`` calls ``aten::_convolution`` on the
+    same thread, within its span); empty where none ran."""
+    lo, hi = between or (float("-inf"), float("inf"))
+    counted = [e for e in events if e.get("cat") == "cpu_op"
+               and (e.get("name") in PRODUCTS or e.get("name") in CONVOLUTIONS)
+               and lo <= float(e.get("ts", 0.0)) < hi]
+    counted.sort(key=lambda e: (str(e.get("pid")), str(e.get("tid")), float(e.get("ts", 0.0)),
+                                -float(e.get("dur", 0.0))))
+    flops: dict[str, float] = defaultdict(float)
+    inside, end = None, 0.0  # the thread and end of the last counted operator
+    for e in counted:
+        thread, ts = (e.get("pid"), e.get("tid")), float(e.get("ts", 0.0))
+        if thread == inside and ts < end:
+            continue
+        flop = op_flop(e["name"], e.get("args") or {})
+        if flop:
+            flops[dtype_of(e.get("args") or {})] += flop / steps
+            inside, end = thread, ts + float(e.get("dur", 0.0))
+    return dict(flops)
