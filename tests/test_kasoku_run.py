@@ -137,7 +137,8 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
     # it kept is what the whole run took, and its output is the run's alone.
     if last.startswith("kasoku: kept --with workers=2: measured "):
         assert run.stdout == "done: 2 workers\n"
-        assert "beside the script as given; the losses were not compared" in last
+        assert last.endswith("beside the script as given; workers=2 changes what the script "
+                             "computes, not its arithmetic")
     else:
         assert last.startswith("kasoku: no lever kept: none was measured faster (tried: "
                                "workers=2 "), run.stderr
@@ -184,3 +185,39 @@ def test_several_faster_levers_are_kept_together_only_where_that_is_faster_still
     kept, proof = choose(TRIED, Sides(together=150.0), rounds=2)  # 1.5x: less than 1.8x
     assert kept == ["workers=2"] and proof is TRIED[0]
     assert choose(TRIED[2:], Sides(together=500.0), rounds=2) == ([], None)
+
+
+class Losses:
+    """Sides that report their timed steps' losses: as given (or with the levers that keep the
+    arithmetic) ``base``, a second time ``again``, with every lever ``side``."""
+
+    def __init__(self, base, again, side):
+        self.runs = [base, again, side]
+
+    def measure(self, extra=()):
+        return {"samples_per_s": 100.0, "window_rates": [100.0] * 5,
+                "losses": self.runs.pop(0)}
+
+
+def test_a_lever_that_changes_the_arithmetic_is_kept_only_where_the_losses_stay():
+    from kasoku.commands.script_with import check_losses
+    base = [2.30, 2.10, 1.90]
+    kept, said = check_losses(["workers=2", "bf16"], Losses(base, base, [2.301, 2.102, 1.903]))
+    assert kept == ["workers=2", "bf16"]
+    assert said == "the losses of the timed steps within 0.16% of the run without bf16"
+    kept, said = check_losses(["workers=2", "bf16"], Losses(base, base, [2.30, 2.20, 1.90]))
+    assert kept == ["workers=2"] and said == "bf16 faster, but changes the losses by 4.8%: not kept"
+    kept, said = check_losses(["bf16"], Losses(base, [2.4, 2.0, 1.7], base))
+    assert kept == ["bf16"] and said.startswith("the losses were not compared: two runs without "
+                                                "the levers differ by 10.5%")
+    assert check_losses(["workers=2"], Losses(base, base, base)) == (["workers=2"], None)
+
+
+def test_a_side_reports_its_timed_steps_losses(script, tmp_path):
+    # The side --auto compares: each timed step's loss, in order, as the script computed it.
+    out = tmp_path / "side"
+    assert main(["profile", "--skip", "1", "--measure-steps", "3", "--measure-only", "--out",
+                 str(out), "--", "python", "train.py"]) == 0
+    import json
+    measured = json.loads((out / "measure.json").read_text())
+    assert len(measured["losses"]) == 3 and all(0.3 < x < 1.5 for x in measured["losses"])

@@ -139,6 +139,10 @@ class StepWatch:
         def backward(*args, **kwargs):
             if not (watch._in_backward or watch._in_step) and watch.clock is not None:
                 watch.clock.mark("backward")
+            if watch._timing is not None and not watch._in_backward and args \
+                    and isinstance(args[0], torch.Tensor) and args[0].dim() == 0:
+                # the timed steps' losses, read after their timing (a read is a sync)
+                watch._timing["losses"].append(args[0].detach())
             watch._in_backward += 1
             try:
                 return original(*args, **kwargs)
@@ -301,6 +305,7 @@ class StepWatch:
             ends.append(total)
         sync(device)
         self._timing = {"device": device, "ends": ends, "rates": [], "wait_s": 0.0,
+                        "losses": [],
                         "watch": MachineWatch(own=job_pids(), device=device).start(),
                         "t0": time.perf_counter(), "t": time.perf_counter(), "done": 0}
 
@@ -323,7 +328,8 @@ class StepWatch:
             "stability": Stability(spread([batch * r for r in t["rates"]]),
                                    t["watch"].stop()).to_dict(),
             "phases": {"time/data%": min(100.0, 100.0 * t["wait_s"] / elapsed)},
-            "levers": list(self.levers.given)}
+            "levers": list(self.levers.given),
+            "losses": [float(loss) for loss in t["losses"]]}
         self._timing = None
         if self.measure_only:
             self.done = True

@@ -8,7 +8,9 @@ its own (``kasoku profile --stop-after-window``, its verdict's levers measured b
 script as given, in fresh runs of it), the levers measured faster kept, several of them
 measured together too and kept together only where that beats the best one alone; then the
 script runs whole with them, and the last line says what was kept, the speed-up measured with
-its spread, and that the losses were not compared.
+its spread, and what the losses showed: a lever that changes the arithmetic (bf16, TF32, the
+threads) is kept only where the timed steps' losses stay within ``LOSS_TOLERANCE`` of the run
+without it, from the same seed.
 
 The levers are set as the profile sets them, through the same step watch
 (``kasoku.commands.script_watch``), whose window never opens here: the process-wide levers
@@ -34,7 +36,7 @@ from kasoku.commands.script_profile import say, script_root
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
-from kasoku.core.flags import SCRIPT_COMMAND, WITH, option, profile_args
+from kasoku.core.flags import SCRIPT_COMMAND, WITH, option, profile_args, with_args
 from kasoku.train.run_dir import out_or_new
 
 NEVER = 2 ** 62
@@ -83,8 +85,9 @@ def closing_line(command: ScriptCommand, given: list[str], steps: int, elapsed_s
 
 def run_auto(command: ScriptCommand, cfg: ProfileConfig) -> int:
     """Profile ``command``, keep the levers measured faster (``choose``), run it whole with
-    them (``run_with``) and end with the line of what was kept (``kept_line``); returns the
-    script's exit code."""
+    them (``run_with``; the levers that change the arithmetic only where the losses stay the
+    run's: ``check_losses``) and end with the line of what was kept (``kept_line``); returns
+    the script's exit code."""
     out = out_or_new(None, Path(command.name).stem, "profile", "the profile")
     say(f"profiling {command.name} and measuring the levers kasoku sets from outside it "
         f"(the profile: {out}); its output in this run is not shown")
@@ -100,13 +103,15 @@ def run_auto(command: ScriptCommand, cfg: ProfileConfig) -> int:
     profile = out / "profile.json"
     tried = (json.loads(profile.read_text())["verdict"].get("tried") or []
              if profile.is_file() else None)
+    kept, proof, checked = [], None, None
     if tried is None:
         say("the profile did not finish (see above): the script runs as given")
-        kept, proof = [], None
     else:
-        kept, proof = choose(tried, ScriptSides(command, cfg, []), cfg.rounds)
+        sides = ScriptSides(command, cfg, [])
+        kept, proof = choose(tried, sides, cfg.rounds)
+        kept, checked = check_losses(kept, sides)
     code = run_with(command, kept)
-    say(kept_line(kept, proof, tried))
+    say(kept_line(kept, proof, tried, checked))
     return code
 
 
@@ -147,10 +152,55 @@ def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str
     return best, faster[0]
 
 
-def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None) -> str:
+ARITHMETIC = ("bf16", "tf32", "threads", "cudnn-benchmark")
+"""The levers that change the arithmetic (``numerics``): kept only where the losses stay
+within ``LOSS_TOLERANCE`` of the run without them. (``workers`` changes which random samples
+a dataset draws, not the arithmetic.)"""
+LOSS_TOLERANCE = 0.02
+"""The largest relative difference, at any timed step, between the losses with a lever that
+changes the arithmetic and without it, from the same seed, for the lever to be kept: the
+same training as far as the timed steps show. bf16's 8-bit mantissa moves a loss in its
+third digit."""
+
+
+def check_losses(kept: list[str], sides: ScriptSides) -> tuple[list[str], str | None]:
+    """``kept`` with the levers that change the arithmetic dropped where their losses over
+    the timed steps differ from the run without them (the other levers kept) by more than
+    ``LOSS_TOLERANCE``; and what was found (None: nothing to check). The run without them
+    runs twice: two runs that differ by more (a script not seeded) leave nothing checked."""
+    arithmetic = [v for v in kept if v.partition("=")[0] in ARITHMETIC]
+    if not arithmetic:
+        return kept, None
+    rest = [v for v in kept if v not in arithmetic]
+    say(f"comparing the losses of the timed steps with and without {', '.join(arithmetic)}:")
+    base, again, side = (sides.measure(with_args(*values))
+                         for values in (rest, rest, kept))
+    losses = [m.get("losses") or [] for m in (base, again, side)]
+    if any("error" in m for m in (base, again, side)) or not all(losses):
+        return kept, "the losses were not compared (a side did not report them)"
+    noise, moved = differ(losses[0], losses[1]), differ(losses[0], losses[2])
+    if noise > LOSS_TOLERANCE:
+        return kept, (f"the losses were not compared: two runs without the levers differ by "
+                      f"{100 * noise:.1f}% (is the script seeded?)")
+    if moved > LOSS_TOLERANCE:
+        return rest, (f"{', '.join(arithmetic)} faster, but changes the losses by "
+                      f"{100 * moved:.1f}%: not kept")
+    return kept, (f"the losses of the timed steps within {100 * moved:.2f}% of the run without "
+                  f"{', '.join(arithmetic)}")
+
+
+def differ(a: list[float], b: list[float]) -> float:
+    """The largest relative difference between two runs' losses, step by step (inf where
+    they took different numbers of steps)."""
+    if len(a) != len(b):
+        return float("inf")
+    return max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)), default=0.0)
+
+
+def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None,
+              checked: str | None = None) -> str:
     """The last line of ``--auto``: the levers kept with their measured speed-up and spread,
-    or why none was; the losses not compared (a lever that changes the arithmetic changes
-    them: ``numerics``)."""
+    or why none was; then what the comparison of the losses found (``check_losses``)."""
     if tried is None:
         return "no lever kept: the profile did not finish"
     if not kept:
@@ -161,8 +211,9 @@ def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None) -> 
     spread = (f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rounds" if len(ratios) > 1
               else f"1 round, noise {100 * proof.get('noise', 0.0):.0f}%")
     changes = [v for v in kept if numerics(v)]
-    numbers = (f"; the losses were not compared, and {', '.join(changes)} "
-               f"{'changes' if len(changes) == 1 else 'change'} what the script computes"
-               if changes else "; what the script computes is unchanged")
+    numbers = (f"; {checked}" if checked else
+               f"; {', '.join(changes)} {'changes' if len(changes) == 1 else 'change'} what "
+               f"the script computes, not its arithmetic" if changes
+               else "; what the script computes is unchanged")
     return (f"kept {' '.join(with_text(v) for v in kept)}: measured {proof['ratio']:.2f}x "
             f"({spread}) beside the script as given{numbers}")
