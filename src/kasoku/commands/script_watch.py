@@ -194,7 +194,8 @@ class StepWatch:
                     args = (*args[:6], True, *args[7:])
                 else:
                     kwargs["pin_memory"] = True
-            watch._sites[id(dataset)] = (user_site(watch.roots), workers)
+            # the first DataLoader of a dataset is the script's (Accelerate's prepare makes another)
+            watch._sites.setdefault(id(dataset), (user_site(watch.roots), workers))
             original(loader, dataset, *args, **kwargs)
         return __init__
 

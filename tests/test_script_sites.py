@@ -1,0 +1,62 @@
+"""The lines kasoku's advice names in a script: the DataLoader the script wrote, not the one a
+library makes again from the same dataset (Accelerate's ``prepare``), here a library module
+outside the script's folder doing what it does."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+from kasoku.cli import main
+
+LIBRARY = textwrap.dedent("""
+    from torch.utils.data import DataLoader
+
+
+    def prepare(loader):  # as accelerate.Accelerator.prepare: a new loader, the same dataset
+        return DataLoader(loader.dataset, batch_size=loader.batch_size)
+""")
+
+SCRIPT = textwrap.dedent("""
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from fakeaccel import prepare
+
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, i):
+            time.sleep(0.001)
+            return torch.randn(8), i % 2
+
+
+    loader = DataLoader(Slow(), batch_size=8)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = prepare(loader)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_the_loader_s_line_is_the_script_s_not_the_library_s(tmp_path, monkeypatch):
+    library, project = tmp_path / "site-packages", tmp_path / "project"
+    library.mkdir()
+    project.mkdir()
+    (library / "fakeaccel.py").write_text(LIBRARY)
+    (project / "train.py").write_text(SCRIPT)
+    monkeypatch.chdir(project)
+    # after sys.path[0], which the script's run sets to its own folder, as an installed package
+    monkeypatch.setattr(sys, "path", [sys.path[0], str(library), *sys.path[1:]])
+    out = tmp_path / "profile"
+    assert main(["profile", "--skip", "2", "--measure-steps", "2", "--warmup", "1", "--steps",
+                 "2", "--estimate", "--out", str(out), "--", "python", "train.py"]) == 0
+    facts = json.loads((out / "profile.json").read_text())["facts"]
+    line = SCRIPT.splitlines().index("loader = DataLoader(Slow(), batch_size=8)") + 1
+    assert facts["loader_site"] == f"train.py:{line}"
