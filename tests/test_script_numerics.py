@@ -128,6 +128,7 @@ def test_bf16_trains_as_autocast_written_around_the_forward_and_the_loss(script,
     ("cudnn-benchmark", 0.0, True),  # no convolution to pick an algorithm for
     ("threads=1", 1e-6, True),  # products summed in another order at most
     ("tf32", None, True),  # nothing on the CPU; on the GPU TF32's 10-bit mantissa
+    ("fused-optimizer", 1e-6, True),  # the same update in another order at most
 ])
 def test_a_lever_changes_the_losses_no_more_than_it_says(script, capsys, device, value,
                                                          allowed, noted):
