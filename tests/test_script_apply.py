@@ -187,7 +187,9 @@ def test_no_compiler_no_compile(monkeypatch):
     monkeypatch.setattr(script_apply.shutil, "which", lambda name: None)
     assert script_apply.compiler_missing("cpu") == "no C++ compiler"
     lever = Lever("fused kernels: --compile", "estimate ~1.2x", {"accel.compile": True}, 1.2)
-    assert script_lever(lever, ScriptFacts(), "cpu").args == ()  # an edit, not measured
+    edit = script_lever(lever, ScriptFacts(), "cpu")
+    assert edit.args == () and edit.text == "torch.compile the model (no C++ compiler: not " \
+                                            "measured)"
 
 
 def test_the_verdicts_levers_pulled_from_outside_where_they_apply():
@@ -199,8 +201,8 @@ def test_the_verdicts_levers_pulled_from_outside_where_they_apply():
     assert lever({"accel.channels_last": True}).caveat == NUMERICS["channels-last"]
     assert lever({"accel.optimizer_impl": "fused"}).args == ("--with", "fused-optimizer")
     assert lever({"accel.compile": True}).args == ("--with", "compile")
-    assert lever({"accel.compile": True}).text == ("torch.compile the model (the forward: "
-                                                   "train.py:30)")
+    assert lever({"accel.compile": True}).text == ("torch.compile the model: model.compile() "
+                                                   "(the forward: train.py:30)")
     assert lever({"accel.cuda_graph": True}).args == ("--with", "compile=reduce-overhead")
     # no convolutions, an optimizer fused already: edits at most, not measured
     facts.has_conv, facts.optimizer_impl = False, "fused"

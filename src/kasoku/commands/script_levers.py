@@ -246,9 +246,14 @@ def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
         return _as(lever, f"bf16: torch.autocast('{device}', dtype=torch.bfloat16) around the "
                    f"forward and the loss{where}", {"with.bf16": True})
     outside = _outside(change, facts, device)
+    where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
     if outside is not None:
-        where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
-        return _as(lever, EDITS[next(iter(change.items()))] + where, outside)
+        return _as(lever, outside[1] + where, outside[0])
+    why = compiler_missing(device)
+    if why and change.keys() & {"accel.compile", "accel.cuda_graph"}:
+        # an edit would not compile either: said in a word, not offered as a measure
+        return _as(lever, f"{EDITS[next(iter(change.items()))]}{where} ({why}: not measured)",
+                   {})
     if change.keys() == {"train.threads"}:
         n = change["train.threads"]
         return _as(lever, f"torch.set_num_threads({n}) (or OMP_NUM_THREADS={n})",
@@ -266,21 +271,26 @@ def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
     return _as(lever, words + " (needs an edit: not measured)", {})
 
 
-def _outside(change: dict, facts: ScriptFacts, device: str) -> dict | None:
-    """The ``--with`` levers that make the run's ``change`` from outside the script where they
-    can apply to it, else None (an edit): a fused optimizer where the script's is one of
-    ``FUSED`` and not fused, channels_last for a model with convolutions, the model compiled
-    where inductor has its compiler (its CUDA graphs: ``reduce-overhead``, on the GPU)."""
+def _outside(change: dict, facts: ScriptFacts, device: str) -> tuple[dict, str] | None:
+    """The ``--with`` levers that make the run's ``change`` from outside the script, and their
+    words, where they can apply to it, else None (an edit): a fused optimizer where the
+    script's is one of ``FUSED`` and not fused, channels_last for a model with convolutions,
+    the model compiled where inductor has its compiler (its CUDA graphs: ``reduce-overhead``,
+    on the GPU)."""
+    item = next(iter(change.items()), None)
     if change == {"accel.optimizer_impl": "fused"}:
-        ok = facts.optimizer_impl not in (None, "fused")
-        return {"with.fused_optimizer": True} if ok else None
+        if facts.optimizer_impl in (None, "fused"):
+            return None
+        return {"with.fused_optimizer": True}, EDITS[item]
     if change == {"accel.channels_last": True}:
-        return {"with.channels_last": True} if facts.has_conv else None
-    if change == {"accel.compile": True} and not compiler_missing(device):
-        return {"with.compile": True}
-    if change == {"accel.cuda_graph": True} and device == "cuda" \
-            and not compiler_missing(device):
-        return {"with.compile": "reduce-overhead"}
+        return ({"with.channels_last": True}, EDITS[item]) if facts.has_conv else None
+    if compiler_missing(device):
+        return None
+    if change == {"accel.compile": True}:
+        return {"with.compile": True}, "torch.compile the model: model.compile()"
+    if change == {"accel.cuda_graph": True} and device == "cuda":
+        return ({"with.compile": "reduce-overhead"}, "CUDA graphs for the model's forward and "
+                "backward: model.compile(mode='reduce-overhead')")
     return None
 
 
