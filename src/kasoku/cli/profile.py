@@ -91,8 +91,11 @@ def add_parser(sub) -> None:
                    "from outside it (repeat for several): replay (the DataLoader's first "
                    "batches again and again: no wait for data), workers=N (every DataLoader "
                    "with num_workers=N), pin-memory (every DataLoader with pin_memory=True), "
-                   "threads=N, tf32, cudnn-benchmark, bf16 (the script under torch.autocast "
-                   "bf16)")
+                   "threads=N, interop-threads=N, tf32, cudnn-benchmark, bf16 (the script "
+                   "under torch.autocast bf16), fused-optimizer (Adam, AdamW, SGD made with "
+                   "fused=True, else foreach=True), channels-last (the model's convolutions "
+                   "and inputs), compile[=MODE] (the model compiled in place before its first "
+                   "call)")
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     add_workload_settings(p)
     p.set_defaults(handler=run, script=None)

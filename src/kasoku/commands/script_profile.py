@@ -38,7 +38,7 @@ from pathlib import Path
 from kasoku.accel.config import AccelConfig
 from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import judge
-from kasoku.commands import script_levers, script_watch
+from kasoku.commands import script_apply, script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
 from kasoku.commands.profile import ProfileConfig, peak_figures, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
@@ -89,15 +89,18 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     watch = StepWatch(cfg, out, levers, roots=(script_root(command),),
                       measure_only=measure_only)
     # the levers' patches first: the watch takes its own off when its window ends, theirs stay
-    with levers.applied():
+    with levers.applied(roots=watch.roots):
         watch.install()
         try:
             end = run_script(command, hidden=(__file__, script_watch.__file__,
-                                                  script_levers.__file__))
+                                                  script_levers.__file__, script_apply.__file__))
         finally:
             watch.uninstall()
             if watch.window is not None and not watch.done:
                 watch.window.stop()
+    if rank == 0 and not measure_only:
+        for line in levers.unapplied_lines():
+            say(line)
     if watch.steps == 0:
         return _say_nothing(end) if rank == 0 else end.code or EXIT_USAGE
     speak = say if rank == 0 else (lambda line: None)
@@ -112,7 +115,10 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if measure_only:
         if rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            (out / MEASURE_FILE).write_text(json.dumps(watch.measured))
+            # a lever that did not apply: the side is no measure of it, and says why
+            unapplied = "; ".join(levers.unapplied_lines())
+            (out / MEASURE_FILE).write_text(json.dumps(
+                {"error": unapplied} if unapplied else watch.measured))
         return 0
     if rank != 0:
         return end.code  # its trace is in out/workerR; worker 0 judges
@@ -202,6 +208,7 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
     ``StepFigures``, its verdict a ``ScriptVerdict`` (advised by ``advise_script``)."""
     device, facts, measured = watch.window.device, watch.facts, watch.measured
     facts.batch_size = watch.batch_size
+    facts.optimizer_impl = script_apply.optimizer_impl(watch.optimizer)
     loader = None if watch.num_workers is None else \
         "serial" if watch.num_workers == 0 else f"multiprocess:{watch.num_workers}"
     precision = {"bfloat16": "bf16", "float16": "fp16"}.get(facts.autocast or "", "fp32")

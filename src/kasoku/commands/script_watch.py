@@ -209,6 +209,8 @@ class StepWatch:
         return __enter__
 
     def _hook_forward(self) -> None:
+        # run as it is, not traced, inside a model compiled in place (--with compile)
+        @torch.compiler.disable
         def first_forward(module, args):
             site = user_site(self.roots)
             if site is not None:
