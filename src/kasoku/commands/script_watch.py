@@ -92,7 +92,9 @@ class StepWatch:
         self._in_data = False
         self._saved: list[tuple[object, str, object]] = []
         self._hook = self._pre_hook = self._forward_hook = None
-        self._sites: dict[int, tuple[str | None, int]] = {}  # id(dataset): site, num_workers
+        # id(dataset): site, num_workers of its first DataLoader, the script's (a library makes
+        # another from the same dataset, as Accelerate's prepare does)
+        self._sites: dict[int, tuple[str | None, int]] = {}
         self._replay: list = []
         self._replayed = 0
         self._timing: dict | None = None
@@ -141,8 +143,7 @@ class StepWatch:
                 watch.clock.mark("backward")
             if watch._timing is not None and not watch._in_backward and args \
                     and isinstance(args[0], torch.Tensor) and args[0].dim() == 0:
-                # the timed steps' losses, read after their timing (a read is a sync)
-                watch._timing["losses"].append(args[0].detach())
+                watch._timing["losses"].append(args[0].detach())  # read after: a read syncs
             watch._in_backward += 1
             try:
                 return original(*args, **kwargs)
@@ -194,7 +195,6 @@ class StepWatch:
                     args = (*args[:6], True, *args[7:])
                 else:
                     kwargs["pin_memory"] = True
-            # the first DataLoader of a dataset is the script's (Accelerate's prepare makes another)
             watch._sites.setdefault(id(dataset), (user_site(watch.roots), workers))
             original(loader, dataset, *args, **kwargs)
         return __init__
@@ -368,8 +368,6 @@ class StepWatch:
             return c.skip + c.measure_steps
         return c.skip + c.measure_steps + (self.window.total_steps if self.window is not None
                                            else c.warmup + 1 + c.steps)
-
-
 
 
 def check_window(cfg) -> None:
