@@ -9,8 +9,9 @@ from kasoku.core.errors import ConfigError
 
 WITH_HELP = ("a lever kasoku sets from outside the script (repeat for several): workers=N "
              "(every DataLoader with num_workers=N), pin-memory (every DataLoader with "
-             "pin_memory=True), threads=N, tf32, cudnn-benchmark, bf16 (the script under "
-             "torch.autocast bf16); kasoku profile -- python train.py measures which help")
+             "pin_memory=True), threads=N, interop-threads=N, tf32, cudnn-benchmark, bf16 (the "
+             "script under torch.autocast bf16), fused-optimizer, channels-last, "
+             "compile[=MODE]; kasoku profile -- python train.py measures which help")
 
 
 def add_parser(sub) -> None:

@@ -9,7 +9,7 @@ script as given, in fresh runs of it), the levers measured faster kept, several 
 measured together too and kept together only where that beats the best one alone; then the
 script runs whole with them, and the last line says what was kept, the speed-up measured with
 its spread, and what the losses showed: a lever that changes the arithmetic (bf16, TF32, the
-threads) is kept only where the timed steps' losses stay within ``LOSS_TOLERANCE`` of the run
+threads, a fused optimizer, channels-last, compile) is kept only where the timed steps' losses stay within ``LOSS_TOLERANCE`` of the run
 without it, from the same seed.
 
 The levers are set as the profile sets them, through the same step watch
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from kasoku.advisor.levers import Lever
-from kasoku.commands import ab, script_levers, script_watch
+from kasoku.commands import ab, script_apply, script_levers, script_watch
 from kasoku.commands.profile_config import ProfileConfig
 from kasoku.commands.script_ab import ScriptSides
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
@@ -59,14 +59,17 @@ def run_with(command: ScriptCommand, given: list[str] | None) -> int:
     with tempfile.TemporaryDirectory(prefix="kasoku-run-") as unused:
         watch = StepWatch(cfg, Path(unused), levers, roots=(script_root(command),))
         start = time.perf_counter()
-        with levers.applied():
+        with levers.applied(roots=watch.roots):
             watch.install()
             try:
                 end = run_script(command, hidden=(__file__, script_watch.__file__,
-                                                  script_levers.__file__))
+                                                  script_levers.__file__,
+                                                  script_apply.__file__))
             finally:
                 watch.uninstall()
         elapsed = time.perf_counter() - start
+    for line in levers.unapplied_lines():  # a lever that could not apply: the run without it
+        say(line)
     say(closing_line(command, levers.given, watch.steps, elapsed, end))
     return end.code
 
@@ -152,7 +155,8 @@ def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str
     return best, faster[0]
 
 
-ARITHMETIC = ("bf16", "tf32", "threads", "cudnn-benchmark")
+ARITHMETIC = ("bf16", "tf32", "threads", "cudnn-benchmark", "fused-optimizer", "channels-last",
+              "compile")
 """The levers that change the arithmetic (``numerics``): kept only where the losses stay
 within ``LOSS_TOLERANCE`` of the run without them. (``workers`` changes which random samples
 a dataset draws, not the arithmetic.)"""
