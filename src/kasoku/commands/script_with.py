@@ -9,8 +9,8 @@ script as given, in fresh runs of it), the levers measured faster kept, several 
 measured together too and kept together only where that beats the best one alone; then the
 script runs whole with them, and the last line says what was kept, the speed-up measured with
 its spread, and what the losses showed: a lever that changes the arithmetic (bf16, TF32, the
-threads, a fused optimizer, channels-last, compile) is kept only where the timed steps' losses stay within ``LOSS_TOLERANCE`` of the run
-without it, from the same seed.
+threads, a fused optimizer, channels-last, compile) is kept only where the timed steps' losses
+stay within ``LOSS_TOLERANCE`` of the run without it, from the same seed.
 
 The levers are set as the profile sets them, through the same step watch
 (``kasoku.commands.script_watch``), whose window never opens here: the process-wide levers
