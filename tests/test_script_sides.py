@@ -1,0 +1,59 @@
+"""A script's profile and its A/B sides on real tiny scripts: the loader's operators in the
+step's thread counted as the wait for data (``kasoku.perf.profile.trace``), each side run in
+a scratch folder, timed long enough, and ``--confirm`` that says why it has no rows
+(``kasoku.commands.script_ab``)."""
+from __future__ import annotations
+
+import json
+
+from test_profile_script import write
+
+from kasoku.cli import main
+
+LOADER_OPS = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+MEAN, STD = torch.tensor([0.5, 0.4, 0.3]), torch.tensor([0.2, 0.2, 0.2])
+
+
+class Images(Dataset):
+    # ToTensor and Normalize written with torch operators: about 45 small operators per
+    # sample, run in the step's thread (no workers)
+    def __len__(self):
+        return 1024
+
+    def __getitem__(self, i):
+        img = torch.full((8, 8, 3), i % 256, dtype=torch.uint8)
+        x = img.permute(2, 0, 1).contiguous().to(torch.float32).div(255)
+        for c in range(3):
+            x[c].sub_(MEAN[c]).div_(STD[c])
+        return x.reshape(-1), i % 10
+
+
+model = torch.nn.Sequential(torch.nn.Linear(192, 1024), torch.nn.ReLU(),
+                            torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                            torch.nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Images(), batch_size=32, num_workers=0):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_the_loaders_operators_are_the_wait_for_data_not_the_steps(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "train.py", LOADER_OPS)
+    assert main(["profile", "--skip", "2", "--measure-steps", "2", "--warmup", "1", "--steps",
+                 "2", "--estimate", "--stop-after-window", "--out", "prof", "--", "python",
+                 "train.py"]) == 0
+    result = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    f = result["figures"]
+    # the model's operators (3 products forward, their gradients, the loss, SGD): about 160;
+    # the loader's 32 samples of ToTensor/Normalize: about 1,450, apart
+    assert f["ops_per_step"] < 400 < 1000 < f["data_ops_per_step"], f
+    assert "latency-bound" not in result["verdict"]["rule"]
+    # the loading is the wait for data: its operators' time is in the data phase
+    assert f["phases_host_ms"]["data"] > 0.5 and f["profiled"]["data_pct"] > 2, f
