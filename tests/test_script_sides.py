@@ -57,3 +57,44 @@ def test_the_loaders_operators_are_the_wait_for_data_not_the_steps(tmp_path, mon
     assert "latency-bound" not in result["verdict"]["rule"]
     # the loading is the wait for data: its operators' time is in the data phase
     assert f["phases_host_ms"]["data"] > 0.5 and f["profiled"]["data_pct"] > 2, f
+
+
+SIDE_EFFECTS = """
+import os
+import torch
+
+scale = float(open("data/scale.txt").read())  # an input, relative to the working directory
+os.makedirs("logs", exist_ok=True)
+run = f"logs/version_{len(os.listdir('logs'))}"  # as a logger numbers its runs
+os.makedirs(run)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(50):
+    (model(torch.ones(8, 4)) * scale).sum().backward()
+    opt.step()
+    with open(f"{run}/metrics.txt", "a") as f:
+        f.write(f"{step}\\n")
+"""
+
+
+def test_a_side_runs_in_a_scratch_folder_its_inputs_resolved(tmp_path, monkeypatch):
+    from kasoku.commands.profile import ProfileConfig
+    from kasoku.commands.script_ab import ScriptSides
+    from kasoku.commands.script_run import parse_command
+    user = tmp_path / "user"
+    (user / "data").mkdir(parents=True)
+    (user / "data" / "scale.txt").write_text("2.0")
+    (user / "logs" / "version_0").mkdir(parents=True)  # the user's own run
+    write(user, "train.py", SIDE_EFFECTS)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    monkeypatch.chdir(user)
+    sides = ScriptSides(parse_command(["python", "train.py"]),
+                        ProfileConfig(skip=1, measure_steps=2), [])
+    measured = sides.measure(())
+    assert measured.get("samples_per_s", 0) > 0, measured  # data/scale.txt was read
+    # the side's logs/version_1 went with its folder; the user's folder is as it was
+    assert sorted(p.relative_to(user).as_posix() for p in user.rglob("*")) == [
+        "data", "data/scale.txt", "logs", "logs/version_0", "train.py"]
+    assert list(scratch.iterdir()) == []

@@ -1,7 +1,9 @@
 """The A/B runs of a script's profile: each side a fresh ``kasoku profile --measure-only
 [--with LEVER] -- COMMAND`` process that runs the script to the same step (``--skip`` steps,
 then ``--measure-steps`` timed) and stops it there; its figures come back in a file
-(``measure.json`` in a folder of its own), since the script's stdout is the script's.
+(``measure.json`` in a folder of its own), since the script's stdout is the script's. Each
+side runs in a scratch folder (``kasoku.commands.script_scratch``), its side effects not the
+user's.
 
 The rounds, the noise rule and the advice are the workloads' (``kasoku.commands.ab``,
 ``kasoku.advisor.advice``); only the side differs.
@@ -9,10 +11,12 @@ The rounds, the noise rule and the advice are the workloads' (``kasoku.commands.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from kasoku.advisor.verdict import Verdict
 from kasoku.commands import ab
 from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
+from kasoku.commands.script_scratch import climbs, scratch_folder
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args, with_args
 from kasoku.perf.profile.figures import StepFigures
 
@@ -52,13 +57,17 @@ class ScriptSides:
 
     def measure(self, extra=(), timeout_s: float = ab.SIDE_TIMEOUT_S) -> dict:
         """One fresh process: ``{"samples_per_s", "window_rates", "phases"}``, or
-        ``{"error": its last line}``."""
-        with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder:
+        ``{"error": its last line}``. It runs in a scratch folder (``script_scratch``: the
+        script's side effects land there, and go with it), or in the working directory where
+        the command's arguments climb above it."""
+        in_place = climbs(self.command.argv)
+        with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder, \
+                (nullcontext(None) if in_place else scratch_folder()) as cwd:
             own = profile_args({"measure_only": True, "out": folder})  # before the command
             cmd = [*self.launcher, "kasoku", *self.argv(extra, own)]
             try:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, timeout=timeout_s)
+                                      text=True, timeout=timeout_s, cwd=cwd, env=side_env(cwd))
             except subprocess.TimeoutExpired:
                 return {"error": f"timed out after {timeout_s:.0f} s"}
             path = Path(folder) / MEASURE_FILE
@@ -66,6 +75,21 @@ class ScriptSides:
                 lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
                 return {"error": lines[-1].removeprefix("kasoku: ")}
             return json.loads(path.read_text())
+
+
+def side_env(cwd: Path | None) -> dict:
+    """This process's environment for a side run in ``cwd``: ``PYTHONPATH``'s relative
+    entries made absolute (they named folders of this working directory, kasoku's own
+    among them) and ``PWD`` the side's folder."""
+    env = dict(os.environ)
+    if cwd is None:
+        return env
+    paths = env.get("PYTHONPATH")
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
+                                            for p in paths.split(os.pathsep))
+    env["PWD"] = str(cwd)
+    return env
 
 
 def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
