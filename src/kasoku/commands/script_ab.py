@@ -1,9 +1,9 @@
 """The A/B runs of a script's profile: each side a fresh ``kasoku profile --measure-only
 [--with LEVER] -- COMMAND`` process that runs the script to the same step (``--skip`` steps,
-then ``--measure-steps`` timed) and stops it there; its figures come back in a file
-(``measure.json`` in a folder of its own), since the script's stdout is the script's. Each
-side runs in a scratch folder (``kasoku.commands.script_scratch``), its side effects not the
-user's.
+then ``--measure-steps`` timed, for ``--measure-seconds`` at least) and stops it there; its
+figures come back in a file (``measure.json`` in a folder of its own), since the script's
+stdout is the script's. Each side runs in a scratch folder (``kasoku.commands.script_scratch``),
+its side effects not the user's.
 
 The rounds, the noise rule and the advice are the workloads' (``kasoku.commands.ab``,
 ``kasoku.advisor.advice``); only the side differs.
@@ -20,6 +20,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
+import kasoku
 from kasoku.advisor.advice import advise
 from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.script_words import script_fallback
@@ -38,11 +39,14 @@ class ScriptSides:
     """How one side of a script's A/B runs: the same command, window and levers as the
     profile, plus the side's ``--with`` args. ``launcher``: what starts kasoku in each
     worker of a script under torchrun (``kasoku.commands.script_launch``), ``shown`` the
-    command as the user gave it."""
+    command as the user gave it, ``folder`` the one it was given in (default: the working
+    directory; the script may have moved it since)."""
 
     def __init__(self, command: ScriptCommand, cfg, given: list[str],
-                 launcher: list[str] | None = None, shown: list[str] | None = None):
+                 launcher: list[str] | None = None, shown: list[str] | None = None,
+                 folder: Path | None = None):
         self.command, self.cfg = command, cfg
+        self.folder = Path(folder or Path.cwd()).resolve()
         self.launcher = launcher or [sys.executable, "-m"]
         self.shown = shown or list(command.argv)
         self.own = [*profile_args({"skip": cfg.skip, "measure_steps": cfg.measure_steps}),
@@ -62,12 +66,14 @@ class ScriptSides:
         the command's arguments climb above it."""
         in_place = climbs(self.command.argv)
         with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder, \
-                (nullcontext(None) if in_place else scratch_folder()) as cwd:
-            own = profile_args({"measure_only": True, "out": folder})  # before the command
+                (nullcontext(None) if in_place else scratch_folder(self.folder)) as cwd:
+            own = profile_args({"measure_only": True, "out": folder,  # before the command
+                                "measure_seconds": self.cfg.measure_seconds})
             cmd = [*self.launcher, "kasoku", *self.argv(extra, own)]
             try:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, timeout=timeout_s, cwd=cwd, env=side_env(cwd))
+                                      text=True, timeout=timeout_s, cwd=cwd or self.folder,
+                                      env=side_env(cwd, self.folder))
             except subprocess.TimeoutExpired:
                 return {"error": f"timed out after {timeout_s:.0f} s"}
             path = Path(folder) / MEASURE_FILE
@@ -77,18 +83,16 @@ class ScriptSides:
             return json.loads(path.read_text())
 
 
-def side_env(cwd: Path | None) -> dict:
-    """This process's environment for a side run in ``cwd``: ``PYTHONPATH``'s relative
-    entries made absolute (they named folders of this working directory, kasoku's own
-    among them) and ``PWD`` the side's folder."""
+def side_env(cwd: Path | None, folder: Path) -> dict:
+    """This process's environment for a side run in ``cwd``: this kasoku's own folder first
+    on ``PYTHONPATH`` (the side runs the same kasoku, wherever it was found), the relative
+    entries made absolute against the user's ``folder``, and ``PWD`` the side's folder."""
     env = dict(os.environ)
     if cwd is None:
         return env
-    paths = env.get("PYTHONPATH")
-    if paths:
-        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) if p else p
-                                            for p in paths.split(os.pathsep))
-    env["PWD"] = str(cwd)
+    paths = [str(Path(kasoku.__file__).resolve().parents[1])]
+    paths += [str(folder / p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update(PYTHONPATH=os.pathsep.join(paths), PWD=str(cwd))
     return env
 
 
