@@ -132,3 +132,15 @@ def test_a_sides_timed_steps_last_the_measure_seconds(tmp_path, monkeypatch, cap
     assert main([*side, "--out", "none", "--", "python", "fast.py", "4"]) != 0
     assert not (tmp_path / "none" / "measure.json").exists()
 
+
+def test_confirm_with_nothing_to_run_says_why_not_a_bare_header(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "fast.py", FAST)  # no DataLoader: no batches to replay, nothing measured
+    assert main(["profile", "--skip", "2", "--measure-steps", "3", "--warmup", "1", "--steps",
+                 "2", "--estimate", "--confirm", "--stop-after-window", "--out", "prof", "--",
+                 "python", "fast.py", "1000"]) == 0
+    err = capsys.readouterr().err
+    assert "confirming the bound" not in err and "confirm (fresh processes" not in err
+    assert "kasoku: --confirm: nothing to run in fresh runs of the script: " in err, err
+    assert json.loads((tmp_path / "prof" / "profile.json").read_text())["ladder"] == []

@@ -102,7 +102,8 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
     measured in rounds of fresh runs unless ``cfg.estimate``, the best one measured faster
     advised, else the first edit, else the rule's fallback in the script's terms
     (``script_fallback``, kept as the verdict's ``fallback``); with ``cfg.confirm`` the
-    bound's proof (replayed batches) and the advice once more. ``result["verdict"]`` (a
+    bound's proof (replayed batches) and the advice once more, under a header only where
+    there is one to run (else a line saying why none). ``result["verdict"]`` (a
     ``ScriptVerdict``) is replaced by the advised one, which is returned (and
     ``result["ladder"]`` set)."""
     judged: Verdict = result["verdict"].verdict
@@ -124,11 +125,19 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
                                     fallback=fallback), edits, measured=bool(advised.tried))
     result["verdict"] = verdict
     if cfg.confirm:
-        say("confirming the bound and the advice in fresh runs of the script:")
         kept, left = script_experiments(judged, facts)
-        result["ladder"] = ab.confirm([], kept, advised.lever, rounds=cfg.rounds,
-                                      measure=sides.measure, command=sides.text,
-                                      say=lambda line: say(line.strip()))
+        result["ladder"] = []
+        if kept or (advised.lever.measured or {}).get("result") == "faster":
+            say("confirming the bound and the advice in fresh runs of the script:")
+            result["ladder"] = ab.confirm([], kept, advised.lever, rounds=cfg.rounds,
+                                          measure=sides.measure, command=sides.text,
+                                          say=lambda line: say(line.strip()))
+        else:  # no header over nothing: why there is nothing to run
+            say(f"{option('confirm')}: nothing to run in fresh runs of the script: "
+                + ("each proof of the bound needs an edit to it" if left
+                   else f"{judged.rule} has no proof to run")
+                + (f", and no lever was measured ({option('estimate')})" if cfg.estimate
+                   else ", and no lever was measured faster"))
         if len(result["ladder"]) < 2:  # nothing measured: no table, only what was not
             result["ladder"] = []
         verdict.unconfirmed = left
