@@ -76,9 +76,10 @@ def test_with_levers_reach_the_script_and_a_side_stops_after_its_timed_steps(
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "levers.py", LEVERS)
     threads = torch.get_num_threads()
-    code = main(["profile", "--skip", "2", "--measure-steps", "3", "--measure-only", "--out",
-                 "side", "--with", "threads=1", "--with", "workers=1", "--with", "bf16",
-                 "--with", "replay", "--with", "pin-memory", "--", "python", "levers.py"])
+    code = main(["profile", "--skip", "2", "--measure-steps", "3", "--measure-seconds", "0.001",
+                 "--measure-only", "--out", "side", "--with", "threads=1", "--with", "workers=1",
+                 "--with", "bf16", "--with", "replay", "--with", "pin-memory", "--", "python",
+                 "levers.py"])
     assert code == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "workers 1 threads 1 pin True"

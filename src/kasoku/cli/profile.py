@@ -51,7 +51,7 @@ _RUN_FLAGS = {k: v for k, v in TRAIN_FLAGS.items()
               if k in ("device", "batch_size", "lr", "grad_clip", "optimizer", "seed", "threads")}
 SCRIPT_FLAGS = ("--skip", "--warmup", "--steps", "--measure-steps", "--out",
                 "--stop-after-window", "--with", "--estimate", "--confirm", "--rounds",
-                "--measure-only")
+                "--measure-seconds", "--measure-only")
 """The options a script's profile takes."""
 
 

@@ -67,8 +67,9 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     ``timeline.png`` and ``report.html`` to ``out`` (default: a new folder under runs/) and
     print kasoku's lines (``kasoku: ...``, on stderr). Returns the exit code: the script's,
     else ``EXIT_USAGE`` when it ended well with nothing to profile. ``measure_only`` (a side
-    of the A/B runs): the timed steps only, then the script is stopped and the figures
-    written to ``out/measure.json``."""
+    of the A/B runs): the timed steps only (for ``cfg.measure_seconds`` at least, or to the
+    script's end), then the script is stopped and the figures written to
+    ``out/measure.json``."""
     check_window(cfg)
     levers = ScriptLevers.parse(given)
     if measure_only and out is None:
@@ -86,6 +87,7 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
             if numerics(value):
                 say(f"{with_text(value)} changes what the script computes: "
                     f"{numerics(value)}")
+    folder = Path.cwd()  # the sides' (the script may move its working directory)
     watch = StepWatch(cfg, out, levers, roots=(script_root(command),),
                       measure_only=measure_only)
     # the levers' patches first: the watch takes its own off when its window ends, theirs stay
@@ -101,6 +103,8 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if rank == 0 and not measure_only:
         for line in levers.unapplied_lines():
             say(line)
+    if measure_only and not watch.done:
+        watch.script_ended()  # its steps timed to its end, if as many as asked
     if watch.steps == 0:
         return _say_nothing(end) if rank == 0 else end.code or EXIT_USAGE
     speak = say if rank == 0 else (lambda line: None)
@@ -150,7 +154,8 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         say(f"interrupted: the levers were not measured (the profile is kept; "
             f"{option('estimate')} is what was said)")
         cfg = replace(cfg, estimate=True, confirm=False)
-    advise_script(result, watch.facts, ScriptSides(command, cfg, levers.given), cfg, say)
+    sides = ScriptSides(command, cfg, levers.given, folder=folder)
+    advise_script(result, watch.facts, sides, cfg, say)
     write_outputs(out, result)
     for line in verdict_lines(result):
         say(line)

@@ -13,7 +13,8 @@ iterator's ``__next__``.
 
 The steps, in order: ``skip`` steps not timed (the script's own warm-up: compilation,
 autotuning, the loader's first workers); ``measure_steps`` steps timed without the profiler, in
-windows each ended by a synchronize (the throughput, its spread and the wait for data); then
+windows each ended by a synchronize (``kasoku.commands.script_timing``: the throughput, its
+spread and the wait for data; a measuring run's for ``measure_seconds`` at least); then
 the profiled window (``kasoku.perf.profile.window.Window``: ``warmup + 1 + steps`` steps) with
 kasoku's phase spans in the trace: a step starts at its first batch's wait (the
 ``kasoku/data`` span the analysis cuts steps at), or, for a script whose steps take no batch
@@ -39,13 +40,12 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
-from kasoku.commands.profile_steps import sync
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, user_site
 from kasoku.commands.script_run import ScriptStopped
+from kasoku.commands.script_timing import StepTimer
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
 from kasoku.core.phases import PhaseClock
-from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
 from kasoku.perf.profile.window import Window
 
 LOADER_ITER = torch_dataloader._BaseDataLoaderIter
@@ -53,7 +53,6 @@ LOADER_ITER = torch_dataloader._BaseDataLoaderIter
 has no public hook on a DataLoader's batches; its ``__next__`` is where PyTorch opens its own
 profiler span for the wait (``enumerate(DataLoader)#...``, which HTA reads), so wrapping it
 times the same wait for every DataLoader the script makes."""
-MEASURE_WINDOWS = 5
 REPLAY_BATCHES = 8
 """``--with replay`` hands out the DataLoader's first batches, at most this many, in turn."""
 UNUSED_OPTIMIZER = 64
@@ -97,7 +96,7 @@ class StepWatch:
         self._sites: dict[int, tuple[str | None, int]] = {}
         self._replay: list = []
         self._replayed = 0
-        self._timing: dict | None = None
+        self._timing: StepTimer | None = None
 
     # --- the patches --------------------------------------------------------------------
     def install(self) -> None:
@@ -143,7 +142,7 @@ class StepWatch:
                 watch.clock.mark("backward")
             if watch._timing is not None and not watch._in_backward and args \
                     and isinstance(args[0], torch.Tensor) and args[0].dim() == 0:
-                watch._timing["losses"].append(args[0].detach())  # read after: a read syncs
+                watch._timing.losses.append(args[0].detach())  # read after: a read syncs
             watch._in_backward += 1
             try:
                 return original(*args, **kwargs)
@@ -175,7 +174,7 @@ class StepWatch:
                 if watch.levers.replay and len(watch._replay) < REPLAY_BATCHES:
                     watch._replay.append(batch)
             if watch._timing is not None:
-                watch._timing["wait_s"] += time.perf_counter() - t0
+                watch._timing.wait_s += time.perf_counter() - t0
             watch._batch_came(batch, opened)
             return batch
         return __next__
@@ -279,9 +278,9 @@ class StepWatch:
             self._hook_forward()
         if self.steps == skip:
             self._start_timing()
-        elif skip < self.steps <= measured:
+        elif self._timing is not None:
             self._timed_step(self.steps - skip)
-        if self.steps < measured:
+        if self._timing is not None or self.steps < measured:  # a side's may time longer
             return
         if self.window is None:
             self._start(took_batch)
@@ -297,47 +296,30 @@ class StepWatch:
             self.clock.mark("data")
             self.clock.mark("forward")
 
-    # --- the timed steps ----------------------------------------------------------------
+    # --- the timed steps (kasoku.commands.script_timing) --------------------------------
     def _start_timing(self) -> None:
-        device = script_device()
-        steps = self.cfg.measure_steps
-        windows = min(MEASURE_WINDOWS, steps)
-        ends, total = [], 0
-        for i in range(windows):
-            total += steps // windows + (i < steps % windows)
-            ends.append(total)
-        sync(device)
-        self._timing = {"device": device, "ends": ends, "rates": [], "wait_s": 0.0,
-                        "losses": [],
-                        "watch": MachineWatch(own=job_pids(), device=device).start(),
-                        "t0": time.perf_counter(), "t": time.perf_counter(), "done": 0}
+        self._timing = StepTimer(script_device(), self.cfg.measure_steps,
+                                 self.cfg.measure_seconds if self.measure_only else 0.0)
 
     def _timed_step(self, n: int) -> None:
-        t = self._timing
-        if n not in t["ends"]:
-            return
-        sync(t["device"])  # note: sync, the window's device work inside its span
-        now = time.perf_counter()
-        t["rates"].append((n - t["done"]) / (now - t["t"]))
-        t["t"], t["done"] = now, n
-        if n < t["ends"][-1]:
-            return
-        elapsed = now - t["t0"]
-        batch = self.batch_size or 1
-        self.measured = {
-            "measured_steps": n, "measure_s": elapsed, "steps_per_s": n / elapsed,
-            "samples_per_s": batch * n / elapsed, "samples_per_step": batch,
-            "window_rates": [batch * r for r in t["rates"]],
-            "stability": Stability(spread([batch * r for r in t["rates"]]),
-                                   t["watch"].stop()).to_dict(),
-            "phases": {"time/data%": min(100.0, 100.0 * t["wait_s"] / elapsed)},
-            "levers": list(self.levers.given),
-            "losses": [float(loss) for loss in t["losses"]]}
+        if self._timing.step(n):
+            self._timed()
+            if self.measure_only:
+                raise ScriptStopped
+
+    def script_ended(self) -> None:
+        """The script ended while its steps were timed: a side's steps are timed to there
+        (``StepTimer.close``), if at least the steps asked."""
+        if self._timing is not None and self.measure_only and \
+                self._timing.close(self.steps - self.cfg.skip):
+            self._timed()
+
+    def _timed(self) -> None:
+        self.measured = self._timing.figures(self.batch_size, list(self.levers.given))
         self._timing = None
         if self.measure_only:
             self.done = True
             self.unpatch()
-            raise ScriptStopped
 
     # --- the profiled window ------------------------------------------------------------
     def _start(self, took_batch: bool) -> None:
@@ -365,7 +347,7 @@ class StepWatch:
     def window_steps(self) -> int:
         c = self.cfg
         if self.measure_only:
-            return c.skip + c.measure_steps
+            return c.skip + c.measure_steps  # a side's steps past these are its figures' own
         return c.skip + c.measure_steps + (self.window.total_steps if self.window is not None
                                            else c.warmup + 1 + c.steps)
 

@@ -194,11 +194,12 @@ def check_losses(kept: list[str], sides: ScriptSides) -> tuple[list[str], str | 
 
 
 def differ(a: list[float], b: list[float]) -> float:
-    """The largest relative difference between two runs' losses, step by step (inf where
-    they took different numbers of steps)."""
-    if len(a) != len(b):
+    """The largest relative difference between two runs' losses, step by step, over the
+    steps both timed (a faster side times more of them: ``--measure-seconds``)."""
+    pairs = list(zip(a, b))
+    if not pairs:
         return float("inf")
-    return max((abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b)), default=0.0)
+    return max(abs(x - y) / max(abs(x), 1e-12) for x, y in pairs)
 
 
 def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None,

@@ -26,7 +26,9 @@ What is computed (``analyse``), per step:
   and no fused kernel, ``kernels.attention_kind``);
 - each phase's time on the host, and on a GPU the device time of the kernels it launched
   (kernels replayed from a graph are split by name: forward, backward, update -- approximate);
-- on a CPU (no device rows) the phases and the operators' self time by kind, and the time
+- on a CPU (no device rows) the phases and the operators' self time by kind (the step's
+  operators only: those that began inside a ``kasoku/data`` span on its thread are the
+  loader's, a DataLoader without workers, counted in the wait for data), and the time
   gloo's threads spend in collectives (``gloo:*`` spans, merged; they run beside the step's
   own thread, so this is their share of the step, not all of it waited for).
 
@@ -230,7 +232,11 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
     # The host's own work: the steps less its waits, in the loader or in a synchronizing
     # call (a wait inside the loader counts once).
     waiting = overlap(host_start, host_end, merge(syncs + data_spans))
-    ops = [o for o in trace.ops if host_start <= o.start < host_end]
+    # The loader's own operators (a DataLoader without workers transforms its samples in
+    # the step's thread, inside the data span) are the wait for data, not the step's.
+    ops, loader_ops = _split_loader_ops(
+        [o for o in trace.ops if host_start <= o.start < host_end],
+        [s for s in trace.phases if phase_name(s) == "data" and steps.index(s.start) >= 1])
     op_self = self_times(ops)
     top_ops = sorted(op_self.items(), key=lambda kv: -kv[1])[:top]
     result["top_operators"] = [{"name": k, "ms_per_step": v / 1e3 / n} for k, v in top_ops]
@@ -252,7 +258,7 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
             operator_ms=op_total / 1e3 / n,
             operator_pct=100 * op_total / (host_end - host_start),
             by_kind_ms={k: by_kind.get(k, 0.0) / 1e3 / n for k in CATEGORIES},
-            ops_per_step=len(ops) / n)
+            ops_per_step=len(ops) / n, data_ops_per_step=len(loader_ops) / n)
         _per_sample(result, samples_per_step)
         return result
 
@@ -342,6 +348,21 @@ def analyse(trace: Trace, samples_per_step: int | None = None, top: int = 10) ->
                   h2d_pageable=any("pageable" in d.name.lower() for d in h2d))
     _per_sample(result, samples_per_step)
     return result
+
+
+def _split_loader_ops(ops: list[Span], data: list[Span]) -> tuple[list[Span], list[Span]]:
+    """``ops`` split into those of the step and those that began inside a ``data`` span on
+    their own thread (the loader's, while the step waited for its batch)."""
+    spans: dict = collections.defaultdict(list)
+    for s in data:
+        spans[s.tid].append((s.start, s.end))
+    spans = {tid: merge(v) for tid, v in spans.items()}
+    step, loader = [], []
+    for o in ops:
+        merged = spans.get(o.tid, ())
+        i = bisect.bisect_right(merged, (o.start, float("inf"))) - 1
+        (loader if i >= 0 and o.start < merged[i][1] else step).append(o)
+    return step, loader
 
 
 def _launched_late(kernel: Span, prev: Span | None, prev_end: float, launch_time: dict,
