@@ -60,3 +60,47 @@ def test_the_loader_s_line_is_the_script_s_not_the_library_s(tmp_path, monkeypat
     facts = json.loads((out / "profile.json").read_text())["facts"]
     line = SCRIPT.splitlines().index("loader = DataLoader(Slow(), batch_size=8)") + 1
     assert facts["loader_site"] == f"train.py:{line}"
+
+
+TRANSFORMED = textwrap.dedent("""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class Normalize(nn.Module):  # as torchvision's transforms are: modules, called per sample
+        def forward(self, x):
+            return (x - 0.5) / 0.25
+
+
+    class Data(Dataset):
+        def __init__(self):
+            self.transform = Normalize()
+
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, i):
+            return self.transform(torch.rand(8)), i % 2
+
+
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(Data(), batch_size=8):
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_the_forward_s_line_is_the_model_s_not_a_transform_s(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text(TRANSFORMED)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "profile"
+    assert main(["profile", "--skip", "2", "--measure-steps", "2", "--warmup", "1", "--steps",
+                 "2", "--estimate", "--out", str(out), "--", "python", "train.py"]) == 0
+    facts = json.loads((out / "profile.json").read_text())["facts"]
+    line = TRANSFORMED.splitlines().index("    out = model(x)") + 1
+    assert facts["forward_site"] == f"train.py:{line}"

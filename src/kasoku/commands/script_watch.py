@@ -89,6 +89,7 @@ class StepWatch:
         self._loader_steps = False
         self._pending = False  # the next batch's wait starts a step
         self._in_data = False
+        self._in_next = 0  # inside the DataLoader iterator's __next__
         self._saved: list[tuple[object, str, object]] = []
         self._hook = self._pre_hook = self._forward_hook = None
         # id(dataset): site, num_workers of its first DataLoader, the script's (a library makes
@@ -170,7 +171,11 @@ class StepWatch:
                 batch = watch._replay[watch._replayed % len(watch._replay)]
                 watch._replayed += 1
             else:
-                batch = original(it)  # StopIteration: the wait goes on in the next iterator
+                watch._in_next += 1  # the dataset's transforms may be modules: not the model
+                try:
+                    batch = original(it)  # StopIteration: the wait goes on in the next one
+                finally:
+                    watch._in_next -= 1
                 if watch.levers.replay and len(watch._replay) < REPLAY_BATCHES:
                     watch._replay.append(batch)
             if watch._timing is not None:
@@ -211,6 +216,8 @@ class StepWatch:
         # run as it is, not traced, inside a model compiled in place (--with compile)
         @torch.compiler.disable
         def first_forward(module, args):
+            if self._in_next:
+                return
             site = user_site(self.roots)
             if site is not None:
                 self.facts.forward_site = site
