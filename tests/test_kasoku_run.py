@@ -127,8 +127,9 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
     (tmp_path / "slow.py").write_text(SLOW_LOADER)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     run = subprocess.run([sys.executable, "-m", "kasoku", "run", "--auto", "--skip", "2",
-                          "--measure-steps", "8", "--warmup", "1", "--steps", "3",
-                          "--rounds", "2", "--", "python", "slow.py"], cwd=tmp_path,
+                          "--measure-steps", "6", "--measure-seconds", "0.2", "--warmup", "1",
+                          "--steps", "2", "--rounds", "1", "--", "python", "slow.py"],
+                         cwd=tmp_path,
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr
     assert list((tmp_path / "runs").glob("*/profile.json"))

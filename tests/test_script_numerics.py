@@ -86,7 +86,8 @@ def script(tmp_path, monkeypatch):
 
 def losses(capsys, levers=(), args=()) -> list[float]:
     """The script's losses under ``levers`` (``--with`` values), its own ``args`` after."""
-    argv = ["profile", "--skip", "2", "--measure-steps", str(STEPS - 2), "--measure-only",
+    argv = ["profile", "--skip", "2", "--measure-steps", str(STEPS - 2), "--measure-seconds",
+            "0.001", "--measure-only",
             "--out", "side"]
     for value in levers:
         argv += ["--with", value]
@@ -146,7 +147,8 @@ def test_a_lever_changes_the_losses_no_more_than_it_says(script, capsys, device,
 
 def test_replay_trains_on_other_batches_and_says_so(script, capsys):
     as_given = losses(capsys)
-    argv = ["profile", "--skip", "2", "--measure-steps", "8", "--measure-only", "--out", "side",
+    argv = ["profile", "--skip", "2", "--measure-steps", "8", "--measure-seconds", "0.001",
+            "--measure-only", "--out", "side",
             "--with", "replay", "--", "python", "train.py"]
     assert main(argv) == 0
     replayed = [float(line.split()[1]) for line in capsys.readouterr().out.splitlines()]

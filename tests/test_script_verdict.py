@@ -46,15 +46,18 @@ def test_advise_script_returns_the_typed_verdict_with_its_fields_set():
     result, verdict = advised(confirm=True)
     assert result["verdict"] is verdict and isinstance(verdict, ScriptVerdict)
     assert verdict.rule == "host-bound" and verdict.measured is False
-    # host-bound's levers all need an edit to a script: the first is the advice, an estimate
+    # on the GPU, host-bound's CUDA graph is a lever kasoku sets from outside the script
+    # (compile=reduce-overhead): the advice, an estimate (--estimate: not measured); the
+    # others need an edit
+    assert dict(verdict.lever.change) == {"with.compile": "reduce-overhead"}
+    assert verdict.lever.expect.startswith("estimate")
     assert verdict.edits and all(isinstance(e, Lever) and not e.change for e in verdict.edits)
-    assert verdict.lever == verdict.edits[0]
-    assert verdict.line.endswith(f"-> {verdict.edits[0].text} ({verdict.edits[0].expect})")
+    assert verdict.line.endswith(f"-> {verdict.lever.text} ({verdict.lever.expect})")
     assert verdict.unconfirmed == ["batch x2"]  # its batch size unknown: not "(200)"
     assert result["ladder"] == []
     assert list(verdict.to_dict()) == [*JUDGED, "edits", "measured", "unconfirmed"]
-    assert verdict.to_dict()["edits"][0] == {"text": verdict.lever.text,
-                                             "expect": verdict.lever.expect}
+    assert verdict.to_dict()["edits"][0] == {"text": verdict.edits[0].text,
+                                             "expect": verdict.edits[0].expect}
     _, estimate = advised(confirm=False)
     assert estimate.unconfirmed is None and "unconfirmed" not in estimate.to_dict()
 

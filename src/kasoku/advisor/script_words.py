@@ -24,7 +24,7 @@ WORKLOAD_FLAGS = frozenset(FLAGS.values()) | frozenset(
 """The flags of kasoku's own workloads (a run's fields, a workload's settings): never said to
 a script."""
 
-_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+_FLAG = re.compile(r"(?<![\w-])-{2}[a-z][a-z0-9-]*")  # a flag: two dashes, then its name
 
 
 def workload_flags(text: str) -> list[str]:

@@ -31,7 +31,8 @@ def add_parser(sub) -> None:
                    "with them; the last line says what was kept and the speed-up measured")
     a.add_fields(p.add_argument_group("--auto's profile"), ProfileConfig,
                  {k: v for k, v in PROFILE_FLAGS.items()
-                  if k in ("skip", "measure_steps", "warmup", "steps", "rounds")})
+                  if k in ("skip", "measure_steps", "measure_seconds", "warmup", "steps",
+                           "rounds")})
     p.set_defaults(handler=run, script=None)
 
 

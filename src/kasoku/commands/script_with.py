@@ -97,7 +97,8 @@ def run_auto(command: ScriptCommand, cfg: ProfileConfig) -> int:
     argv = [sys.executable, "-m", "kasoku", "profile",
             *profile_args({"stop_after_window": True, "out": out, "rounds": cfg.rounds,
                            "skip": cfg.skip,
-                           "measure_steps": cfg.measure_steps, "warmup": cfg.warmup,
+                           "measure_steps": cfg.measure_steps,
+                           "measure_seconds": cfg.measure_seconds, "warmup": cfg.warmup,
                            "steps": cfg.steps}), SCRIPT_COMMAND,
             *command.argv]
     # kasoku's lines (stderr) pass through: the profile's progress; the script's stdout is
