@@ -53,6 +53,13 @@ SCRIPT_FLAGS = ("--skip", "--warmup", "--steps", "--measure-steps", "--out",
                 "--stop-after-window", "--with", "--estimate", "--confirm", "--rounds",
                 "--measure-seconds", "--measure-only")
 """The options a script's profile takes."""
+TRAINING_LEVERS = ("workers=N (every DataLoader with num_workers=N), pin-memory (every "
+                   "DataLoader with pin_memory=True), threads=N, interop-threads=N, tf32, "
+                   "cudnn-benchmark, bf16 (the script under torch.autocast bf16), "
+                   "fused-optimizer (Adam, AdamW, SGD made with fused=True, else "
+                   "foreach=True), channels-last (the model's convolutions and inputs), "
+                   "compile[=MODE] (the model compiled in place before its first call)")
+"""The ``--with`` levers a script can train with (``kasoku run``'s; a profile adds replay)."""
 
 
 def add_parser(sub) -> None:
@@ -89,13 +96,7 @@ def add_parser(sub) -> None:
     p.add_argument("--with", dest="with_levers", action="append", metavar="LEVER",
                    help="a script's profile only: run the script with a lever kasoku sets "
                    "from outside it (repeat for several): replay (the DataLoader's first "
-                   "batches again and again: no wait for data), workers=N (every DataLoader "
-                   "with num_workers=N), pin-memory (every DataLoader with pin_memory=True), "
-                   "threads=N, interop-threads=N, tf32, cudnn-benchmark, bf16 (the script "
-                   "under torch.autocast bf16), fused-optimizer (Adam, AdamW, SGD made with "
-                   "fused=True, else foreach=True), channels-last (the model's convolutions "
-                   "and inputs), compile[=MODE] (the model compiled in place before its first "
-                   "call)")
+                   "batches again and again: no wait for data), " + TRAINING_LEVERS)
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     add_workload_settings(p)
     p.set_defaults(handler=run, script=None)

@@ -3,15 +3,12 @@ with levers set from outside it (``kasoku.commands.script_with``)."""
 from __future__ import annotations
 
 from kasoku.cli import args as a
-from kasoku.cli.profile import PROFILE_FLAGS
+from kasoku.cli.profile import PROFILE_FLAGS, TRAINING_LEVERS
 from kasoku.commands.profile_config import ProfileConfig
 from kasoku.core.errors import ConfigError
 
-WITH_HELP = ("a lever kasoku sets from outside the script (repeat for several): workers=N "
-             "(every DataLoader with num_workers=N), pin-memory (every DataLoader with "
-             "pin_memory=True), threads=N, interop-threads=N, tf32, cudnn-benchmark, bf16 (the "
-             "script under torch.autocast bf16), fused-optimizer, channels-last, "
-             "compile[=MODE]; kasoku profile -- python train.py measures which help")
+WITH_HELP = ("a lever kasoku sets from outside the script (repeat for several): "
+             + TRAINING_LEVERS + "; kasoku profile -- python train.py measures which help")
 
 
 def add_parser(sub) -> None:

@@ -36,7 +36,7 @@ from kasoku.commands.script_profile import say, script_root
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
-from kasoku.core.flags import SCRIPT_COMMAND, WITH, option, profile_args, with_args
+from kasoku.core.flags import SCRIPT_COMMAND, change_of, option, profile_args, with_args
 from kasoku.train.run_dir import out_or_new
 
 NEVER = 2 ** 62
@@ -125,15 +125,6 @@ def values_of(args) -> list[str]:
     return [args[i + 1] for i in range(len(args) - 1) if args[i] == flag]
 
 
-def change_of(values: list[str]) -> dict:
-    """``--with`` values as a lever's change: ``workers=4`` -> ``{"with.workers": 4}``."""
-    change = {}
-    for value in values:
-        name, _, count = value.partition("=")
-        change[WITH + name.replace("-", "_")] = int(count) if count else True
-    return change
-
-
 def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str], dict | None]:
     """The ``--with`` values to keep and the outcome that proved them: the fastest measured
     faster; where several were faster, all of them together, measured against the script as
@@ -147,7 +138,7 @@ def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str
         return best, faster[0]
     together = [v for t in faster for v in values_of(t["args"])]
     say(f"measuring {', '.join(together)} together beside the script as given:")
-    lever = Lever("together", "", change_of(together))
+    lever = Lever("together", "", change_of(with_args(*together)))
     outcome = ab.try_levers([], [lever], say=lambda line: say(line.strip()), rounds=rounds,
                             measure=sides.measure)
     if outcome and outcome[0].result == "faster" \
