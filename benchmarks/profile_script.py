@@ -6,6 +6,8 @@ and what kasoku around a script costs the steps after its window.
     PYTHONPATH=src python benchmarks/profile_script.py mnist --data .data/mnist --out OUT
     PYTHONPATH=src python benchmarks/profile_script.py resnet --out OUT
     PYTHONPATH=src python benchmarks/profile_script.py bf16 --out OUT
+    PYTHONPATH=src python benchmarks/profile_script.py auto --scripts resnet mnist \
+        --data .data/mnist --out OUT
 
 overhead: ``--pairs`` rounds, in turn, of the MNIST script alone and under ``kasoku profile
 --estimate`` (its window ends at step 44; ``--arms`` adds runs that isolate a cause: no window,
@@ -17,7 +19,11 @@ script's. bf16: the ResNet-50 script's own rate (its steps 50-200) and first 10 
 ``--rounds`` times in turn, as given, with bf16 autocast written into it (``--autocast``), and
 under ``kasoku profile --estimate --with bf16`` (the lever from outside; the window ends before
 step 50); then ``kasoku bench`` of kasoku's ResNet-50 at the same batch, rungs plain, fp32, tf32
-and amp. Each profile's ``profile.json`` and kasoku's lines are copied to OUT.
+and amp. auto: for each of ``--scripts``, the script as given (its own rate over its steps
+after ``--time-from``, and its whole run's wall time), ``kasoku run --auto`` of it (its last
+lines: the levers kept, their measured speed-up), then ``--pairs`` rounds, in turn, of the
+script as given and ``kasoku run --with`` the kept levers. Each profile's ``profile.json`` and
+kasoku's lines are copied to OUT.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -148,10 +155,60 @@ def bf16(args, out: Path, log: Path) -> dict:
             "losses": seen, "max_rel_loss_diff_vs_written": diff, "ladder_bs64": rungs}
 
 
+AUTO_SCRIPTS = {
+    "resnet": lambda args: [str(SCRIPTS / "resnet_textbook.py"), "--steps", "600",
+                            "--time-from", "100"],
+    "mnist": lambda args: [str(SCRIPTS / "mnist_textbook.py"), "--data", str(args.data),
+                           "--steps", "6000", "--time-from", "1000"],
+}
+"""``auto``'s scripts: long enough that compilation and warm-up fall before the timed steps."""
+
+
+def kept_of(lines: list[str]) -> list[str]:
+    """The ``--with`` values of ``kasoku run --auto``'s last line (``kept --with a --with b:
+    measured ...``); none where it kept none."""
+    last = [ln for ln in lines if ln.startswith("kasoku: kept ")]
+    if not last:
+        return []
+    words = last[-1].removeprefix("kasoku: kept ").split(":")[0].split()
+    return [w for w in words if w != "--with"]
+
+
+def timed(cmd: list[str], log: Path) -> dict:
+    t0 = time.perf_counter()
+    proc = run(cmd, log)
+    return {"samples_per_s": rate(proc), "wall_s": time.perf_counter() - t0,
+            "kasoku": [ln for ln in proc.stderr.splitlines() if ln.startswith("kasoku:")]}
+
+
+def auto(args, log: Path) -> list[dict]:
+    figures = []
+    for name in args.scripts:
+        script = [sys.executable, *AUTO_SCRIPTS[name](args)]
+        given = timed(script, log)
+        chosen = timed([sys.executable, "-m", "kasoku", "run", "--auto", "--rounds",
+                        str(args.rounds), "--", *script], log)
+        kept = kept_of(chosen["kasoku"])
+        with_kept = [sys.executable, "-m", "kasoku", "run",
+                     *[w for v in kept for w in ("--with", v)], "--", *script]
+        pairs = [(timed(script, log), timed(with_kept, log)) for _ in range(args.pairs)]
+        ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
+        walls = [a["wall_s"] / b["wall_s"] for a, b in pairs]
+        figures.append({"figure": f"auto_{name}", "script": script[1:], "given": given,
+                        "auto": chosen, "kept": kept, "pairs": pairs,
+                        "ratio_median": statistics.median(ratios) if ratios else None,
+                        "ratios": ratios, "wall_ratios": walls})
+        print(json.dumps(figures[-1]), flush=True)
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["overhead", "mnist", "resnet", "bf16"], nargs="+")
-    ap.add_argument("--rounds", type=int, default=3, help="bf16: the rounds of its three runs")
+    ap.add_argument("what", choices=["overhead", "mnist", "resnet", "bf16", "auto"], nargs="+")
+    ap.add_argument("--rounds", type=int, default=3, help="bf16: the rounds of its three runs; "
+                    "auto: kasoku run --auto's --rounds")
+    ap.add_argument("--scripts", nargs="+", choices=sorted(AUTO_SCRIPTS), default=["resnet"],
+                    help="auto: the scripts")
     ap.add_argument("--data", type=Path, default=Path(".data/mnist"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--pairs", type=int, default=5)
@@ -176,6 +233,8 @@ def main() -> None:
                                                        "--confirm"], args.out, log, args.work))
         elif what == "bf16":
             figures.append(bf16(args, args.out, log))
+        elif what == "auto":
+            figures += auto(args, log)
         else:
             script = ["python", str(SCRIPTS / "resnet_textbook.py"), "--steps", "100000"]
             figures.append(profile("resnet_script", ["--confirm", "--stop-after-window", "--",

@@ -224,3 +224,62 @@ def test_a_side_reports_its_timed_steps_losses(script, tmp_path):
     # a side times --measure-seconds at least: here to the script's end, 5 steps after 1
     assert len(measured["losses"]) == measured["measured_steps"] >= 3
     assert all(0.3 < x < 1.5 for x in measured["losses"])
+
+
+class Rates:
+    """Sides whose rate is the product of each lever's factor (the levers compound: bf16 makes
+    the layout matter): 100 samples/s as given."""
+
+    FACTORS = {"bf16": 1.5, "channels-last": 1.4, "compile": 1.3, "tf32": 0.99}
+
+    def __init__(self, command, cfg, given):
+        self.given = list(given)
+
+    def measure(self, extra=()):
+        from kasoku.commands.script_with import values_of
+        rate = 100.0
+        for value in self.given + values_of(extra):
+            rate *= self.FACTORS[value]
+        return {"samples_per_s": rate, "window_rates": [rate] * 5}
+
+
+def test_auto_climbs_each_profile_with_the_levers_kept_so_far(script, monkeypatch, tmp_path,
+                                                                 capsys):
+    # Each profile measures its verdict's levers on top of those kept so far: bf16 first, then
+    # the layout and compiling that bf16 makes worth it; a lever kept already is not kept twice.
+    from kasoku.commands import script_with
+    from kasoku.commands.profile_config import ProfileConfig
+    from kasoku.commands.script_run import parse_command
+
+    def tried(*pairs):
+        return [{"args": ["--with", v], "ratio": r, "result": "faster" if r > 1.1 else "slower"}
+                for v, r in pairs]
+
+    profiles = {(): tried(("bf16", 1.5), ("channels-last", 1.0), ("tf32", 0.99)),
+                ("bf16",): tried(("bf16", 1.0), ("channels-last", 1.4)),
+                ("bf16", "channels-last"): tried(("compile", 1.3)),
+                ("bf16", "channels-last", "compile"): tried(("tf32", 0.99))}
+    seen = []
+
+    def profile_tries(command, cfg, given, out):
+        seen.append((tuple(given), out.name))
+        return profiles[tuple(given)]
+
+    monkeypatch.setattr(script_with, "profile_tries", profile_tries)
+    monkeypatch.setattr(script_with, "ScriptSides", Rates)
+    kept, proof, first = script_with.climb(parse_command(["python", "train.py"]),
+                                           ProfileConfig(rounds=2), tmp_path / "p")
+    assert kept == ["bf16", "channels-last", "compile"]
+    assert proof["ratio"] == pytest.approx(1.5 * 1.4 * 1.3) and proof["result"] == "faster"
+    assert first == profiles[()]
+    assert seen == [((), "p"), (("bf16",), "with-1-levers"),
+                    (("bf16", "channels-last"), "with-2-levers")]  # CLIMBS profiles at most
+    err = capsys.readouterr().err
+    assert "measuring bf16, channels-last together beside the script as given:" in err
+    # a lever faster on top but not together against the script as given ends the climb
+    monkeypatch.setattr(Rates, "measure", lambda self, extra=(): {
+        "samples_per_s": 100.0 if len(self.given + script_with.values_of(extra)) != 1
+        else 150.0, "window_rates": [100.0] * 5})
+    kept, proof, _ = script_with.climb(parse_command(["python", "train.py"]),
+                                       ProfileConfig(rounds=2), tmp_path / "q")
+    assert kept == ["bf16"]

@@ -86,37 +86,101 @@ def closing_line(command: ScriptCommand, given: list[str], steps: int, elapsed_s
             f"{'' if steps == 1 else 's'} in {elapsed_s:,.1f} s{rate}")
 
 
+CLIMBS = 3
+"""The most profiles ``--auto`` makes: each with the levers kept so far, its verdict's levers
+measured on top of them (bf16 makes a convolution's layout matter, and the layout compiling)."""
+
+
 def run_auto(command: ScriptCommand, cfg: ProfileConfig) -> int:
-    """Profile ``command``, keep the levers measured faster (``choose``), run it whole with
-    them (``run_with``; the levers that change the arithmetic only where the losses stay the
-    run's: ``check_losses``) and end with the line of what was kept (``kept_line``); returns
-    the script's exit code."""
+    """Profile ``command``, keep the levers measured faster (``choose``), profile again with
+    them and keep what is faster on top (``climb``), run it whole with them (``run_with``; the
+    levers that change the arithmetic only where the losses stay the run's:
+    ``check_losses``) and end with the line of what was kept (``kept_line``); returns the
+    script's exit code."""
     out = out_or_new(None, Path(command.name).stem, "profile", "the profile")
-    say(f"profiling {command.name} and measuring the levers kasoku sets from outside it "
-        f"(the profile: {out}); its output in this run is not shown")
+    kept, proof, tried = climb(command, cfg, out)
+    checked = None
+    if kept:
+        given = kept
+        kept, checked = check_losses(kept, ScriptSides(command, cfg, []))
+        if kept and kept != given:  # the proof was of more levers than are kept
+            proof = together(kept, ScriptSides(command, cfg, []), cfg.rounds)
+    code = run_with(command, kept)
+    say(kept_line(kept, proof, tried, checked))
+    return code
+
+
+def together(values: list[str], sides: ScriptSides, rounds: int,
+             beside: str = "the script as given") -> dict | None:
+    """The ``--with values`` measured together beside ``sides``' run (the script as given, or
+    with the levers kept so far), in ``rounds`` rounds of fresh runs: the outcome
+    (``Outcome.to_dict``), None where a side failed."""
+    say(f"measuring {', '.join(values)} together beside {beside}:")
+    lever = Lever("together", "", change_of(with_args(*values)))
+    outcome = ab.try_levers([], [lever], say=lambda line: say(line.strip()), rounds=rounds,
+                            measure=sides.measure)
+    return outcome[0].to_dict() if outcome and outcome[0].ratio else None
+
+
+def names(values: list[str]) -> set[str]:
+    """The levers' names (``compile=reduce-overhead`` -> ``compile``)."""
+    return {v.partition("=")[0] for v in values}
+
+
+def climb(command: ScriptCommand, cfg: ProfileConfig, out: Path
+          ) -> tuple[list[str], dict | None, list[dict] | None]:
+    """Up to ``CLIMBS`` profiles of ``command``, the first as given, each next with the levers
+    kept so far, each keeping the levers its tries measured faster on top of them (``choose``)
+    where all of them together are faster than the script as given too. Returns the levers
+    kept, the outcome that proves them against the script as given, and the first profile's
+    tries (None: it did not finish)."""
+    kept, proof, first = [], None, None
+    for n in range(1, CLIMBS + 1):
+        folder = out if n == 1 else out / f"with-{len(kept)}-levers"
+        tried = profile_tries(command, cfg, kept, folder)
+        if tried is None:
+            if n == 1:
+                say("the profile did not finish (see above): the script runs as given")
+            break
+        first = tried if first is None else first
+        fresh = [t for t in tried if not names(values_of(t["args"])) & names(kept)]
+        on_top = f"the script with {', '.join(kept)}" if kept else "the script as given"
+        more, step = choose(fresh, ScriptSides(command, cfg, kept), cfg.rounds, on_top)
+        if not more:
+            break
+        if n == 1:
+            kept, proof = more, step
+            continue
+        whole = together(kept + more, ScriptSides(command, cfg, []), cfg.rounds)
+        if not whole or whole.get("result") != "faster":
+            break  # on top, but not against the script as given: the climb ends below it
+        kept, proof = kept + more, whole
+    return kept, proof, first
+
+
+def profile_tries(command: ScriptCommand, cfg: ProfileConfig, given: list[str],
+                  out: Path) -> list[dict] | None:
+    """``kasoku profile --stop-after-window`` of ``command`` with the ``given`` levers, in a
+    process of its own (its lines pass through; the script's output does not): the levers
+    its verdict tried, measured beside the script with ``given``; None where it wrote no
+    profile."""
+    on_top = f" with {' '.join(with_text(v) for v in given)}" if given else ""
+    say(f"profiling {command.name}{on_top} and measuring the levers kasoku sets from outside "
+        f"it (the profile: {out}); its output in this run is not shown")
     argv = [sys.executable, "-m", "kasoku", "profile",
             *profile_args({"stop_after_window": True, "out": out, "rounds": cfg.rounds,
                            "skip": cfg.skip,
                            "measure_steps": cfg.measure_steps,
                            "measure_seconds": cfg.measure_seconds, "warmup": cfg.warmup,
-                           "steps": cfg.steps}), SCRIPT_COMMAND,
+                           "steps": cfg.steps}), *with_args(*given), SCRIPT_COMMAND,
             *command.argv]
     # kasoku's lines (stderr) pass through: the profile's progress; the script's stdout is
     # the whole run's, below
     subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
     profile = out / "profile.json"
-    tried = (json.loads(profile.read_text())["verdict"].get("tried") or []
-             if profile.is_file() else None)
-    kept, proof, checked = [], None, None
-    if tried is None:
-        say("the profile did not finish (see above): the script runs as given")
-    else:
-        sides = ScriptSides(command, cfg, [])
-        kept, proof = choose(tried, sides, cfg.rounds)
-        kept, checked = check_losses(kept, sides)
-    code = run_with(command, kept)
-    say(kept_line(kept, proof, tried, checked))
-    return code
+    if not profile.is_file():
+        return None
+    return json.loads(profile.read_text())["verdict"].get("tried") or []
 
 
 def values_of(args) -> list[str]:
@@ -125,10 +189,11 @@ def values_of(args) -> list[str]:
     return [args[i + 1] for i in range(len(args) - 1) if args[i] == flag]
 
 
-def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str], dict | None]:
+def choose(tried: list[dict], sides: ScriptSides, rounds: int,
+           beside: str = "the script as given") -> tuple[list[str], dict | None]:
     """The ``--with`` values to keep and the outcome that proved them: the fastest measured
-    faster; where several were faster, all of them together, measured against the script as
-    given in the same way, kept only where faster than the best one alone."""
+    faster; where several were faster, all of them together, measured beside ``sides``' run
+    (``beside`` says which) in the same way, kept only where faster than the best one alone."""
     faster = sorted((t for t in tried if t.get("result") == "faster"),
                     key=lambda t: -(t.get("ratio") or 0.0))
     if not faster:
@@ -136,14 +201,11 @@ def choose(tried: list[dict], sides: ScriptSides, rounds: int) -> tuple[list[str
     best = values_of(faster[0]["args"])
     if len(faster) == 1:
         return best, faster[0]
-    together = [v for t in faster for v in values_of(t["args"])]
-    say(f"measuring {', '.join(together)} together beside the script as given:")
-    lever = Lever("together", "", change_of(with_args(*together)))
-    outcome = ab.try_levers([], [lever], say=lambda line: say(line.strip()), rounds=rounds,
-                            measure=sides.measure)
-    if outcome and outcome[0].result == "faster" \
-            and (outcome[0].ratio or 0.0) > (faster[0].get("ratio") or 0.0):
-        return together, outcome[0].to_dict()
+    values = [v for t in faster for v in values_of(t["args"])]
+    outcome = together(values, sides, rounds, beside)
+    if outcome and outcome.get("result") == "faster" \
+            and (outcome.get("ratio") or 0.0) > (faster[0].get("ratio") or 0.0):
+        return values, outcome
     return best, faster[0]
 
 
