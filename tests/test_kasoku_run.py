@@ -205,13 +205,17 @@ def test_a_lever_that_changes_the_arithmetic_is_kept_only_where_the_losses_stay(
     base = [2.30, 2.10, 1.90]
     kept, said = check_losses(["workers=2", "bf16"], Losses(base, base, [2.301, 2.102, 1.903]))
     assert kept == ["workers=2", "bf16"]
-    assert said == "the losses of the timed steps within 0.16% of the run without bf16"
+    assert said == "the losses of the timed steps within 0.14% of the run without bf16"
     kept, said = check_losses(["workers=2", "bf16"], Losses(base, base, [2.30, 2.20, 1.90]))
     assert kept == ["workers=2"] and said == "bf16 faster, but changes the losses by 4.8%: not kept"
     kept, said = check_losses(["bf16"], Losses(base, [2.4, 2.0, 1.7], base))
     assert kept == ["bf16"] and said.startswith("the losses were not compared: two runs without "
-                                                "the levers differ by 10.5%")
+                                                "the levers differ by 9.5%")
     assert check_losses(["workers=2"], Losses(base, base, base)) == (["workers=2"], None)
+    # a loss trained towards zero: its last steps' digits are no measure of the training
+    low = [2.0, 0.5, 0.02, 0.01]
+    kept, said = check_losses(["bf16"], Losses(low, low, [2.001, 0.503, 0.01, 0.02]))
+    assert kept == ["bf16"] and said.endswith("within 1.58% of the run without bf16")
 
 
 def test_a_side_reports_its_timed_steps_losses(script, tmp_path):

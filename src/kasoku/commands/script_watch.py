@@ -338,8 +338,11 @@ class StepWatch:
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
                                   for o in gc.get_objects())
+        # the shapes in the window's own session on a CPU only: on a GPU the work step records
+        # them, and two sessions with shapes in one step crash the process (free(): invalid
+        # pointer, torch 2.11 on an H200)
         self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True,
-                             cpu_shapes=True)
+                             cpu_shapes=torch.device(device).type == "cpu")
         self.clock = self.window.start(PhaseClock(device))
         self._loader_steps = self.facts.loader_steps = took_batch
 

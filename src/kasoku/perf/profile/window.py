@@ -18,6 +18,7 @@ step and left at its last (zero cost outside; inside, its own cost is in the fig
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -211,6 +212,8 @@ class Window:
         finally:
             ctx, self._work_ctx = self._work_ctx, None
             ctx.__exit__(None, None, None)
+        del prof
+        gc.collect()  # the session's garbage now (see stop)
 
     def stop(self) -> None:
         if self._work is not None:  # stopped during the work step: its trace is not kept
@@ -225,6 +228,12 @@ class Window:
         prof, self._prof = self._prof, None
         with muted():
             prof.__exit__(None, None, None)
+        # The ended session's garbage collected now, before any other session starts: a
+        # collection that met it later, with the work step's session begun in the same step,
+        # crashed the process (a segmentation fault in the garbage collector; torch 2.11 on an
+        # H200, torch 2.13 on a CPU).
+        del prof
+        gc.collect()
         if self.device.type == "cuda":
             self.mem_peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.recompiles = compiled_graphs() - self._compiles_before
