@@ -43,7 +43,6 @@ from kasoku.commands.bench.rungs import (
 from kasoku.commands.bench.worker import WorkerRequest
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
-from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.sysinfo import environment
@@ -277,13 +276,9 @@ def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
         say(f"note: peak probe failed ({lines[-1] if lines else status}); MFU is N/A")
     for dtype, peak in peaks.items():
         if "flops_per_s" in peak:
+            # the first-principles peak beside it is said once, under the table (peak_lines)
             say(f"  {dtype}: {peak['flops_per_s'] / 1e12:.2f} TFLOP/s ({peak['size']}^3, "
                 f"median of {peak['reps']}, {peak['threads']} threads)")
-            theory = peak.get("theory")
-            if theory:
-                say(f"    first principles: {describe_peak(theory)}: measured "
-                    f"{100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it\n"
-                    f"    ({theory['assumptions']})")
         else:
             say(f"  {dtype}: probe failed: {peak.get('error')}")
     return peaks
