@@ -181,5 +181,13 @@ def sweep_config(args, wl, device, out: Path):
                        numerics_steps=args.numerics_steps, timeout_s=args.timeout,
                        seed=args.seed, threads=args.threads, peak_size=args.peak_size,
                        kernels=args.kernels, data=args.data, loader=args.loader,
-                       loader_cores=args.loader_cores)
+                       loader_cores=args.loader_cores, more=_more(args, device.type))
 
+
+def _more(args, device_type: str) -> str | None:
+    """What the closing line of the short CPU ladder says to run for the rest of it."""
+    if device_type == "cuda" or args.full or args.config:
+        return None
+    return (f"the whole CPU ladder ({flag('bench.full')}: +keep-memory, +bf16, "
+            f"+channels_last, +compile{', more batch sizes' * (not args.batch_size)}) "
+            f"takes several minutes")

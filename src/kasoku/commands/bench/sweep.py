@@ -40,6 +40,7 @@ from kasoku.commands.bench.rungs import (
     reference_rung,
     resolve,
 )
+from kasoku.commands.bench.summary import conclusion, windows_text
 from kasoku.commands.bench.worker import WorkerRequest
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
@@ -85,6 +86,8 @@ class SweepConfig:
     """Steps of each run's profiled window, judged for its bottleneck verdict (0: none)."""
     loader_cores: bool = True
     """On a CPU, the loader rung's workers on cores of their own."""
+    more: str | None = None
+    """What the closing line says to run for more (the whole ladder, after the short one)."""
 
 
 @dataclass
@@ -372,11 +375,9 @@ def _finish(cfg: SweepConfig, result: SweepResult, run_notes: list[str], say, st
     records = result.records
     say("")
     env = next((r["env"] for r in records if r.get("env", {}).get("device_name")), {})
-    first = next((r for r in records if r["status"] == "ok"), None)
-    windows = first["figures"]["samples_per_s"]["n"] if first else cfg.windows
     title = (f"{cfg.workload} on {env.get('device_name', cfg.device)} "
              f"(torch {env.get('torch', torch.__version__)}, {data_label(records)}, "
-             f"median of {windows} windows x {cfg.steps} steps)"
+             f"{windows_text(records, cfg.windows)} x {cfg.steps} steps)"
              + (f", interrupted after {len(records)} run{'s' * (len(records) != 1)}"
                 if result.interrupted else ""))
     print_ladder(records, title=title, file=stream)
@@ -392,3 +393,4 @@ def _finish(cfg: SweepConfig, result: SweepResult, run_notes: list[str], say, st
         result.chart = plot_ladder(records, cfg.out / "ladder.png", title)
     say(f"results: {cfg.out / 'results.jsonl'}" +
         (f", chart: {result.chart}" if result.chart else ""))
+    say(conclusion(records, cfg.more))
