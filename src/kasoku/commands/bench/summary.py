@@ -51,8 +51,8 @@ def _busy_clause(state: dict) -> str:
     load = f", load {state['load']:.1f}" if state.get("load") else ""
     return (f"the machine was busy (other processes took up to {state['cores_taken']:.1f} of "
             f"the run's {state['cores']} cores in {state['runs']} of {state['of']} "
-            f"runs{load}): the rates are lower than a quiet machine's and move from run to "
-            f"run, so read the ratio as rough and measure again when it is quiet")
+            f"runs{load}): its rates run below a quiet machine's and swing from run to run; "
+            f"measure again when it is quiet")
 
 
 def _pair(records: list[dict]):
@@ -77,9 +77,10 @@ def conclusion(records: list[dict], more: str | None = None) -> str:
     """The sweep's closing line (``conclusion: ...``): at the largest batch size with plain
     and another rung measured, the fastest rung, its ratio over plain, and whether the
     difference is outside the noise (the two runs' windows' ranges apart) or inside it (they
-    meet: no rung is shown faster); a ``!`` run says its ratio is rough; a busy machine
-    (``busy``) is said with what it does to the figures. ``more``: what to run for more (the
-    whole ladder), said at the end."""
+    meet: no rung is shown faster). A win is claimed only on stable figures: where either run
+    is marked ``!`` the lead is said as one to measure again. A busy machine (``busy``) is
+    said with what it does to the figures. ``more``: what to run for more (the whole ladder),
+    said at the end."""
     pair = _pair(records)
     state = busy(records)
     tail = (f"; {_busy_clause(state)}" if state else "") + (f"; {more}" if more else "")
@@ -89,21 +90,25 @@ def conclusion(records: list[dict], more: str | None = None) -> str:
     bs, plain, best = pair
     ratio = median_rate(best) / median_rate(plain)
     per_s = unit(records)
-    noisy = within_noise(best, plain)
-    rough = [r["rung"] for r in (best, plain) if unstable(r)]
-    ranges = (f"windows {best['rung']} {_range(best)}, plain {_range(plain)} {per_s}")
-    if ratio > 1 and not noisy:
-        text = (f"{best['rung']} wins at bs {bs}: {ratio:.2f}x plain ({median_rate(best):,.0f} "
-                f"against {median_rate(plain):,.0f} {per_s}), outside the noise ({ranges}: "
-                f"apart)")
+    rates = f"{median_rate(best):,.0f} against {median_rate(plain):,.0f} {per_s}"
+    ranges = f"windows {best['rung']} {_range(best)}, plain {_range(plain)}"
+    rough = " and ".join(r["rung"] for r in (best, plain) if unstable(r))
+    marked = f"{rough} marked ! (windows that disagree or cores shared)"
+    if within_noise(best, plain):
+        lead = (f"{best['rung']} measured fastest at bs {bs}, {ratio:.2f}x plain ({rates}), "
+                if ratio > 1 else f"no rung beat plain at bs {bs} (the fastest, "
+                f"{best['rung']}, {ratio:.2f}x plain), ")
+        text = (f"{lead}inside the noise ({ranges}: they meet): no rung is shown faster than "
+                f"plain here" + (f"; {marked}" if rough else ""))
+    elif ratio > 1 and not rough:
+        text = (f"{best['rung']} wins at bs {bs}: {ratio:.2f}x plain ({rates}), outside the "
+                f"noise ({ranges}: apart)")
     elif ratio > 1:
-        text = (f"{best['rung']} measured fastest at bs {bs}, {ratio:.2f}x plain, but inside "
-                f"the noise ({ranges}: they meet): no rung is shown faster than plain here")
+        text = (f"{best['rung']} measured fastest at bs {bs}, {ratio:.2f}x plain ({rates}), "
+                f"outside the noise of the windows ({ranges}: apart) but on figures of "
+                f"{marked}: a lead, not a result")
     else:
-        where = "inside" if noisy else "outside"
-        text = (f"no rung beat plain at bs {bs}: the fastest, {best['rung']}, is {ratio:.2f}x "
-                f"plain, {where} the noise ({ranges})")
-    if rough:
-        text += (f"; {' and '.join(rough)} marked ! (windows that disagree or cores shared): "
-                 f"the ratio is rough")
+        text = (f"no rung beat plain at bs {bs}: the fastest, {best['rung']}, is "
+                f"{ratio:.2f}x plain ({rates}), outside the noise ({ranges}: apart)"
+                + (f"; {marked}: rough" if rough else ""))
     return f"conclusion: {text}{tail}"
