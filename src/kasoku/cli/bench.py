@@ -188,6 +188,6 @@ def _more(args, device_type: str) -> str | None:
     """What the closing line of the short CPU ladder says to run for the rest of it."""
     if device_type == "cuda" or args.full or args.config:
         return None
-    return (f"the whole CPU ladder ({flag('bench.full')}: +keep-memory, +bf16, "
-            f"+channels_last, +compile{', more batch sizes' * (not args.batch_size)}) "
-            f"takes several minutes")
+    sizes = " and the recipe's batch /8 and /4" * (not args.batch_size)
+    return (f"for the whole CPU ladder run again with {flag('bench.full')} (+keep-memory, "
+            f"+bf16, +channels_last, +compile{sizes}: several minutes)")
