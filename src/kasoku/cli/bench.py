@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
         description="Measure a workload's training throughput rung by rung, each rung adding "
         "one lever (the acceleration ladder), each (rung, batch size) in a fresh process on "
         "synthetic batches already on the device (with --data, a last rung fed by a loader). "
-        "Appends OUT/results.jsonl (one line per run) and draws OUT/ladder.png; exits 1 when "
-        "a rung breaks training (numerics guard) or a run crashes.")
+        "Appends OUT/results.jsonl (one line per run), draws OUT/ladder.png and ends with one "
+        "line of conclusion: the rung that wins over plain, by how much, inside or outside the "
+        "noise; exits 1 when a rung breaks training (numerics guard) or a run crashes.")
     p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--device", type=a.device, default="auto",
                    metavar="{auto,cpu,cuda,cuda:N}",
@@ -47,7 +48,7 @@ def add_parser(sub) -> None:
                        "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream (a "
                        "transformer, gpt: plain, fp32, tf32, amp, +fused, +compile, "
                        f"+cuda-graph, +float8); CPU {', '.join(SHORT_CPU_LADDER)} (about a "
-                       f"minute on 2 cores; {flag('bench.full')}: the whole CPU ladder)")
+                       f"minute on 2 quiet cores; {flag('bench.full')}: the whole CPU ladder)")
     which.add_argument(flag("bench.full"), action="store_true",
                        help="on a CPU, the whole ladder and batch sweep: plain, fp32, +fused, "
                        "+keep-memory, +bf16 (skipped without bf16 hardware), +channels_last, "
