@@ -93,6 +93,17 @@ def test_slower_rungs_threads_and_peaks_under_the_table():
     assert "2 threads (1 inter-op)" in out.getvalue()
 
 
+def test_the_first_principles_peak_and_its_assumptions_are_said_once():
+    theory = {"flops_per_s": 1.6e11, "cores": 2, "clock_ghz": 2.5,
+              "flops_per_cycle_per_core": 32, "isa": "AVX2+FMA",
+              "assumptions": "two FMA units; the clock as the hypervisor shows it, boost higher"}
+    peak = {"dtype": "fp32", "flops_per_s": 1.2e11, "size": 2048, "theory": theory}
+    out = io.StringIO()
+    report.print_ladder([_record("plain", 7000, 100, peak=peak)], title="t", file=out)
+    text = out.getvalue()
+    assert text.count("first principles") == 1 and text.count("hypervisor") == 1, text
+
+
 def test_threads_default_to_physical_cores():
     assert default_threads() >= 1
     before = torch.get_num_threads()

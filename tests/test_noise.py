@@ -207,3 +207,7 @@ def test_a_bench_beside_a_cpu_hog_agrees_with_a_quiet_one_or_says_it_is_unstable
     # The busy core was seen, named, and kept out of the threads.
     note = loaded["settings"]["cpu_threads"]["note"]
     assert note and f"CPU {CPUS[-1]}" in note
+    # and the closing line says the machine was busy and what that does to the figures
+    last = busy.stdout.strip().splitlines()[-1]
+    assert last.startswith("conclusion: ") and "the machine was busy" in last, last
+    assert "run below a quiet machine's" in last, last

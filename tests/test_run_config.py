@@ -117,7 +117,8 @@ def test_a_given_learning_rate_and_seed_are_told_apart_from_the_recipes():
 
 def test_the_default_batch_sizes_of_each_command_come_from_the_recipe():
     from kasoku.workloads.registry import default_batch_sizes
-    assert default_batch_sizes(100, "bench", "cpu") == (12, 25)
+    assert default_batch_sizes(100, "bench", "cpu") == (100,)  # the README's CPU row's batch
+    assert default_batch_sizes(100, "bench", "cpu", full=True) == (12, 25, 100)
     assert default_batch_sizes(100, "bench", "cuda") == (12, 25, 50, 100)
     assert default_batch_sizes(4, "bench", "cuda") == (1, 2, 4)  # never below 1, no repeats
     assert default_batch_sizes(2048, "compare", "cpu") == (100,)

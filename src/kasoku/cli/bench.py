@@ -14,12 +14,13 @@ from pathlib import Path
 
 from kasoku.cli import args as a
 from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
-from kasoku.commands.bench.rung_spec import LADDER_LABELS, parse_spec
+from kasoku.commands.bench.rung_spec import LADDER_LABELS, SHORT_CPU_LADDER, parse_spec
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.flags import flag
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import OUTPUT_ROOT
 from kasoku.workloads import create_workload
-from kasoku.workloads.registry import default_batch_sizes, split_settings
+from kasoku.workloads.registry import CPU_MAX_BATCH, default_batch_sizes, split_settings
 
 
 def add_parser(sub) -> None:
@@ -28,25 +29,32 @@ def add_parser(sub) -> None:
         description="Measure a workload's training throughput rung by rung, each rung adding "
         "one lever (the acceleration ladder), each (rung, batch size) in a fresh process on "
         "synthetic batches already on the device (with --data, a last rung fed by a loader). "
-        "Appends OUT/results.jsonl (one line per run) and draws OUT/ladder.png; exits 1 when "
-        "a rung breaks training (numerics guard) or a run crashes.")
+        "Appends OUT/results.jsonl (one line per run), draws OUT/ladder.png and ends with one "
+        "line of conclusion: the rung that wins over plain, by how much, inside or outside the "
+        "noise; exits 1 when a rung breaks training (numerics guard) or a run crashes.")
     p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--device", type=a.device, default="auto",
                    metavar="{auto,cpu,cuda,cuda:N}",
                    help="where to measure: auto (cuda when available, else cpu), cpu, cuda "
                    "or cuda:N (default: auto)")
     p.add_argument("--batch-size", type=a.int_list, metavar="N[,N...]",
-                   help="batch sizes (default: the recipe's /8, /4, /2, x1 on a GPU; /8, /4 "
-                   "on a CPU)")
+                   help="batch sizes (default: the recipe's /8, /4, /2, x1 on a GPU; on a "
+                   f"CPU the recipe's, at most {CPU_MAX_BATCH}, with {flag('bench.full')} "
+                   "also its /8 and /4)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--ladder", action="store_true",
                        help="the device's default ladder (the default): GPU plain, fp32, "
                        "tf32, amp, +channels_last, +fused, +compile, +cuda-graph, +fused-bn, "
                        "+fast-stem, +combo-kernels, +matmul-1x1, +wgrad-stream (a "
                        "transformer, gpt: plain, fp32, tf32, amp, +fused, +compile, "
-                       "+cuda-graph, +float8); CPU plain, "
-                       "fp32, +fused, +keep-memory, +bf16 (skipped without bf16 hardware), "
-                       "+channels_last, +compile")
+                       f"+cuda-graph, +float8); CPU {', '.join(SHORT_CPU_LADDER)} (about a "
+                       f"minute on 2 quiet cores; {flag('bench.full')}: the whole CPU ladder)")
+    which.add_argument(flag("bench.full"), action="store_true",
+                       help="on a CPU, the whole ladder and batch sweep: plain, fp32, +fused, "
+                       "+keep-memory, +bf16 (skipped without bf16 hardware), +channels_last, "
+                       "+compile at the recipe's batch /8, /4 and x1 (at most "
+                       f"{CPU_MAX_BATCH}); several minutes on 2 cores. A GPU's ladder is "
+                       "always whole")
     which.add_argument("--config", action="append", metavar="SPEC", type=_rung_spec,
                        help="a rung of your own, repeatable: a ladder label (amp, +compile) or "
                        "lever settings as `kasoku train` names them, e.g. "
@@ -69,7 +77,9 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=a.positive_int,
                    help="steps per timed window (default: 20 GPU, 30 CPU)")
     p.add_argument("--windows", type=a.positive_int, default=3,
-                   help="timed windows per run; the median is reported (default 3)")
+                   help="timed windows per run; the median is reported (default 3; a run "
+                   "whose windows disagree takes up to twice as many again, so the title says "
+                   "the range measured)")
     p.add_argument("--warmup", type=a.nonnegative_int,
                    help="warm-up steps after the numerics phase (default: 5 GPU, 3 CPU)")
     p.add_argument("--numerics-steps", type=a.nonnegative_int, default=10,
@@ -93,8 +103,8 @@ def add_parser(sub) -> None:
                    "OUT/results.jsonl (the latest run of each rung and batch size), e.g. after "
                    "a ladder split over several commands")
     add_workload_settings(p)
-    for flag in ("--gpus", "--procs"):  # said plainly rather than "unrecognized arguments"
-        p.add_argument(flag, type=_to_scale, help=argparse.SUPPRESS)
+    for name in ("--gpus", "--procs"):  # said plainly rather than "unrecognized arguments"
+        p.add_argument(name, type=_to_scale, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
@@ -158,9 +168,9 @@ def sweep_config(args, wl, device, out: Path):
     from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig  # deferred: torch
 
     defaults = WINDOW_DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
-    rungs = ladder_or_specs(device.type, args.config, wl.ladder)
+    rungs = ladder_or_specs(device.type, args.config, wl.ladder, full=args.full)
     batch_sizes = args.batch_size or list(default_batch_sizes(wl.recipe.batch_size, "bench",
-                                                              device.type))
+                                                              device.type, full=args.full))
     check_data(args.data, args.loader)
     if args.windows < 3:
         warn_once(f"--windows {args.windows}: the median of fewer than 3 timed windows is not "
@@ -172,4 +182,13 @@ def sweep_config(args, wl, device, out: Path):
                        numerics_steps=args.numerics_steps, timeout_s=args.timeout,
                        seed=args.seed, threads=args.threads, peak_size=args.peak_size,
                        kernels=args.kernels, data=args.data, loader=args.loader,
-                       loader_cores=args.loader_cores)
+                       loader_cores=args.loader_cores, more=_more(args, device.type))
+
+
+def _more(args, device_type: str) -> str | None:
+    """What the closing line of the short CPU ladder says to run for the rest of it."""
+    if device_type == "cuda" or args.full or args.config:
+        return None
+    sizes = " and the recipe's batch /8 and /4" * (not args.batch_size)
+    return (f"for the whole CPU ladder run again with {flag('bench.full')} (+keep-memory, "
+            f"+bf16, +channels_last, +compile{sizes}: several minutes)")

@@ -259,6 +259,7 @@ OPTIONS: dict[str, str] = {
     **{f"profile.{name}": value for name, value in PROFILE_OPTIONS.items()},
     # kasoku bench
     "bench.config": "--config",
+    "bench.full": "--full",
     # kasoku compare
     "compare.devices": "--devices",
     "compare.scale": "--scale",

@@ -54,19 +54,23 @@ class Recipe:
 
 
 CPU_MAX_BATCH = 100
-"""The largest default batch ``kasoku compare`` times on a CPU (seed 001's batch; ResNet-152's
-recipe batch of 2048 would take minutes per step)."""
+"""The largest default batch ``kasoku compare`` and ``kasoku bench`` time on a CPU (seed 001's
+batch, the README's CPU row; ResNet-152's recipe batch of 2048 would take minutes per step)."""
 
 
 def default_batch_sizes(recipe_batch: int, command: Literal["bench", "compare", "scale", "data"],
-                        device_type: str = "cpu") -> tuple[int, ...]:
+                        device_type: str = "cpu", full: bool = False) -> tuple[int, ...]:
     """The batch sizes a command measures when ``--batch-size`` is not given, from the recipe's
-    batch ``b``: ``kasoku bench`` sweeps b/8 and b/4, on a GPU also b/2 and b (each at least
-    1); ``compare`` times b, on a CPU at most ``CPU_MAX_BATCH``; ``scale`` and ``data bench``
-    time b."""
+    batch ``b``: ``kasoku bench`` sweeps b/8, b/4, b/2 and b on a GPU (each at least 1); on a
+    CPU it times b, at most ``CPU_MAX_BATCH`` (a minute's ladder whose rates read against the
+    recipe's), and with ``full`` b/8 and b/4 before it; ``compare`` times b, on a CPU at most
+    ``CPU_MAX_BATCH``; ``scale`` and ``data bench`` time b."""
     b = recipe_batch
     if command == "bench":
-        sizes = [b // 8, b // 4, b // 2, b] if device_type == "cuda" else [b // 8, b // 4]
+        if device_type == "cuda":
+            sizes = [b // 8, b // 4, b // 2, b]
+        else:
+            sizes = [b // 8, b // 4, min(b, CPU_MAX_BATCH)] if full else [min(b, CPU_MAX_BATCH)]
         return tuple(sorted({max(1, s) for s in sizes}))
     if command == "compare" and device_type == "cpu":
         return (min(b, CPU_MAX_BATCH),)

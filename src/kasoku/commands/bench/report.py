@@ -190,7 +190,8 @@ def loader_core_lines(records: list[dict]) -> list[str]:
 
 def peak_lines(records: list[dict]) -> list[str]:
     """The matmul peaks the MFU column is read against: measured, and on a CPU the
-    first-principles one beside it with the measured share of it."""
+    first-principles one beside it with the measured share of it and, on a line of its own,
+    what it assumes (the one place a sweep says it: the probe's progress line does not)."""
     lines, seen = [], set()
     for r in records:
         peak = (r.get("figures") or {}).get("peak") or {}
@@ -205,7 +206,8 @@ def peak_lines(records: list[dict]) -> list[str]:
         theory = peak.get("theory")
         if theory:
             line += (f"; first principles {describe_peak(theory)}; "
-                     f"measured {100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it")
+                     f"measured {100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it"
+                     + (f"\n    ({theory['assumptions']})" if theory.get("assumptions") else ""))
         lines.append(line)
     return lines
 

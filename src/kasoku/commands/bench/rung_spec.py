@@ -17,6 +17,13 @@ LADDER_LABELS = ("plain", "fp32", "tf32", "amp", "+channels_last", "+fused", "+k
 ``--config`` of that label names, on the device's ladder)."""
 
 
+SHORT_CPU_LADDER = ("plain", "fp32", "+fused")
+"""The CPU ladder ``kasoku bench`` climbs by default, in about a minute on 2 cores: plain
+PyTorch, kasoku's step with the same settings (the numerics guard's reference, and what
+kasoku's step itself costs) and the fused update, the CPU's largest lever on every CPU measured
+(docs/benchmarks.md: the 2-core EPYC and the 16-core Xeon). The rest is a flag away."""
+
+
 _ALIASES = {"fused": ("optimizer_impl", "fused"), "foreach": ("optimizer_impl", "foreach"),
             "loop": ("optimizer_impl", "loop"), "cudnn": ("cudnn_benchmark", True),
             "graph": ("cuda_graph", True)}

@@ -37,7 +37,7 @@ from kasoku.accel.attention import CUDA_ONLY
 from kasoku.accel.compose import check_config
 from kasoku.accel.config import AccelConfig
 from kasoku.accel.float8 import has_torchao
-from kasoku.commands.bench.rung_spec import parse_spec
+from kasoku.commands.bench.rung_spec import SHORT_CPU_LADDER, parse_spec
 from kasoku.core.flags import flag
 from kasoku.perf.cpuinfo import CpuInfo, cpu_info
 
@@ -144,10 +144,12 @@ def cpu_ladder(info: CpuInfo | None = None) -> list[Rung]:
             Rung("+channels_last", nhwc), Rung("+compile", compiled)]
 
 
-def default_ladder(device_type: str, kind: str = "default") -> list[Rung]:
-    """The ladder of a device, for a workload whose ``ladder`` is ``kind``."""
+def default_ladder(device_type: str, kind: str = "default", full: bool = True) -> list[Rung]:
+    """The ladder of a device, for a workload whose ``ladder`` is ``kind``; on a CPU without
+    ``full``, its rungs ``SHORT_CPU_LADDER`` names (a GPU's ladder is always whole)."""
     if device_type != "cuda":
-        return cpu_ladder()
+        ladder = cpu_ladder()
+        return ladder if full else [r for r in ladder if r.label in SHORT_CPU_LADDER]
     return transformer_gpu_ladder() if kind == "transformer" else gpu_ladder()
 
 
@@ -172,11 +174,13 @@ def rung_from_spec(spec: str, device_type: str, kind: str = "default") -> Rung:
     return Rung(spec, parse_config(spec))
 
 
-def ladder_or_specs(device_type: str, specs, kind: str = "default") -> list[Rung]:
-    """The device's ladder (of a ``kind`` workload), or plain (the speed-ups are over it)
-    plus the rungs ``specs`` name (``--config`` values, each rung once)."""
+def ladder_or_specs(device_type: str, specs, kind: str = "default", full: bool = True
+                    ) -> list[Rung]:
+    """The device's ladder (of a ``kind`` workload; ``full``: as ``default_ladder`` takes it),
+    or plain (the speed-ups are over it) plus the rungs ``specs`` name (``--config`` values,
+    each rung once)."""
     if not specs:
-        return default_ladder(device_type, kind)
+        return default_ladder(device_type, kind, full)
     rungs = [PLAIN]
     for spec in specs:
         rung = rung_from_spec(spec, device_type, kind)

@@ -40,10 +40,10 @@ from kasoku.commands.bench.rungs import (
     reference_rung,
     resolve,
 )
+from kasoku.commands.bench.summary import conclusion, windows_text
 from kasoku.commands.bench.worker import WorkerRequest
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
-from kasoku.perf.cpuinfo import describe_peak
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.sysinfo import environment
@@ -86,6 +86,8 @@ class SweepConfig:
     """Steps of each run's profiled window, judged for its bottleneck verdict (0: none)."""
     loader_cores: bool = True
     """On a CPU, the loader rung's workers on cores of their own."""
+    more: str | None = None
+    """What the closing line says to run for more (the whole ladder, after the short one)."""
 
 
 @dataclass
@@ -277,13 +279,9 @@ def _probe_peaks(cfg: SweepConfig, dtypes: list[str], say) -> dict[str, dict]:
         say(f"note: peak probe failed ({lines[-1] if lines else status}); MFU is N/A")
     for dtype, peak in peaks.items():
         if "flops_per_s" in peak:
+            # the first-principles peak beside it is said once, under the table (peak_lines)
             say(f"  {dtype}: {peak['flops_per_s'] / 1e12:.2f} TFLOP/s ({peak['size']}^3, "
                 f"median of {peak['reps']}, {peak['threads']} threads)")
-            theory = peak.get("theory")
-            if theory:
-                say(f"    first principles: {describe_peak(theory)}: measured "
-                    f"{100 * peak['flops_per_s'] / theory['flops_per_s']:.0f}% of it\n"
-                    f"    ({theory['assumptions']})")
         else:
             say(f"  {dtype}: probe failed: {peak.get('error')}")
     return peaks
@@ -377,11 +375,9 @@ def _finish(cfg: SweepConfig, result: SweepResult, run_notes: list[str], say, st
     records = result.records
     say("")
     env = next((r["env"] for r in records if r.get("env", {}).get("device_name")), {})
-    first = next((r for r in records if r["status"] == "ok"), None)
-    windows = first["figures"]["samples_per_s"]["n"] if first else cfg.windows
     title = (f"{cfg.workload} on {env.get('device_name', cfg.device)} "
              f"(torch {env.get('torch', torch.__version__)}, {data_label(records)}, "
-             f"median of {windows} windows x {cfg.steps} steps)"
+             f"{windows_text(records, cfg.windows)} x {cfg.steps} steps)"
              + (f", interrupted after {len(records)} run{'s' * (len(records) != 1)}"
                 if result.interrupted else ""))
     print_ladder(records, title=title, file=stream)
@@ -397,3 +393,4 @@ def _finish(cfg: SweepConfig, result: SweepResult, run_notes: list[str], say, st
         result.chart = plot_ladder(records, cfg.out / "ladder.png", title)
     say(f"results: {cfg.out / 'results.jsonl'}" +
         (f", chart: {result.chart}" if result.chart else ""))
+    say(conclusion(records, cfg.more))
