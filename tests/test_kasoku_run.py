@@ -94,9 +94,15 @@ def test_mistakes_are_one_line(script, capsys, argv, says):
 
 
 SLOW_LOADER = textwrap.dedent("""
+    import os
     import time
     import torch
     from torch.utils.data import DataLoader, Dataset
+
+    # as a logger does (Lightning's lightning_logs/version_N): a new folder in the working
+    # directory for each run
+    os.makedirs("logs", exist_ok=True)
+    os.makedirs(f"logs/version_{len(os.listdir('logs'))}")
 
 
     class Slow(Dataset):  # each sample takes 3 ms to make: worker processes pay off
@@ -133,6 +139,8 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr
     assert list((tmp_path / "runs").glob("*/profile.json"))
+    # the profile and its tries ran in scratch folders: the one run in the user's is the whole
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["version_0"]
     last = run.stderr.strip().splitlines()[-1]
     # What the profile measured decides (on a busy machine one round may call it noise); what
     # it kept is what the whole run took, and its output is the run's alone.

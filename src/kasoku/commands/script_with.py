@@ -25,15 +25,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from kasoku.advisor.levers import Lever
 from kasoku.commands import ab, script_apply, script_levers, script_watch
 from kasoku.commands.profile_config import ProfileConfig
-from kasoku.commands.script_ab import ScriptSides
+from kasoku.commands.script_ab import ScriptSides, side_env
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
 from kasoku.commands.script_profile import say, script_root
 from kasoku.commands.script_run import ScriptCommand, run_script
+from kasoku.commands.script_scratch import climbs, scratch_folder
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import SCRIPT_COMMAND, change_of, option, profile_args, with_args
@@ -95,15 +97,21 @@ def run_auto(command: ScriptCommand, cfg: ProfileConfig) -> int:
     say(f"profiling {command.name} and measuring the levers kasoku sets from outside it "
         f"(the profile: {out}); its output in this run is not shown")
     argv = [sys.executable, "-m", "kasoku", "profile",
-            *profile_args({"stop_after_window": True, "out": out, "rounds": cfg.rounds,
+            *profile_args({"stop_after_window": True, "out": out.resolve(),
+                           "rounds": cfg.rounds,
                            "skip": cfg.skip,
                            "measure_steps": cfg.measure_steps,
                            "measure_seconds": cfg.measure_seconds, "warmup": cfg.warmup,
                            "steps": cfg.steps}), SCRIPT_COMMAND,
             *command.argv]
     # kasoku's lines (stderr) pass through: the profile's progress; the script's stdout is
-    # the whole run's, below
-    subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+    # the whole run's, below. The profile runs in a scratch folder, as each side does: what
+    # the script leaves in its folder (a logger's lightning_logs/version_N, checkpoints) is
+    # the whole run's alone.
+    in_place = climbs(command.argv)
+    with (nullcontext(None) if in_place else scratch_folder()) as cwd:
+        subprocess.run(argv, stdout=subprocess.DEVNULL, check=False, cwd=cwd,
+                       env=side_env(cwd, Path.cwd()))
     profile = out / "profile.json"
     tried = (json.loads(profile.read_text())["verdict"].get("tried") or []
              if profile.is_file() else None)
