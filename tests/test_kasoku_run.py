@@ -154,12 +154,17 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
         assert run.stdout == "done: 0 workers\n"
 
 
-def test_auto_keeps_nothing_that_was_not_measured_faster():
+def test_auto_keeps_nothing_that_was_not_measured_faster_and_says_why():
     from kasoku.commands.script_with import kept_line
     tried = [{"args": ["--with", "threads=1"], "ratio": 0.62, "result": "slower"}]
     assert kept_line([], None, tried) == ("no lever kept: none was measured faster (tried: "
                                           "threads=1 0.62x, slower)")
     assert kept_line([], None, None) == "no lever kept: the profile did not finish"
+    # measured faster, but its losses moved: dropped, and the line says so, not "none faster"
+    tried = [{"args": ["--with", "bf16"], "ratio": 1.4, "result": "faster"}]
+    assert kept_line([], None, tried, "bf16 faster, but changes the losses by 4.8%: not kept") \
+        == "no lever kept: bf16 faster, but changes the losses by 4.8%: not kept (tried: bf16 " \
+           "1.40x, faster)"
 
 
 def test_auto_or_with_not_both(script, capsys):

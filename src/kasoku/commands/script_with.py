@@ -208,10 +208,10 @@ def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None,
     or why none was; then what the comparison of the losses found (``check_losses``)."""
     if tried is None:
         return "no lever kept: the profile did not finish"
-    if not kept:
+    if not kept:  # none faster, or the faster ones changed the losses (checked says so)
         shown = "; ".join(f"{' '.join(values_of(t['args']))} {t['ratio']:.2f}x, {t['result']}"
                           for t in tried if t.get("ratio")) or "none could be tried"
-        return f"no lever kept: none was measured faster (tried: {shown})"
+        return f"no lever kept: {checked or 'none was measured faster'} (tried: {shown})"
     ratios = proof.get("ratios") or []
     spread = (f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rounds" if len(ratios) > 1
               else f"1 round, noise {100 * proof.get('noise', 0.0):.0f}%")
