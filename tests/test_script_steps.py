@@ -138,7 +138,10 @@ def closure():  # as Lightning's: the forward, the loss and the backward inside 
 
 n = int(sys.argv[1])
 for i in range(n):
-    opt.step(closure=closure)
+    if sys.argv[3:] == ["positional"]:  # LBFGS's examples' step(closure)
+        opt.step(closure)
+    else:  # Lightning's
+        opt.step(closure=closure)
 print("closure iterations", n)
 sys.exit(int(sys.argv[2]))
 """
@@ -206,10 +209,11 @@ def test_an_optimizer_that_never_steps_leaves_the_backward_passes_as_steps(in_tm
     assert err.startswith("kasoku: the script ended after 5 steps, before the window's end")
 
 
-def test_a_closure_s_forward_and_backward_are_its_step_s_not_the_update(in_tmp, capsys):
+@pytest.mark.parametrize("passed", ["keyword", "positional"])
+def test_a_closure_s_forward_and_backward_are_its_step_s_not_the_update(in_tmp, capsys, passed):
     # Lightning's step: optimizer.step(closure) runs the forward, the loss and the backward
     # inside the optimizer's step; only what follows the closure is the optimizer's update.
-    code, out, err = run(in_tmp, capsys, "closure", "12", "0")
+    code, out, err = run(in_tmp, capsys, "closure", "12", "0", passed)
     assert code == 0, err
     assert out == "closure iterations 12\n"
     result = json.loads((in_tmp / "prof" / "profile.json").read_text())

@@ -250,14 +250,14 @@ class StepWatch:
         self._in_step += 1
         if self.clock is None or optimizer is not self._stepper:
             return None
-        closure = kwargs.get("closure", args[0] if args else None)
+        # the closure's passes are the step's forward and backward (args[0]: the optimizer)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
             self.clock.mark("update")
             return None
-        # the closure's forward and backward are the step's, then the optimizer's own update
         if "closure" in kwargs:
             return args, {**kwargs, "closure": self._watched_closure(closure)}
-        return (self._watched_closure(closure), *args[1:]), kwargs
+        return (args[0], self._watched_closure(closure), *args[2:]), kwargs
 
     def _watched_closure(self, closure):
         watch = self
