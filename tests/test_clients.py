@@ -203,6 +203,9 @@ def test_hugging_face_trainer_steps_are_its_global_steps(tmp_path):
     result = profiled(tmp_path, "hft.py", HF_TRAINER, "12", "0", str(tmp_path / "hf"))
     phases = result["figures"]["phases_host_ms"]
     assert list(phases) == PHASES and all(phases[p] > 0 for p in PHASES[1:]), phases
+    # Trainer makes its DataLoader in train(): the edit is its setting, at the script's call
+    assert result["facts"]["loader_site"] == \
+        f"hft.py:{line_of(HF_TRAINER, 'trainer.train()')} (made by transformers in that call)"
     last, steps = steps_run(tmp_path, "hft.py", "11", "5", str(tmp_path / "hf"), code=5)
     assert last == "hf trainer: global_step 11" and steps == 11
 

@@ -44,7 +44,8 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
-from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, user_site
+from kasoku.commands.script_apply import loader_site, user_site
+from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import ScriptStopped
 from kasoku.commands.script_timing import StepTimer, batch_size_of, script_device
 from kasoku.core.errors import ConfigError
@@ -205,7 +206,7 @@ class StepWatch:
                     args = (*args[:6], True, *args[7:])
                 else:
                     kwargs["pin_memory"] = True
-            watch._sites.setdefault(id(dataset), (user_site(watch.roots), workers))
+            watch._sites.setdefault(id(dataset), (loader_site(watch.roots), workers))
             original(loader, dataset, *args, **kwargs)
         return __init__
 
