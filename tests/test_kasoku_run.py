@@ -94,9 +94,15 @@ def test_mistakes_are_one_line(script, capsys, argv, says):
 
 
 SLOW_LOADER = textwrap.dedent("""
+    import os
     import time
     import torch
     from torch.utils.data import DataLoader, Dataset
+
+    # as a logger does (Lightning's lightning_logs/version_N): a new folder in the working
+    # directory for each run
+    os.makedirs("logs", exist_ok=True)
+    os.makedirs(f"logs/version_{len(os.listdir('logs'))}")
 
 
     class Slow(Dataset):  # each sample takes 3 ms to make: worker processes pay off
@@ -133,6 +139,8 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr
     assert list((tmp_path / "runs").glob("*/profile.json"))
+    # the profile and its tries ran in scratch folders: the one run in the user's is the whole
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["version_0"]
     last = run.stderr.strip().splitlines()[-1]
     # What the profile measured decides (on a busy machine one round may call it noise); what
     # it kept is what the whole run took, and its output is the run's alone.
@@ -146,12 +154,17 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
         assert run.stdout == "done: 0 workers\n"
 
 
-def test_auto_keeps_nothing_that_was_not_measured_faster():
+def test_auto_keeps_nothing_that_was_not_measured_faster_and_says_why():
     from kasoku.commands.script_with import kept_line
     tried = [{"args": ["--with", "threads=1"], "ratio": 0.62, "result": "slower"}]
     assert kept_line([], None, tried) == ("no lever kept: none was measured faster (tried: "
                                           "threads=1 0.62x, slower)")
     assert kept_line([], None, None) == "no lever kept: the profile did not finish"
+    # measured faster, but its losses moved: dropped, and the line says so, not "none faster"
+    tried = [{"args": ["--with", "bf16"], "ratio": 1.4, "result": "faster"}]
+    assert kept_line([], None, tried, "bf16 faster, but changes the losses by 4.8%: not kept") \
+        == "no lever kept: bf16 faster, but changes the losses by 4.8%: not kept (tried: bf16 " \
+           "1.40x, faster)"
 
 
 def test_auto_or_with_not_both(script, capsys):

@@ -113,13 +113,13 @@ def write(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-def kasoku(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def kasoku(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m kasoku ARGS`` in a real process run from ``cwd``."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [src, *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run([sys.executable, "-m", "kasoku", *args], cwd=cwd, env=env, check=False,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -45,21 +45,54 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_the_loader_s_line_is_the_script_s_not_the_library_s(tmp_path, monkeypatch):
+def profiled_facts(tmp_path, monkeypatch, module: str, library_text: str, script: str) -> dict:
+    """The facts of ``script``'s profile, run with ``module`` (``library_text``) importable
+    from a folder outside the script's, as an installed package is."""
     library, project = tmp_path / "site-packages", tmp_path / "project"
     library.mkdir()
     project.mkdir()
-    (library / "fakeaccel.py").write_text(LIBRARY)
-    (project / "train.py").write_text(SCRIPT)
+    (library / f"{module}.py").write_text(library_text)
+    (project / "train.py").write_text(script)
     monkeypatch.chdir(project)
     # after sys.path[0], which the script's run sets to its own folder, as an installed package
     monkeypatch.setattr(sys, "path", [sys.path[0], str(library), *sys.path[1:]])
     out = tmp_path / "profile"
     assert main(["profile", "--skip", "2", "--measure-steps", "2", "--warmup", "1", "--steps",
                  "2", "--estimate", "--out", str(out), "--", "python", "train.py"]) == 0
-    facts = json.loads((out / "profile.json").read_text())["facts"]
+    return json.loads((out / "profile.json").read_text())["facts"]
+
+
+def test_the_loader_s_line_is_the_script_s_not_the_library_s(tmp_path, monkeypatch):
+    facts = profiled_facts(tmp_path, monkeypatch, "fakeaccel", LIBRARY, SCRIPT)
     line = SCRIPT.splitlines().index("loader = DataLoader(Slow(), batch_size=8)") + 1
     assert facts["loader_site"] == f"train.py:{line}"
+
+
+TRAINER = textwrap.dedent("""
+    from torch.utils.data import DataLoader
+
+
+    def train(dataset, step):  # as transformers.Trainer.train: a DataLoader of its own
+        for x, y in DataLoader(dataset, batch_size=8):
+            step(x, y)
+""")
+
+TRAINED = SCRIPT.replace("from fakeaccel import prepare", "from faketrainer import train").replace(
+    "loader = DataLoader(Slow(), batch_size=8)\n", "").replace("""loader = prepare(loader)
+for x, y in loader:
+""", """
+
+def step(x, y):
+""") + "\n\ntrain(Slow(), step)\n"
+
+
+def test_a_loader_a_library_makes_inside_the_script_s_call_is_said_to_be_the_library_s(
+        tmp_path, monkeypatch):
+    # the edit at that line is the library's setting (TrainingArguments'), not a DataLoader
+    # the line writes
+    facts = profiled_facts(tmp_path, monkeypatch, "faketrainer", TRAINER, TRAINED)
+    line = TRAINED.splitlines().index("train(Slow(), step)") + 1
+    assert facts["loader_site"] == f"train.py:{line} (made by faketrainer in that call)"
 
 
 TRANSFORMED = textwrap.dedent("""

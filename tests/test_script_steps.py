@@ -104,7 +104,50 @@ print("accumulated iterations", n)
 sys.exit(int(sys.argv[2]))
 """
 
-SCRIPTS = {"hand": HAND, "gan": GAN, "lbfgs": LBFGS, "accumulate": ACCUMULATE}
+CLOSURE = """
+import sys
+import time
+import torch
+from torch import nn
+torch.manual_seed(0)
+
+
+class SlowBackward(torch.autograd.Function):  # a backward pass of 30 ms, a forward of 60 ms
+    @staticmethod
+    def forward(ctx, x):
+        time.sleep(0.06)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.03)
+        return grad
+
+
+m = nn.Linear(8, 1)
+opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+
+
+def closure():  # as Lightning's: the forward, the loss and the backward inside step()
+    opt.zero_grad()
+    loss = ((SlowBackward.apply(m(x)) - y) ** 2).mean()
+    loss.backward()
+    return loss
+
+
+n = int(sys.argv[1])
+for i in range(n):
+    if sys.argv[3:] == ["positional"]:  # LBFGS's examples' step(closure)
+        opt.step(closure)
+    else:  # Lightning's
+        opt.step(closure=closure)
+print("closure iterations", n)
+sys.exit(int(sys.argv[2]))
+"""
+
+SCRIPTS = {"hand": HAND, "gan": GAN, "lbfgs": LBFGS, "accumulate": ACCUMULATE,
+           "closure": CLOSURE}
 
 
 def run(folder, capsys, name: str, *args: str, window=WINDOW) -> tuple[int, str, str]:
@@ -122,7 +165,7 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize("name", sorted(set(SCRIPTS) - {"closure"}))
 def test_a_whole_script_counts_one_step_an_iteration(in_tmp, capsys, name):
     # 5 iterations, fewer than the window's 9 steps: kasoku says how many it counted
     code, out, err = run(in_tmp, capsys, name, "5", "3")
@@ -164,3 +207,17 @@ def test_an_optimizer_that_never_steps_leaves_the_backward_passes_as_steps(in_tm
     assert out == f"hand iterations {UNUSED_OPTIMIZER + 5}\n"
     # the passes while its optimizers might yet step are not steps; those after are
     assert err.startswith("kasoku: the script ended after 5 steps, before the window's end")
+
+
+@pytest.mark.parametrize("passed", ["keyword", "positional"])
+def test_a_closure_s_forward_and_backward_are_its_step_s_not_the_update(in_tmp, capsys, passed):
+    # Lightning's step: optimizer.step(closure) runs the forward, the loss and the backward
+    # inside the optimizer's step; only what follows the closure is the optimizer's update.
+    code, out, err = run(in_tmp, capsys, "closure", "12", "0", passed)
+    assert code == 0, err
+    assert out == "closure iterations 12\n"
+    result = json.loads((in_tmp / "prof" / "profile.json").read_text())
+    assert result["steps_seen"] == 9
+    phases = result["figures"]["phases_host_ms"]
+    assert phases["forward"] >= 55 and 25 <= phases["backward"] < 55, phases
+    assert 0 < phases["update"] < 25, phases  # Adam's arithmetic on 9 numbers

@@ -1,8 +1,8 @@
 """How the ``--with`` levers that act inside a script's process are applied
 (``kasoku.commands.script_levers`` says which there are and parses them), and where in the
-script a call comes from (``user_site``). Kept apart from ``script_levers`` so that each stays
-under the modules' size limit: this one is the mechanics (patches of torch's constructors and
-calls), that one the levers' names, their validation and the advice.
+script a call comes from (``user_site``, ``loader_site``). Kept apart from ``script_levers`` so
+that each stays under the modules' size limit: this one is the mechanics (patches of torch's
+constructors and calls), that one the levers' names, their validation and the advice.
 
 - ``bf16_autocast``: bf16 autocast for the script's main thread, outside its backward passes;
 - ``fused_optimizers``: torch's Adam, AdamW and SGD made with ``fused=True`` where every
@@ -259,6 +259,20 @@ def user_site(roots: tuple[Path, ...], depth: int = 2) -> str | None:
             return f"{_shown(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def loader_site(roots: tuple[Path, ...]) -> str | None:
+    """``user_site`` of a DataLoader being made (called from its ``__init__``'s wrapper), and
+    where a library made it inside a call of the script's (Hugging Face's ``Trainer`` makes
+    its own in ``train()``), the library that did: ``train.py:40 (made by transformers in
+    that call)``, so an edit at that line reads as the library's setting, not a DataLoader
+    the line writes."""
+    site = user_site(roots, depth=3)
+    maker = sys._getframe(2)  # what called DataLoader(...): 1 is the wrapper
+    if site is None or _is_user(maker.f_code.co_filename, roots):
+        return site
+    package = str(maker.f_globals.get("__name__") or "").partition(".")[0]
+    return f"{site} (made by {package} in that call)" if package else site
 
 
 def _is_user(name: str, roots: tuple[Path, ...]) -> bool:

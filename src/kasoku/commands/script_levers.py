@@ -63,7 +63,6 @@ from kasoku.commands.script_apply import (
     fused_optimizers,
     interop_threads,
 )
-from kasoku.commands.script_apply import user_site as user_site  # where script_watch reads it
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import with_args, with_value
 from kasoku.perf.cpu import usable_cores

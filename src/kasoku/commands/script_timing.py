@@ -1,6 +1,7 @@
 """The timed steps of a script's profile (``kasoku.commands.script_watch``): steps timed
 without the profiler, in windows each ended by a synchronize (the throughput, its spread and
-the wait for data). A module of its own: the watch hooks the script, this times it.
+the wait for data; the device the script trains on, a batch's samples). A module of its
+own: the watch hooks the script, this times it.
 
 A side of the A/B runs (``min_seconds``: the profile's ``--measure-seconds``) times its steps
 for that long at least, as a workload's timed steps do (``profile_steps.time_steps``): 20 fast
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import math
 import time
+
+import torch
 
 from kasoku.commands.profile_steps import MAX_MEASURE_STEPS, MEASURE_WINDOWS, sync
 from kasoku.perf.noise import MachineWatch, Stability, job_pids, spread
@@ -92,3 +95,25 @@ def _ends(steps: int, windows: int) -> list[int]:
         total += steps // windows + (i < steps % windows)
         ends.append(total)
     return ends
+
+
+def script_device() -> torch.device:
+    """The device the script trains on: the current GPU if it has started CUDA, else the
+    CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def batch_size_of(batch) -> int | None:
+    """The length of the first tensor in a batch (a tensor, or lists, tuples and dicts of
+    them)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    items = batch.values() if isinstance(batch, dict) else \
+        batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = batch_size_of(item)
+        if size is not None:
+            return size
+    return None

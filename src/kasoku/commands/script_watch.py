@@ -4,9 +4,9 @@ DataLoader and its forward are, and the levers set on its objects (``--with work
 
 Steps are found without help: a step is one ``step()`` of the first optimizer that steps (a
 global post-hook on every ``torch.optim.Optimizer``), whatever the backward passes before it
-(two losses, gradient accumulation; a closure's passes inside ``step(closure)`` are that
-step's update). Only a script that updates by hand is stepped by its backward passes
-(``torch.Tensor.backward`` and ``torch.autograd.backward`` wrapped): one that has made no
+(two losses, gradient accumulation; a closure's passes inside ``step(closure)``, Lightning's
+and LBFGS's, are that step's). Only a script that updates by hand is stepped by its backward
+passes (``torch.Tensor.backward`` and ``torch.autograd.backward`` wrapped): one that made no
 optimizer (``Optimizer.__init__`` wrapped), or whose optimizers have not stepped in
 ``UNUSED_OPTIMIZER`` backward passes. The wait for a batch is the time in the DataLoader
 iterator's ``__next__``.
@@ -20,11 +20,15 @@ kasoku's phase spans in the trace: a step starts at its first batch's wait (the
 ``kasoku/data`` span the analysis cuts steps at), or, for a script whose steps take no batch
 from a DataLoader, at the previous step's end (a zero-length data span); ``forward`` from the
 batch to the backward pass, ``backward`` in it, ``update`` from the optimizer's step (a global
-pre-hook; for a hand-written update, from the backward pass's end) to the next step. A
-measuring run (a side of the A/B runs) ends after the timed steps. When the window ends the
-patches are taken off and the script goes on at full speed (the optimizer hook stays, doing
-nothing, until the script ends: removing it while it runs would break the optimizer's loop
-over its hooks), or it is stopped (``stop_after_window``).
+pre-hook; for a hand-written update, from the backward pass's end) to the next step. A step
+given a closure (Lightning's ``optimizer.step(closure)``, LBFGS's) runs the forward and the
+backward inside the optimizer's step: the closure is handed on wrapped (the pre-hook's
+arguments), so that each of its calls is ``forward`` to its backward pass, ``backward`` in it
+and ``update`` from its end, the optimizer's own arithmetic. A measuring run (a side of the
+A/B runs) ends after the timed steps. When the window ends the patches are taken off and the
+script goes on at full speed (the optimizer hook stays, doing nothing, until the script ends:
+removing it while it runs would break the optimizer's loop over its hooks), or it is stopped
+(``stop_after_window``).
 """
 from __future__ import annotations
 
@@ -40,9 +44,10 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
-from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, user_site
+from kasoku.commands.script_apply import loader_site, user_site
+from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import ScriptStopped
-from kasoku.commands.script_timing import StepTimer
+from kasoku.commands.script_timing import StepTimer, batch_size_of, script_device
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
 from kasoku.core.phases import PhaseClock
@@ -84,6 +89,7 @@ class StepWatch:
         self._backwards = 0  # outside an optimizer's step, while none has stepped
         self._in_backward = 0
         self._in_step = 0  # optimizer steps under way (an LBFGS closure's passes are in one)
+        self._in_closure = 0  # inside the stepping optimizer's closure: its phases are marked
         self._made_optimizer = False
         self._loader_calls = 0  # this step's
         self._loader_steps = False
@@ -139,7 +145,8 @@ class StepWatch:
         watch = self
 
         def backward(*args, **kwargs):
-            if not (watch._in_backward or watch._in_step) and watch.clock is not None:
+            if not watch._in_backward and watch.clock is not None and \
+                    (watch._in_closure or not watch._in_step):
                 watch.clock.mark("backward")
             if watch._timing is not None and not watch._in_backward and args \
                     and isinstance(args[0], torch.Tensor) and args[0].dim() == 0:
@@ -199,7 +206,7 @@ class StepWatch:
                     args = (*args[:6], True, *args[7:])
                 else:
                     kwargs["pin_memory"] = True
-            watch._sites.setdefault(id(dataset), (user_site(watch.roots), workers))
+            watch._sites.setdefault(id(dataset), (loader_site(watch.roots), workers))
             original(loader, dataset, *args, **kwargs)
         return __init__
 
@@ -240,10 +247,35 @@ class StepWatch:
         if optimizer is self._stepper:
             self._step_end()
 
-    def _optimizer_starts(self, optimizer, args, kwargs) -> None:
+    def _optimizer_starts(self, optimizer, args, kwargs):
         self._in_step += 1
-        if self.clock is not None and optimizer is self._stepper:
+        if self.clock is None or optimizer is not self._stepper:
+            return None
+        # the closure's passes are the step's forward and backward (args[0]: the optimizer)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
             self.clock.mark("update")
+            return None
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": self._watched_closure(closure)}
+        return (args[0], self._watched_closure(closure), *args[2:]), kwargs
+
+    def _watched_closure(self, closure):
+        watch = self
+
+        def watched(*args, **kwargs):
+            clock = watch.clock
+            if clock is None:  # the window ended in an earlier pass
+                return closure(*args, **kwargs)
+            clock.mark("forward")
+            watch._in_closure += 1
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                watch._in_closure -= 1
+                if watch.clock is not None:
+                    watch.clock.mark("update")
+        return watched
 
     def _backward_done(self) -> None:
         if self._stepper is not None or self._in_step or self.done:
@@ -272,7 +304,7 @@ class StepWatch:
 
     def _batch_came(self, batch, opened: bool) -> None:
         if self.batch_size is None:
-            self.batch_size = _batch_size(batch)
+            self.batch_size = batch_size_of(batch)
         if opened:
             self._in_data = False
             self.clock.mark("forward")
@@ -368,24 +400,3 @@ def check_window(cfg) -> None:
         raise ConfigError("a script's window starts after its first step at the earliest "
                           f"(its steps show how it trains): give {flag('profile.skip')} 1 or more")
 
-
-def script_device() -> torch.device:
-    """The device the script trains on: the current GPU if it has started CUDA, else the
-    CPU."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _batch_size(batch) -> int | None:
-    """The length of the first tensor in a batch (a tensor, or lists, tuples and dicts of
-    them)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else None
-    items = batch.values() if isinstance(batch, dict) else \
-        batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        size = _batch_size(item)
-        if size is not None:
-            return size
-    return None

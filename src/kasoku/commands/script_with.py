@@ -25,15 +25,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from kasoku.advisor.levers import Lever
 from kasoku.commands import ab, script_apply, script_levers, script_watch
 from kasoku.commands.profile_config import ProfileConfig
-from kasoku.commands.script_ab import ScriptSides
+from kasoku.commands.script_ab import ScriptSides, side_env
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
 from kasoku.commands.script_profile import say, script_root
 from kasoku.commands.script_run import ScriptCommand, run_script
+from kasoku.commands.script_scratch import climbs, scratch_folder
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import SCRIPT_COMMAND, change_of, option, profile_args, with_args
@@ -168,15 +170,21 @@ def profile_tries(command: ScriptCommand, cfg: ProfileConfig, given: list[str],
     say(f"profiling {command.name}{on_top} and measuring the levers kasoku sets from outside "
         f"it (the profile: {out}); its output in this run is not shown")
     argv = [sys.executable, "-m", "kasoku", "profile",
-            *profile_args({"stop_after_window": True, "out": out, "rounds": cfg.rounds,
+            *profile_args({"stop_after_window": True, "out": out.resolve(),
+                           "rounds": cfg.rounds,
                            "skip": cfg.skip,
                            "measure_steps": cfg.measure_steps,
                            "measure_seconds": cfg.measure_seconds, "warmup": cfg.warmup,
                            "steps": cfg.steps}), *with_args(*given), SCRIPT_COMMAND,
             *command.argv]
     # kasoku's lines (stderr) pass through: the profile's progress; the script's stdout is
-    # the whole run's, below
-    subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+    # the whole run's, below. The profile runs in a scratch folder, as each side does: what
+    # the script leaves in its folder (a logger's lightning_logs/version_N, checkpoints) is
+    # the whole run's alone.
+    in_place = climbs(command.argv)
+    with (nullcontext(None) if in_place else scratch_folder()) as cwd:
+        subprocess.run(argv, stdout=subprocess.DEVNULL, check=False, cwd=cwd,
+                       env=side_env(cwd, Path.cwd()))
     profile = out / "profile.json"
     if not profile.is_file():
         return None
@@ -266,10 +274,10 @@ def kept_line(kept: list[str], proof: dict | None, tried: list[dict] | None,
     or why none was; then what the comparison of the losses found (``check_losses``)."""
     if tried is None:
         return "no lever kept: the profile did not finish"
-    if not kept:
+    if not kept:  # none faster, or the faster ones changed the losses (checked says so)
         shown = "; ".join(f"{' '.join(values_of(t['args']))} {t['ratio']:.2f}x, {t['result']}"
                           for t in tried if t.get("ratio")) or "none could be tried"
-        return f"no lever kept: none was measured faster (tried: {shown})"
+        return f"no lever kept: {checked or 'none was measured faster'} (tried: {shown})"
     ratios = proof.get("ratios") or []
     spread = (f"{min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} rounds" if len(ratios) > 1
               else f"1 round, noise {100 * proof.get('noise', 0.0):.0f}%")
