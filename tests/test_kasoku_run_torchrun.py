@@ -38,7 +38,9 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 data = TensorDataset(torch.randn(96, 8), torch.randint(2, (96,)))
 loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
 stop_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-print(f"rank {rank} pid {os.getpid()}", flush=True)
+# one write a line (end=""): under PYTHONUNBUFFERED the line and its newline are two, and the
+# two workers' lines would interleave
+print(f"rank {rank} pid {os.getpid()}\\n", end="", flush=True)
 try:
     for step, (x, y) in enumerate(loader):
         if step == stop_at and rank == 1 and sys.argv[1] == "fail":
@@ -48,7 +50,7 @@ try:
         loss.backward()
         opt.step()
         print(f"rank {rank} step {step} loss {loss.item():.6f} "
-              f"threads {torch.get_num_threads()}", flush=True)
+              f"threads {torch.get_num_threads()}\\n", end="", flush=True)
         if step + 1 == stop_at and (rank == 0 or sys.argv[1] == "wait"):
             time.sleep(120)  # torchrun stops it: worker 1 failed, or Ctrl-C
 finally:
@@ -211,3 +213,20 @@ def test_a_signal_is_passed_on_once_and_the_child_waited_for(tmp_path):
     threading.Thread(target=interrupt, daemon=True).start()
     assert run_in_session([sys.executable, "-c", CHILD, str(ready)]) == (7, [signal.SIGINT])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_a_worker_0_that_said_nothing_leaves_a_line_without_a_count(tmp_path, monkeypatch,
+                                                                   capsys):
+    # Worker 0 killed outright (SIGKILL, out of memory): torchrun's code, and no count.
+    write(tmp_path, "ddp.py", DDP)
+    monkeypatch.chdir(tmp_path)
+    started = []
+    monkeypatch.setattr(script_with, "run_in_session",
+                        lambda cmd, env=None, stdout=None: (started.append(cmd), (1, []))[1])
+    assert main(["run", "--with", "workers=1", "--", "python", "-m", "torch.distributed.run",
+                 "--nproc-per-node", "2", "ddp.py", "run"]) == 1
+    assert started[0][started[0].index("kasoku"):] == [
+        "kasoku", "run", "--with", "workers=1", "--", "python", "ddp.py", "run"]
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("kasoku: ddp.py under torchrun ended with exit code 1 with --with "
+                           "workers=1: no count of steps from worker 0, ")

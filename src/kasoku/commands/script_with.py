@@ -152,18 +152,18 @@ def run_launched(launched: Launched, levers: ScriptLevers) -> int:
         cmd = [*launched.launcher(), "kasoku", "run", *with_args(*levers.given),
                SCRIPT_COMMAND, *launched.script.argv]
         start = time.perf_counter()
-        code, _ = run_in_session(cmd, {**os.environ, RUN_COUNT: str(path)})
+        code, passed = run_in_session(cmd, {**os.environ, RUN_COUNT: str(path)})
         elapsed_s = time.perf_counter() - start
         count = Count(**json.loads(path.read_text())) if path.is_file() else None
-    name = f"{launched.script.name} under torchrun"
+    name, how = f"{launched.script.name} under torchrun", how_launched(code, count, passed)
     if count is None:  # worker 0 ended before it could say (killed, or never started)
-        say(f"{name} {how_launched(code, None)} with {with_words(levers.given)}: no count of "
-            f"steps from worker 0, {elapsed_s:,.1f} s in all")
+        say(f"{name} {how} with {with_words(levers.given)}: no count of steps from worker 0, "
+            f"{elapsed_s:,.1f} s in all")
         return code
     for line in count.unapplied:
         say(line)
-    say(closing_line(name, levers.given, replace(count, how=how_launched(code, count),
-                                                 code=code), whose=" (worker 0's)"))
+    say(closing_line(name, levers.given, replace(count, how=how, code=code),
+                     whose=" (worker 0's)"))
     return code
 
 
@@ -173,12 +173,12 @@ def ended(end) -> str:
             else f"ended with exit code {end.code}" if end.code else "ran to its end")
 
 
-def how_launched(code: int, count: Count | None) -> str:
-    """How a run under torchrun ended: torchrun's exit ``code``, and where worker 0 was
-    interrupted, that (torchrun ends with 1 then)."""
+def how_launched(code: int, count: Count | None, passed: list[int]) -> str:
+    """How a run under torchrun ended: torchrun's exit ``code``, or where a signal was
+    ``passed`` on to torchrun or worker 0 was interrupted, that (torchrun ends with 1 then)."""
     if code == 0:
         return "ran to its end"
-    if count is not None and count.how == "was interrupted":
+    if passed or (count is not None and count.how == "was interrupted"):
         return "was interrupted"
     return f"ended with exit code {code}"
 
