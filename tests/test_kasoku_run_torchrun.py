@@ -174,16 +174,18 @@ def test_torchrun_inside_torchrun_is_refused(tmp_path, monkeypatch, capsys):
     assert "kasoku: error: torchrun inside torchrun" in capsys.readouterr().err
 
 
-def test_ctrl_c_during_autos_profile_stops_there(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("code, exits", [(1, 1), (0, 130)])  # torchrun's after a Ctrl-C;
+def test_ctrl_c_during_autos_profile_stops_there(tmp_path, monkeypatch, capsys, code, exits):
+    # a profile whose measuring side alone was stopped ends well: 130 then
     write(tmp_path, "ddp.py", DDP)
     monkeypatch.chdir(tmp_path)
     started = []
 
     def run_in_session(cmd, env=None, stdout=None):
         started.append(cmd)
-        return 1, [signal.SIGINT]  # torchrun's code after a Ctrl-C
+        return code, [signal.SIGINT]
     monkeypatch.setattr(script_with, "run_in_session", run_in_session)
-    assert main(["run", "--auto", "--", *TORCHRUN]) == 1
+    assert main(["run", "--auto", "--", *TORCHRUN]) == exits
     assert len(started) == 1  # the profile's, no whole run after it
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "kasoku: interrupted while profiling: the script was not run whole")

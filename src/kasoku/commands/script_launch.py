@@ -122,8 +122,10 @@ PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def run_in_session(cmd: list[str], env: dict | None = None, stdout=None
                    ) -> tuple[int, list[int]]:
     """Run ``cmd`` to its end in a session of its own and return its exit code and the
-    signals passed on to it: each of ``PASSED_ON`` this process gets is passed on, so a
-    terminal's Ctrl-C reaches it once, never twice (torchrun's second SIGINT while it stops
+    signals passed on to it: each of ``PASSED_ON`` this process gets is passed on to its
+    process group (as a terminal's reaches its foreground group: a ``kasoku profile`` and the
+    torchrun of the side it measures alike), so a terminal's Ctrl-C reaches it once, never
+    twice (torchrun's second SIGINT while it stops
     its workers would cut that short), and this process waits for it to stop them
     (``subprocess.run`` kills its child a quarter of a second after a KeyboardInterrupt,
     torchrun's workers left running in sessions of their own). Main thread only (signal
@@ -133,7 +135,10 @@ def run_in_session(cmd: list[str], env: dict | None = None, stdout=None
 
     def pass_on(signum, frame):
         passed.append(signum)
-        proc.send_signal(signum)
+        try:
+            os.killpg(proc.pid, signum)  # its group's id is its pid: a session of its own
+        except ProcessLookupError:  # it has ended and been waited for
+            pass
     previous = {s: signal.signal(s, pass_on) for s in PASSED_ON}
     try:
         return proc.wait(), passed  # retried after each handler (PEP 475)

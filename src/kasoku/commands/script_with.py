@@ -202,7 +202,7 @@ def run_auto(command: ScriptCommand | Launched, cfg: ProfileConfig) -> int:
     run's: ``check_losses``) and end with the line of what was kept (``kept_line``); returns
     the script's exit code. Under torchrun (a ``Launched``) the profile, each measuring side
     and the whole run are torchruns of their own. A Ctrl-C during the profile ends it there,
-    with the profile's exit code."""
+    with the profile's exit code (130 where that is 0)."""
     script = command.script if isinstance(command, Launched) else command
     out = out_or_new(None, Path(script.name).stem, "profile", "the profile")
     say(f"profiling {script.name} and measuring the levers kasoku sets from outside it "
@@ -217,9 +217,9 @@ def run_auto(command: ScriptCommand | Launched, cfg: ProfileConfig) -> int:
     # kasoku's lines (stderr) pass through: the profile's progress; the script's stdout is
     # the whole run's, below
     code, passed = run_in_session(argv, stdout=subprocess.DEVNULL)
-    if passed:
+    if passed:  # its exit code, else the signal's (a profile that ended well all the same)
         say("interrupted while profiling: the script was not run whole")
-        return code
+        return code or 128 + passed[0]
     profile = out / "profile.json"
     tried = (json.loads(profile.read_text())["verdict"].get("tried") or []
              if profile.is_file() else None)
