@@ -155,7 +155,7 @@ def test_auto_keeps_what_was_measured_faster_and_runs_the_script_whole(tmp_path)
 
 
 def test_auto_keeps_nothing_that_was_not_measured_faster_and_says_why():
-    from kasoku.commands.script_with import kept_line
+    from kasoku.commands.script_auto import kept_line
     tried = [{"args": ["--with", "threads=1"], "ratio": 0.62, "result": "slower"}]
     assert kept_line([], None, tried) == ("no lever kept: none was measured faster (tried: "
                                           "threads=1 0.62x, slower)")
@@ -193,7 +193,7 @@ TRIED = [{"args": ["--with", "workers=2"], "ratio": 1.8, "ratios": [1.7, 1.9], "
 
 
 def test_several_faster_levers_are_kept_together_only_where_that_is_faster_still(capsys):
-    from kasoku.commands.script_with import choose
+    from kasoku.commands.script_auto import choose
     kept, proof = choose(TRIED, Sides(together=240.0), rounds=2)
     assert kept == ["workers=2", "bf16"] and proof["ratio"] == pytest.approx(2.4)
     kept, proof = choose(TRIED, Sides(together=150.0), rounds=2)  # 1.5x: less than 1.8x
@@ -214,7 +214,7 @@ class Losses:
 
 
 def test_a_lever_that_changes_the_arithmetic_is_kept_only_where_the_losses_stay():
-    from kasoku.commands.script_with import check_losses
+    from kasoku.commands.script_auto import check_losses
     base = [2.30, 2.10, 1.90]
     kept, said = check_losses(["workers=2", "bf16"], Losses(base, base, [2.301, 2.102, 1.903]))
     assert kept == ["workers=2", "bf16"]
@@ -253,7 +253,7 @@ class Rates:
         self.given = list(given)
 
     def measure(self, extra=()):
-        from kasoku.commands.script_with import values_of
+        from kasoku.commands.script_auto import values_of
         rate = 100.0
         for value in self.given + values_of(extra):
             rate *= self.FACTORS[value]
@@ -264,7 +264,7 @@ def test_auto_climbs_each_profile_with_the_levers_kept_so_far(script, monkeypatc
                                                                  capsys):
     # Each profile measures its verdict's levers on top of those kept so far: bf16 first, then
     # the layout and compiling that bf16 makes worth it; a lever kept already is not kept twice.
-    from kasoku.commands import script_with
+    from kasoku.commands import script_auto
     from kasoku.commands.profile_config import ProfileConfig
     from kasoku.commands.script_run import parse_command
 
@@ -282,9 +282,9 @@ def test_auto_climbs_each_profile_with_the_levers_kept_so_far(script, monkeypatc
         seen.append((tuple(given), out.name))
         return profiles[tuple(given)]
 
-    monkeypatch.setattr(script_with, "profile_tries", profile_tries)
-    monkeypatch.setattr(script_with, "ScriptSides", Rates)
-    kept, proof, first = script_with.climb(parse_command(["python", "train.py"]),
+    monkeypatch.setattr(script_auto, "profile_tries", profile_tries)
+    monkeypatch.setattr(script_auto, "ScriptSides", Rates)
+    kept, proof, first = script_auto.climb(parse_command(["python", "train.py"]),
                                            ProfileConfig(rounds=2), tmp_path / "p")
     assert kept == ["bf16", "channels-last", "compile"]
     assert proof["ratio"] == pytest.approx(1.5 * 1.4 * 1.3) and proof["result"] == "faster"
@@ -295,8 +295,8 @@ def test_auto_climbs_each_profile_with_the_levers_kept_so_far(script, monkeypatc
     assert "measuring bf16, channels-last together beside the script as given:" in err
     # a lever faster on top but not together against the script as given ends the climb
     monkeypatch.setattr(Rates, "measure", lambda self, extra=(): {
-        "samples_per_s": 100.0 if len(self.given + script_with.values_of(extra)) != 1
+        "samples_per_s": 100.0 if len(self.given + script_auto.values_of(extra)) != 1
         else 150.0, "window_rates": [100.0] * 5})
-    kept, proof, _ = script_with.climb(parse_command(["python", "train.py"]),
+    kept, proof, _ = script_auto.climb(parse_command(["python", "train.py"]),
                                        ProfileConfig(rounds=2), tmp_path / "q")
     assert kept == ["bf16"]

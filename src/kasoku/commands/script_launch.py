@@ -1,5 +1,6 @@
 """A script that starts its own DDP under torchrun: ``kasoku profile [OPTIONS] -- torchrun
-[TORCHRUN OPTIONS] train.py ARGS`` (or ``python -m torch.distributed.run ...``).
+[TORCHRUN OPTIONS] train.py ARGS`` (or ``python -m torch.distributed.run ...``), and ``kasoku
+run`` alike (``kasoku.commands.script_with.run_launched``).
 
 kasoku runs torchrun as given with kasoku inside each of its workers: ``torchrun [TORCHRUN
 OPTIONS] -m kasoku profile [OPTIONS] -- train.py ARGS``. Each worker runs the script unchanged
@@ -10,14 +11,17 @@ from here once torchrun has ended, each side a torchrun of its own (``ScriptSide
 the launcher), and the report is written again.
 
 torchrun's options are read by torchrun's own parser (``torch.distributed.run``), so what it
-takes, kasoku takes.
+takes, kasoku takes. torchrun runs in a session of its own (``run_in_session``): a terminal's
+Ctrl-C reaches kasoku alone, which passes it on to torchrun once and waits for it to stop its
+workers, rather than leaving them behind.
 """
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch.distributed.run import get_args_parser
@@ -28,7 +32,7 @@ from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import PYTHON, ScriptCommand, parse_command
 from kasoku.commands.script_watch import check_window
 from kasoku.core.errors import ConfigError
-from kasoku.core.flags import flag
+from kasoku.core.flags import flag, option
 from kasoku.train.run_dir import out_or_new
 
 LAUNCHED = "KASOKU_SCRIPT_LAUNCHED"
@@ -49,6 +53,11 @@ class Launched:
         """What starts kasoku in each worker: ``python -m torch.distributed.run OPTIONS -m``
         (kasoku's arguments follow)."""
         return [sys.executable, "-m", "torch.distributed.run", *self.options, "-m"]
+
+    def sides(self, cfg, given: list[str] | None) -> ScriptSides:
+        """The A/B sides of the script's profile, each a torchrun of its own."""
+        return ScriptSides(self.script, cfg, list(given or ()), launcher=self.launcher(),
+                           shown=list(self.argv))
 
 
 def parse_launched(words: list[str]) -> Launched | None:
@@ -90,15 +99,49 @@ def profile_launched(launched: Launched, cfg: ProfileConfig, out: Path | None,
     out = out_or_new(out, Path(launched.script.name).stem, "profile", "the profile")
     cmd = [*launched.launcher(), "kasoku", "profile", *kasoku_args, flag("profile.out"), str(out),
            "--", *launched.script.argv]
-    code = subprocess.run(cmd, env={**os.environ, LAUNCHED: "1"}).returncode
+    code, passed = run_in_session(cmd, {**os.environ, LAUNCHED: "1"})
     path = out / "profile.json"
     if not path.is_file():
         if code == 0:
             say("torchrun ended well but worker 0 wrote no profile")
         return code or 1, None
     result = saved_result(path)
-    sides = ScriptSides(launched.script, cfg, list(given or ()),
-                        launcher=launched.launcher(), shown=list(launched.argv))
-    advise_script(result, ScriptFacts(**result["facts"]), sides, cfg, say)
+    if passed:  # Ctrl-C: stop here, with the profile written
+        say(f"interrupted: the levers were not measured (the profile is kept; "
+            f"{option('estimate')} is what was said)")
+        cfg = replace(cfg, estimate=True, confirm=False)
+    advise_script(result, ScriptFacts(**result["facts"]), launched.sides(cfg, given), cfg, say)
     write_outputs(out, result)
     return code, result
+
+
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals kasoku passes on to the process it waits for (``run_in_session``)."""
+
+
+def run_in_session(cmd: list[str], env: dict | None = None, stdout=None, cwd=None
+                   ) -> tuple[int, list[int]]:
+    """Run ``cmd`` to its end in a session of its own and return its exit code and the
+    signals passed on to it: each of ``PASSED_ON`` this process gets is passed on to its
+    process group (as a terminal's reaches its foreground group: a ``kasoku profile`` and the
+    torchrun of the side it measures alike), so a terminal's Ctrl-C reaches it once, never
+    twice (torchrun's second SIGINT while it stops
+    its workers would cut that short), and this process waits for it to stop them
+    (``subprocess.run`` kills its child a quarter of a second after a KeyboardInterrupt,
+    torchrun's workers left running in sessions of their own). Main thread only (signal
+    handlers). ``cwd``: the folder it runs in (default: this one)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, cwd=cwd, start_new_session=True)
+    passed: list[int] = []
+
+    def pass_on(signum, frame):
+        passed.append(signum)
+        try:
+            os.killpg(proc.pid, signum)  # its group's id is its pid: a session of its own
+        except ProcessLookupError:  # it has ended and been waited for
+            pass
+    previous = {s: signal.signal(s, pass_on) for s in PASSED_ON}
+    try:
+        return proc.wait(), passed  # retried after each handler (PEP 475)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
