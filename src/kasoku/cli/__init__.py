@@ -93,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
 def run_as_program() -> None:
     """``python -m kasoku``: ``main`` as a process's whole life. In a worker of a
     data-parallel run it ends through ``exit_worker`` (see there: the interpreter's shutdown
-    can abort a process that used gloo)."""
-    code = main()
+    can abort a process that used gloo). A Ctrl-C that reaches here (while the parser is
+    built, or the command's engine imported) is one line and exit code 130."""
+    try:
+        code = main()
+    except KeyboardInterrupt as exc:
+        code = _interrupted(exc)
     if under_launcher():
         exit_worker(code)
     sys.exit(code)
@@ -127,7 +131,7 @@ def _run(args) -> int:
         _error(exc)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
-        return getattr(exc, "exit_code", 130)
+        return _interrupted(exc)
     except Exception as exc:
         if not under_launcher():
             raise
@@ -140,6 +144,15 @@ def _run(args) -> int:
         if not (note("failed", line=line, peer_lost=lost) and lost):
             print(f"kasoku: error: {line}", file=sys.stderr, flush=True)
         return EXIT_FAILED
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """The exit code of a run a signal stopped: the one the interruption carries (whoever
+    raised it with one said what stopped and how to go on), else 130 (SIGINT) after one line,
+    ``kasoku: interrupted`` (not in a worker of a data-parallel run: its launcher says it)."""
+    if not hasattr(exc, "exit_code") and not under_launcher():
+        print("kasoku: interrupted", file=sys.stderr, flush=True)
+    return getattr(exc, "exit_code", 130)
 
 
 def _check_out(args) -> None:
