@@ -60,7 +60,8 @@ def test_an_interrupted_sweep_keeps_the_runs_it_finished(tmp_path, monkeypatch):
     assert result.interrupted and result.exit_code == 130
     assert [r["rung"] for r in result.records] == ["plain"]
     assert result.records[0]["status"] == "ok"
-    assert "interrupted (Ctrl-C) after 1 of 2 runs" in out
+    assert "interrupted (SIGINT) after 1 of 2 runs: the table and chart show those" in out
+    assert "not measured: +fused at bs 8" in out
     assert "interrupted after 1 run," in out  # the table's title
     assert (tmp_path / "ladder.png").exists() and result.chart is not None
     assert (tmp_path / "results.jsonl").read_text().count("\n") == 1

@@ -19,6 +19,7 @@ import warnings
 
 from kasoku.cli import args as a
 from kasoku.core.errors import ConfigError, DataError, KasokuWarning, NonFiniteError
+from kasoku.core.interrupts import signal_of, stopped_line
 from kasoku.core.queues import request_queues
 from kasoku.core.version import __version__
 from kasoku.distributed.failures import note, peer_lost
@@ -148,11 +149,14 @@ def _run(args) -> int:
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
     """The exit code of a run a signal stopped: the one the interruption carries (whoever
-    raised it with one said what stopped and how to go on), else 130 (SIGINT) after one line,
-    ``kasoku: interrupted`` (not in a worker of a data-parallel run: its launcher says it)."""
-    if not hasattr(exc, "exit_code") and not under_launcher():
-        print("kasoku: interrupted", file=sys.stderr, flush=True)
-    return getattr(exc, "exit_code", 130)
+    raised it with one said what stopped and how to go on), else 128 + the signal's number
+    after one line, ``kasoku: interrupted`` for SIGINT (not in a worker of a data-parallel
+    run: its launcher says it)."""
+    if hasattr(exc, "exit_code"):
+        return exc.exit_code
+    if not under_launcher():
+        print(stopped_line(exc), file=sys.stderr, flush=True)
+    return 128 + signal_of(exc)
 
 
 def _check_out(args) -> None:

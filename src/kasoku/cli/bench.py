@@ -17,6 +17,7 @@ from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
 from kasoku.commands.bench.rung_spec import LADDER_LABELS, SHORT_CPU_LADDER, parse_spec
 from kasoku.core.errors import ConfigError, warn_once
 from kasoku.core.flags import flag
+from kasoku.core.interrupts import stoppable
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import OUTPUT_ROOT
 from kasoku.workloads import create_workload
@@ -31,7 +32,10 @@ def add_parser(sub) -> None:
         "synthetic batches already on the device (with --data, a last rung fed by a loader). "
         "Appends OUT/results.jsonl (one line per run), draws OUT/ladder.png and ends with one "
         "line of conclusion: the rung that wins over plain, by how much, inside or outside the "
-        "noise; exits 1 when a rung breaks training (numerics guard) or a run crashes.")
+        "noise; exits 1 when a rung breaks training (numerics guard) or a run crashes. "
+        "SIGINT (Ctrl-C, also when started in the background with it ignored) or SIGTERM "
+        "stops it with its runs' processes, keeps the runs finished and names the commands "
+        "that measure the rest (exit 130 or 143).")
     p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--device", type=a.device, default="auto",
                    metavar="{auto,cpu,cuda,cuda:N}",
@@ -158,7 +162,9 @@ def run(args) -> int:
         print(f"chart: {chart}" if chart else "nothing was measured: no chart")
         return 0
     from kasoku.commands.bench.sweep import run_sweep  # deferred: torch (module doc)
-    return run_sweep(sweep_config(args, wl, device, out)).exit_code
+    cfg = sweep_config(args, wl, device, out)
+    with stoppable():  # SIGTERM too, and SIGINT when started ignored (kasoku.core.interrupts)
+        return run_sweep(cfg).exit_code
 
 
 def sweep_config(args, wl, device, out: Path):
@@ -182,7 +188,8 @@ def sweep_config(args, wl, device, out: Path):
                        numerics_steps=args.numerics_steps, timeout_s=args.timeout,
                        seed=args.seed, threads=args.threads, peak_size=args.peak_size,
                        kernels=args.kernels, data=args.data, loader=args.loader,
-                       loader_cores=args.loader_cores, more=_more(args, device.type))
+                       loader_cores=args.loader_cores, more=_more(args, device.type),
+                       argv=tuple(getattr(args, "argv", ())))
 
 
 def _more(args, device_type: str) -> str | None:

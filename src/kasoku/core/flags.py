@@ -260,6 +260,8 @@ OPTIONS: dict[str, str] = {
     # kasoku bench
     "bench.config": "--config",
     "bench.full": "--full",
+    "bench.ladder": "--ladder",
+    "bench.report": "--report",
     # kasoku compare
     "compare.devices": "--devices",
     "compare.scale": "--scale",

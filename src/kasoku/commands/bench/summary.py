@@ -1,7 +1,8 @@
 """What a sweep's table is topped and closed with, from its records alone: the title's count of
 timed windows (``windows_text``: what was measured, not what was asked for) and the one line
 of conclusion (``conclusion``): which rung wins, by how much over plain, and whether that is
-inside the noise; on a busy machine, that it was busy and what that does to the figures.
+inside the noise; on a busy machine, that it was busy and what that does to the figures. And
+each run's line as it ends (``progress_line``).
 
 The noise is the table's: two runs whose windows' ranges meet differ by no result
 (``report.within_noise``, the ``~x`` of a cell), and a run marked ``!`` has windows that
@@ -112,3 +113,27 @@ def conclusion(records: list[dict], more: str | None = None) -> str:
                 f"{ratio:.2f}x plain ({rates}), outside the noise ({ranges}: apart)"
                 + (f"; {marked}: rough" if rough else ""))
     return f"conclusion: {text}{tail}"
+
+
+def progress_line(rec: dict) -> str:
+    """A run's line as the sweep prints it when the run ends: its rate, spread and times,
+    or its failure; the verdict's rule, a numerics failure and the kernels' split."""
+    if rec["status"] != "ok":
+        return f"{rec['status'].upper()}: {rec.get('error')}  ({rec['wall_s']:.1f} s)"
+    f = rec["figures"]
+    s = f["samples_per_s"]
+    text = (f"{s['median']:,.0f} {rec.get('unit', 'samples')}/s (min {s['min']:,.0f}, "
+            f"max {s['max']:,.0f}, "
+            f"n {s['n']}), warm-up {f['warmup_s']:.1f} s, {rec['wall_s']:.1f} s in all")
+    if (rec.get("verdict") or {}).get("rule"):
+        text += f", {rec['verdict']['rule']}"
+    if rec["numerics"].get("status") == "FAIL":
+        text += "  NUMERICS FAIL"
+    k = f.get("kernels")
+    if k:
+        what = "kernels" if k["device"] == "cuda" else "operators"
+        split = ", ".join(f"{c} {ms:.2f}" for c, ms in k["by_category_ms_per_step"].items()
+                          if ms > 0)
+        text += (f"\n      {what}: {k['kernel_ms_per_step']:.2f} of {k['wall_ms_per_step']:.2f}"
+                 f" ms per step ({split})")
+    return text

@@ -29,6 +29,12 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.advisor.verdict import judge
 from kasoku.commands.bench import fed, numerics
+from kasoku.commands.bench.interrupted import (
+    interrupted_lines,
+    missing_runs,
+    new_folders,
+    remove_empty,
+)
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.process import parse_record, run_process
 from kasoku.commands.bench.report import data_label, plot_ladder, print_ladder
@@ -40,10 +46,11 @@ from kasoku.commands.bench.rungs import (
     reference_rung,
     resolve,
 )
-from kasoku.commands.bench.summary import conclusion, windows_text
+from kasoku.commands.bench.summary import conclusion, progress_line, windows_text
 from kasoku.commands.bench.worker import WorkerRequest
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
+from kasoku.core.interrupts import signal_of
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.sysinfo import environment
@@ -88,6 +95,8 @@ class SweepConfig:
     """On a CPU, the loader rung's workers on cores of their own."""
     more: str | None = None
     """What the closing line says to run for more (the whole ladder, after the short one)."""
+    argv: tuple[str, ...] = ()
+    """The command's words after ``kasoku``: an interrupted sweep's commands to finish it."""
 
 
 @dataclass
@@ -95,8 +104,8 @@ class SweepResult:
     records: list[dict]
     notes: list[str] = field(default_factory=list)
     chart: Path | None = None
-    interrupted: bool = False
-    """Ctrl-C stopped the sweep: the records are the runs it finished."""
+    interrupted: int = 0
+    """The signal that stopped the sweep (0: none): the records are the runs it finished."""
 
     @property
     def numerics_failures(self) -> list[dict]:
@@ -109,9 +118,9 @@ class SweepResult:
     @property
     def exit_code(self) -> int:
         """0, or 1 when a rung broke training or a run crashed or timed out (an OOM is a
-        result, not a failure); 130 when Ctrl-C stopped it."""
+        result, not a failure); 128 + N when signal N stopped it (130: Ctrl-C)."""
         if self.interrupted:
-            return 130
+            return 128 + self.interrupted
         return 1 if self.numerics_failures or self.errors else 0
 
 
@@ -121,6 +130,7 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
     stream = stream or sys.stdout
     say = lambda *a: print(*a, file=stream, flush=True)  # noqa: E731
     rungs, notes, flops = _prepare(cfg, say)
+    created = new_folders(cfg.out)  # removed again if an interruption leaves them empty
     make_out_dir(cfg.out, "results.jsonl and ladder.png")  # before the first run, not after
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
     reference = next((r for r in rungs if r.label == REFERENCE_LABEL and not r.is_plain), None)
@@ -128,22 +138,27 @@ def run_sweep(cfg: SweepConfig, stream=None) -> SweepResult:
     ordered = ([reference] if reference else []) + [r for r in rungs if r is not reference]
     records: list[dict] = []
     total = len(ordered) * len(cfg.batch_sizes)
-    interrupted = False
+    interrupted = 0
     try:
         peaks = _probe_peaks(cfg, sorted({compute_dtype(r) for r in rungs if not r.skip}), say)
         references = {} if reference else _reference_losses(cfg, say)
         _run_all(cfg, ordered, references, reference, flops, peaks, sweep_id, records, say,
                  stream)
-    except KeyboardInterrupt:  # the runs so far are the result: their table and chart
-        say(f"\ninterrupted (Ctrl-C) after {len(records)} of {total} runs"
-            + (": the table and chart show those" if records else ""))
-        interrupted = True
+    except KeyboardInterrupt as exc:  # the runs so far are the result: their table and chart
+        interrupted = signal_of(exc)
+        lines = interrupted_lines(interrupted, len(records), total,
+                                  missing_runs(rungs, cfg.batch_sizes, records),
+                                  list(cfg.argv) or ["bench", cfg.workload], cfg.out,
+                                  removed=not records and remove_empty(created))
+        say("\n" + lines[0])  # at once; what is left to measure after the table
     order = {r.label: i for i, r in enumerate(rungs)}
     records.sort(key=lambda r: (order[r["rung"]], r["batch_size"]))
     run_notes = _run_notes(records)
     result = SweepResult(records, notes + run_notes, interrupted=interrupted)
     if records:
         _finish(cfg, result, run_notes, say, stream)
+    for line in lines[1:] if interrupted else []:
+        say(line)
     return result
 
 
@@ -176,7 +191,7 @@ def _run_all(cfg, ordered, references, reference, flops, peaks, sweep_id, record
             rec.update(schema=SCHEMA, sweep_id=sweep_id)
             append_result(cfg.out, rec)
             records.append(rec)
-            say(_progress(rec))
+            say(progress_line(rec))
 
 
 def _prepare(cfg: SweepConfig, say):
@@ -337,28 +352,6 @@ def _add_verdict(rec: dict, rung: Rung) -> None:
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         # A figure the rule's sentence needs is missing: the run's rate still stands.
         rec["verdict"] = {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def _progress(rec: dict) -> str:
-    if rec["status"] != "ok":
-        return f"{rec['status'].upper()}: {rec.get('error')}  ({rec['wall_s']:.1f} s)"
-    f = rec["figures"]
-    s = f["samples_per_s"]
-    text = (f"{s['median']:,.0f} {rec.get('unit', 'samples')}/s (min {s['min']:,.0f}, "
-            f"max {s['max']:,.0f}, "
-            f"n {s['n']}), warm-up {f['warmup_s']:.1f} s, {rec['wall_s']:.1f} s in all")
-    if (rec.get("verdict") or {}).get("rule"):
-        text += f", {rec['verdict']['rule']}"
-    if rec["numerics"].get("status") == "FAIL":
-        text += "  NUMERICS FAIL"
-    k = f.get("kernels")
-    if k:
-        what = "kernels" if k["device"] == "cuda" else "operators"
-        split = ", ".join(f"{c} {ms:.2f}" for c, ms in k["by_category_ms_per_step"].items()
-                          if ms > 0)
-        text += (f"\n      {what}: {k['kernel_ms_per_step']:.2f} of {k['wall_ms_per_step']:.2f}"
-                 f" ms per step ({split})")
-    return text
 
 
 def _run_notes(records: list[dict]) -> list[str]:

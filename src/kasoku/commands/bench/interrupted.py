@@ -1,0 +1,104 @@
+"""What an interrupted ``kasoku bench`` says and leaves (``sweep.run_sweep``): the runs it
+finished are kept (their lines in ``results.jsonl``, their table and chart); the rungs and
+batch sizes it did not reach are named, with the commands that measure them into the same
+folder and the one that then shows the whole ladder (bench has no resume of its own: its
+lines are appended, and ``--report`` draws the latest run of each rung and batch size). A
+folder the sweep created and left empty is removed.
+"""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from kasoku.commands.bench.rung_spec import LADDER_LABELS
+from kasoku.core.flags import flag
+
+_DROPPED = (flag("bench.config"), flag("train.batch_size"), flag("train.out"))
+_SWITCHES = (flag("bench.ladder"), flag("bench.full"), flag("bench.report"))
+
+
+def missing_runs(rungs, batch_sizes, records: list[dict]) -> list[tuple[str, tuple[int, ...]]]:
+    """``(rung label, batch sizes)`` of every rung of the sweep with a run not in
+    ``records``, in the sweep's order (rungs this machine skips are never measured: not
+    missing)."""
+    done = {(r["rung"], r["batch_size"]) for r in records}
+    missing = []
+    for rung in rungs:
+        sizes = tuple(bs for bs in batch_sizes if (rung.label, bs) not in done)
+        if sizes and not rung.skip:
+            missing.append((rung.label, sizes))
+    return missing
+
+
+def interrupted_lines(signum: int, done: int, total: int,
+                      missing: list[tuple[str, tuple[int, ...]]], argv: list[str], out: Path,
+                      removed: bool = False) -> list[str]:
+    """The lines an interrupted sweep prints: the signal and how many runs finished, then
+    (some finished) the runs not measured and the commands that measure them into ``out``
+    (``argv``: the sweep's command words after ``kasoku``), and the one that shows the whole
+    ladder; or (none finished) that nothing was measured, ``removed`` saying the empty folder
+    ``out`` was removed."""
+    name = signal.Signals(signum).name
+    if not done:
+        return [f"interrupted ({name}) before the first run finished: nothing was measured"
+                + (f"; removed the empty folder {out}" if removed else "")]
+    lines = [f"interrupted ({name}) after {done} of {total} runs: the table and chart show "
+             f"those"]
+    if not missing:
+        return lines
+    lines.append("not measured: " + "; ".join(f"{label} at bs {_sizes(sizes)}"
+                                             for label, sizes in missing))
+    base = ["kasoku", *_without(argv), flag("train.out"), str(out)]
+    if any(label not in LADDER_LABELS for label, _ in missing):
+        # a rung no --config can name (+loader): the whole command again, appended
+        lines.append("to measure them, run the command again (its lines are appended to "
+                     f"results.jsonl): {' '.join(['kasoku', *argv])}")
+    else:
+        lines.append("to measure them into the same folder (plain is measured again beside "
+                     "them, as the speed-ups are over it):")
+        for sizes in dict.fromkeys(sizes for _, sizes in missing):
+            configs = [w for label, s in missing if s == sizes
+                       for w in (flag("bench.config"), label)]
+            lines.append("  " + " ".join([*base, *configs, flag("train.batch_size"),
+                                          ",".join(map(str, sizes))]))
+    lines.append(f"then the whole ladder: {' '.join([*base, flag('bench.report')])}")
+    return lines
+
+
+def _sizes(sizes: tuple[int, ...]) -> str:
+    return ", ".join(map(str, sizes))
+
+
+def _without(argv: list[str]) -> list[str]:
+    """``argv`` less what the finishing commands set themselves: the rungs, the batch sizes,
+    the folder and the ladder's switches (``--flag V`` and ``--flag=V`` alike)."""
+    kept, skip_value = [], False
+    for token in argv:
+        if skip_value:
+            skip_value = False
+        elif token in _DROPPED:
+            skip_value = True
+        elif token not in _SWITCHES and not token.startswith(tuple(f + "=" for f in _DROPPED)):
+            kept.append(token)
+    return kept
+
+
+def new_folders(out: Path) -> list[Path]:
+    """``out`` and each of its parents that do not exist yet, deepest first: what making
+    ``out`` creates."""
+    created, path = [], Path(out).absolute()
+    while not path.exists() and path != path.parent:
+        created.append(path)
+        path = path.parent
+    return created
+
+
+def remove_empty(folders: list[Path]) -> bool:
+    """Remove each of ``folders`` (deepest first, as ``new_folders`` lists them) that is an
+    empty folder, stopping at the first that is not; whether the first was removed."""
+    for i, folder in enumerate(folders):
+        try:
+            folder.rmdir()  # only an empty folder: never a file of anyone's
+        except OSError:
+            return i > 0
+    return bool(folders)
