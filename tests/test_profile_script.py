@@ -135,8 +135,10 @@ def test_a_textbook_loop_reads_input_bound(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout == "script: trained 12 steps\n"  # the script's own output, alone
     ours = [line for line in run.stderr.splitlines() if line.startswith("kasoku: ")]
-    assert ours and ours[0].startswith("kasoku: train.py: 2 steps timed on cpu")
-    assert ours[0].endswith("steps 7-9 profiled")
+    # said when the window ends, the script's own line after it: it runs on to its end
+    assert ours[0].startswith("kasoku: the profile's window ended at step 9; the script runs on")
+    assert ours[1].startswith("kasoku: train.py: 2 steps timed on cpu")
+    assert ours[1].endswith("steps 7-9 profiled")
     assert "verdict (estimate: no lever measured): input-bound" in run.stderr
     # the advice is a change to the script, at the line that makes the DataLoader
     assert "DataLoader(..., num_workers=" in run.stderr and ") at train.py:27" in run.stderr

@@ -104,8 +104,18 @@ def try_levers(argv: list[str], candidates: list[Lever], say=None,
                 o.base_windows, o.windows = base["window_rates"], side["window_rates"]
         elapsed = time.perf_counter() - t0
         if elapsed * (done + 2) / (done + 1) > budget_s:
+            if done + 1 < rounds:
+                say(budget_line(done + 1, rounds, budget_s, elapsed))
             break
     return outcomes
+
+
+def budget_line(done: int, rounds: int, budget_s: float, elapsed_s: float) -> str:
+    """Why the tries stopped after ``done`` of ``rounds`` rounds: another would have taken
+    them past ``budget_s`` (``elapsed_s`` so far)."""
+    return (f"  stopped after round {done} of {rounds}: the {budget_s:.0f} s budget for the "
+            f"tries ({elapsed_s:.0f} s so far; another round would pass it; fewer rounds "
+            f"make the figures noisier)")
 
 
 def confirm(argv: list[str], experiments: list[Experiment], lever: Lever,

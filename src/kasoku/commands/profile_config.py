@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.run import RunConfig, decode
 
 
@@ -63,3 +65,10 @@ class ProfileRequest:
     @classmethod
     def from_json(cls, text: str) -> ProfileRequest:
         return decode(cls, json.loads(text))
+
+
+def check_window(cfg) -> None:
+    """A script's window needs one step before it (its steps show how it trains)."""
+    if cfg.skip < 1:
+        raise ConfigError("a script's window starts after its first step at the earliest "
+                          f"(its steps show how it trains): give {flag('profile.skip')} 1 or more")

@@ -27,10 +27,10 @@ from pathlib import Path
 from torch.distributed.run import get_args_parser
 
 from kasoku.commands.profile import ProfileConfig, write_outputs
+from kasoku.commands.profile_config import check_window
 from kasoku.commands.script_ab import ScriptSides, advise_script, saved_result
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import PYTHON, ScriptCommand, parse_command
-from kasoku.commands.script_watch import check_window
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag, option
 from kasoku.train.run_dir import out_or_new

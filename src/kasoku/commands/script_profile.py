@@ -41,11 +41,12 @@ from kasoku.advisor.verdict import judge
 from kasoku.commands import script_apply, script_levers, script_watch
 from kasoku.commands.ab import ladder_lines, tried_lines
 from kasoku.commands.profile import ProfileConfig, peak_figures, write_outputs
+from kasoku.commands.profile_config import check_window
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
 from kasoku.commands.script_run import ScriptCommand, run_script
-from kasoku.commands.script_watch import StepWatch, check_window
+from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
@@ -90,6 +91,8 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     folder = Path.cwd()  # the sides' (the script may move its working directory)
     watch = StepWatch(cfg, out, levers, roots=(script_root(command),),
                       measure_only=measure_only)
+    if rank == 0 and not measure_only:
+        watch.on_window_end = lambda steps: say(runs_on_line(steps))
     # the levers' patches first: the watch takes its own off when its window ends, theirs stay
     with levers.applied(roots=watch.roots):
         watch.install()
@@ -166,6 +169,15 @@ def window_text(cfg: ProfileConfig, measure_only: bool = False) -> str:
     """The window's options as given: ``--skip 10, --measure-steps 20, ...``."""
     names = ("skip", "measure_steps") + (() if measure_only else ("warmup", "steps"))
     return ", ".join(" ".join(profile_args({name: getattr(cfg, name)})) for name in names)
+
+
+def runs_on_line(steps: int) -> str:
+    """Said when the window has ended at the script's step ``steps`` and the script runs on
+    (no ``--stop-after-window``): the verdict is judged from the trace after the script ends,
+    as judging it now would take the cores and memory the script is using."""
+    return (f"the profile's window ended at step {steps}; the script runs on to its end, "
+            f"then the verdict (judged after it, not to slow it down); Ctrl-C stops it now "
+            f"and keeps the profile ({option('stop_after_window')} stops the script there)")
 
 
 def too_large_line(watch: StepWatch, size: int) -> str:

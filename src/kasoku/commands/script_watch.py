@@ -48,8 +48,6 @@ from kasoku.commands.script_apply import loader_site, user_site
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import ScriptStopped
 from kasoku.commands.script_timing import StepTimer, batch_size_of, script_device
-from kasoku.core.errors import ConfigError
-from kasoku.core.flags import flag
 from kasoku.core.phases import PhaseClock
 from kasoku.perf.profile.window import Window
 
@@ -104,6 +102,8 @@ class StepWatch:
         self._replay: list = []
         self._replayed = 0
         self._timing: StepTimer | None = None
+        self.on_window_end = None
+        """Called with the step count when the window has ended and the script runs on."""
 
     # --- the patches --------------------------------------------------------------------
     def install(self) -> None:
@@ -384,6 +384,8 @@ class StepWatch:
         self.unpatch()
         if self.cfg.stop_after_window:
             raise ScriptStopped
+        if self.on_window_end is not None:
+            self.on_window_end(self.steps)
 
     @property
     def window_steps(self) -> int:
@@ -392,11 +394,4 @@ class StepWatch:
             return c.skip + c.measure_steps  # a side's steps past these are its figures' own
         return c.skip + c.measure_steps + (self.window.total_steps if self.window is not None
                                            else c.warmup + 1 + c.steps)
-
-
-def check_window(cfg) -> None:
-    """A script's window needs one step before it (its steps show how it trains)."""
-    if cfg.skip < 1:
-        raise ConfigError("a script's window starts after its first step at the earliest "
-                          f"(its steps show how it trains): give {flag('profile.skip')} 1 or more")
 
