@@ -80,7 +80,7 @@ class ProgressBar:
         """One line: ``iteration 120/600  epoch 0.20  52.1 it/s  5210 samples/s  ETA 0:00:09``
         (the samples the steps took per second: a short last batch counts what it holds)."""
         total = f"/{self._total}" if self._total else ""
-        parts = [f"iteration {iteration}{total}", f"epoch {epoch_detail:.2f}"]
+        parts = [f"iteration {iteration}{total}", f"epoch {epoch_text(epoch_detail, iteration)}"]
         if rate:
             parts.append(f"{rate:.1f} it/s")
             if sample_rate:
@@ -115,3 +115,13 @@ def _total_iterations(stop_trigger, batches_per_epoch: int) -> int | None:
 def _hms(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def epoch_text(epoch_detail: float, iteration: int) -> str:
+    """The epoch with as many decimals as one iteration moves it (2 to 6): a long epoch's
+    first iterations (gpt's, thousands to an epoch) read ``epoch 0.0029``, not ``epoch 0.00``
+    line after line."""
+    digits = 2
+    if iteration > 0 and epoch_detail > 0:
+        digits = min(6, max(2, math.ceil(-math.log10(epoch_detail / iteration))))
+    return f"{epoch_detail:.{digits}f}"
