@@ -5,6 +5,7 @@ ignored, its workers ended with it, its interrupted ladder saying what is left a
 measure it, and an empty folder it made removed."""
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import signal
@@ -15,15 +16,11 @@ from pathlib import Path
 import pytest
 
 from kasoku.commands.bench import sweep as sweep_mod
-from kasoku.commands.bench.interrupted import (
-    interrupted_lines,
-    missing_runs,
-    new_folders,
-    remove_empty,
-)
+from kasoku.commands.bench.interrupted import interrupted_lines, missing_runs
 from kasoku.commands.bench.rungs import PLAIN, rung_from_spec
 from kasoku.commands.bench.sweep import SweepConfig, run_sweep
 from kasoku.core.interrupts import Stopped, signal_of, stoppable, stopped_line
+from kasoku.train.run_dir import new_folders, remove_empty
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,3 +129,21 @@ def test_a_sweep_interrupted_before_its_first_run_leaves_no_folder_it_made(tmp_p
     assert result.exit_code == 143 and not result.records
     assert out.exists() == existed
     assert ("removed the empty folder" in text.getvalue()) != existed
+
+
+def test_a_command_stopped_before_writing_leaves_no_out_folder_of_its_own(tmp_path, capsys):
+    """Any command (profile, scale, ...): the --out it would have made is not left empty; one
+    it did not make, or one with files, is kept; one line, 128 + the signal."""
+    from kasoku import cli
+
+    def stopped(args):
+        args.out.mkdir(parents=True, exist_ok=True)
+        raise Stopped(signal.SIGTERM)
+
+    made = tmp_path / "runs" / "profile"
+    assert cli._run(argparse.Namespace(out=made, handler=stopped)) == 143
+    assert not (tmp_path / "runs").exists()
+    assert capsys.readouterr().err == "kasoku: stopped by SIGTERM\n"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert cli._run(argparse.Namespace(out=kept, handler=stopped)) == 143 and kept.exists()

@@ -25,7 +25,15 @@ from kasoku.core.version import __version__
 from kasoku.distributed.failures import note, peer_lost
 from kasoku.distributed.launch import exit_worker, under_launcher
 from kasoku.distributed.world import World
-from kasoku.train.run_dir import AUTO, OUTPUT_ROOT, SnapshotError, check_writable, find_snapshot
+from kasoku.train.run_dir import (
+    AUTO,
+    OUTPUT_ROOT,
+    SnapshotError,
+    check_writable,
+    find_snapshot,
+    new_folders,
+    remove_empty,
+)
 
 EXIT_USAGE = 2
 """A user's mistake: a bad value, a missing file, an incompatible snapshot."""
@@ -122,6 +130,8 @@ def run_worker(argv: list[str], usage: str, parse, handler) -> int:
 
 
 def _run(args) -> int:
+    # an --out this command makes and a signal stops before anything is written there goes
+    created = new_folders(args.out) if getattr(args, "out", None) is not None else []
     try:
         _check_out(args)
         return args.handler(args)
@@ -132,6 +142,7 @@ def _run(args) -> int:
         _error(exc)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
+        remove_empty(created)
         return _interrupted(exc)
     except Exception as exc:
         if not under_launcher():

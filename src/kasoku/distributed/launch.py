@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from kasoku.core.flags import flag
+from kasoku.core.interrupts import Stopped
 from kasoku.core.snapshot_names import snapshots
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.failures import JOB_DIR_ENV, blame, how, read_notes
@@ -328,8 +329,8 @@ def quiet_launcher():
     """The elastic launcher installs signal handlers raising its ``SignalException`` (kept
     after it returns), sets ``TORCHELASTIC_SIGNALS_TO_HANDLE`` and logs its settings and each
     worker's exit: around one launch, the launcher's log is quieted, and afterwards the
-    handlers and the variable are restored; a signal that stopped the launch becomes a
-    ``KeyboardInterrupt`` carrying the exit code 128 + N."""
+    handlers and the variable are restored; a signal that stopped the launch becomes
+    ``kasoku.core.interrupts.Stopped`` (exit code 128 + N)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
     saved = {s: signal.getsignal(s) for s in (getattr(signal, n, None) for n in names)
@@ -345,10 +346,8 @@ def quiet_launcher():
         log.setLevel(logging.CRITICAL)
     try:
         yield
-    except SignalException as exc:
-        stop = KeyboardInterrupt(str(exc))
-        stop.exit_code = 128 + int(exc.sigval)
-        raise stop from None
+    except SignalException as exc:  # said by the command line (kasoku.cli: one line)
+        raise Stopped(int(exc.sigval)) from None
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)

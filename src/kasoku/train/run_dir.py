@@ -191,3 +191,24 @@ def resolve_run(workload_name: str, out: Path | None, resume, overwrite: bool
     if out is None:
         return default_out(workload_name), None
     return prepare_out(out, overwrite), None
+
+
+def new_folders(out: Path) -> list[Path]:
+    """``out`` and each of its parents that do not exist yet, deepest first: what making
+    ``out`` creates, for ``remove_empty`` should the command be stopped before it wrote there."""
+    created, path = [], Path(out).absolute()
+    while not path.exists() and path != path.parent:
+        created.append(path)
+        path = path.parent
+    return created
+
+
+def remove_empty(folders: list[Path]) -> bool:
+    """Remove each of ``folders`` (deepest first, as ``new_folders`` lists them) that is an
+    empty folder, stopping at the first that is not; whether the first was removed."""
+    for i, folder in enumerate(folders):
+        try:
+            folder.rmdir()  # only an empty folder: never a file of anyone's
+        except OSError:
+            return i > 0
+    return bool(folders)

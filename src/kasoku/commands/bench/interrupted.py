@@ -2,8 +2,8 @@
 finished are kept (their lines in ``results.jsonl``, their table and chart); the rungs and
 batch sizes it did not reach are named, with the commands that measure them into the same
 folder and the one that then shows the whole ladder (bench has no resume of its own: its
-lines are appended, and ``--report`` draws the latest run of each rung and batch size). A
-folder the sweep created and left empty is removed.
+lines are appended, and ``--report`` draws the latest run of each rung and batch size). The
+sweep removes a folder it created and left empty (``kasoku.train.run_dir.remove_empty``).
 """
 from __future__ import annotations
 
@@ -81,24 +81,3 @@ def _without(argv: list[str]) -> list[str]:
         elif token not in _SWITCHES and not token.startswith(tuple(f + "=" for f in _DROPPED)):
             kept.append(token)
     return kept
-
-
-def new_folders(out: Path) -> list[Path]:
-    """``out`` and each of its parents that do not exist yet, deepest first: what making
-    ``out`` creates."""
-    created, path = [], Path(out).absolute()
-    while not path.exists() and path != path.parent:
-        created.append(path)
-        path = path.parent
-    return created
-
-
-def remove_empty(folders: list[Path]) -> bool:
-    """Remove each of ``folders`` (deepest first, as ``new_folders`` lists them) that is an
-    empty folder, stopping at the first that is not; whether the first was removed."""
-    for i, folder in enumerate(folders):
-        try:
-            folder.rmdir()  # only an empty folder: never a file of anyone's
-        except OSError:
-            return i > 0
-    return bool(folders)

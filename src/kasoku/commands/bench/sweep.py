@@ -29,12 +29,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.accel.memory_format import has_conv2d
 from kasoku.advisor.verdict import judge
 from kasoku.commands.bench import fed, numerics
-from kasoku.commands.bench.interrupted import (
-    interrupted_lines,
-    missing_runs,
-    new_folders,
-    remove_empty,
-)
+from kasoku.commands.bench.interrupted import interrupted_lines, missing_runs
 from kasoku.commands.bench.pool import batch_spec
 from kasoku.commands.bench.process import parse_record, run_process
 from kasoku.commands.bench.report import data_label, plot_ladder, print_ladder
@@ -54,7 +49,7 @@ from kasoku.core.interrupts import signal_of
 from kasoku.perf.mfu import compute_mfu
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.sysinfo import environment
-from kasoku.train.run_dir import make_out_dir
+from kasoku.train.run_dir import make_out_dir, new_folders, remove_empty
 from kasoku.workloads import create_workload
 
 WINDOW_DEFAULTS = {"cuda": {"steps": 20, "warmup": 5}, "cpu": {"steps": 30, "warmup": 3}}
