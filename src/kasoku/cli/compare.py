@@ -15,6 +15,7 @@ from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
 from kasoku.cli.train import add_data_arguments
 from kasoku.core.errors import ConfigError, warn_once
+from kasoku.core.interrupts import stoppable
 from kasoku.data.config import DataConfig
 from kasoku.distributed import World, require_single_process
 from kasoku.train.run_dir import out_or_new
@@ -150,7 +151,8 @@ def run(args) -> int:
                         warmup=args.warmup, numerics_steps=args.numerics_steps,
                         timeout_s=args.timeout, seed=args.seed, threads=args.threads,
                         peak_size=args.peak_size, scale=_scale_results(args.scale))
-    lines, code = run_compare(cfg)
+    with stoppable():  # SIGTERM too, and SIGINT when started ignored (kasoku.core.interrupts)
+        lines, code = run_compare(cfg)
     print()
     print_compare(lines)
     chart = None if args.no_chart else plot_compare(lines, out / CHART_FILE)

@@ -37,6 +37,7 @@ from kasoku.commands.bench.results import append_result, median_rate, read_resul
 from kasoku.commands.bench.rungs import ladder_or_specs
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
 from kasoku.core.flags import flag
+from kasoku.core.interrupts import Stopped
 from kasoku.workloads import create_workload
 from kasoku.workloads.registry import default_batch_sizes
 
@@ -123,7 +124,9 @@ def best_run(records: list[dict]) -> tuple[dict | None, str]:
 def run_compare(cfg: CompareConfig, stream=None) -> tuple[list[dict], int]:
     """Sweep each workload on each device, append one ``kasoku.compare/1`` line per workload
     to ``cfg.out/results.jsonl`` and return the lines and the exit code (1 when a sweep had
-    a failed run or a numerics failure, as ``kasoku bench``)."""
+    a failed run or a numerics failure, as ``kasoku bench``). A sweep a signal stopped stops
+    the comparison too (``kasoku.core.interrupts.Stopped``), the lines of the workloads
+    compared before it kept."""
     stream = stream or sys.stdout
     say = lambda *a: print(*a, file=stream, flush=True)  # noqa: E731
     compare_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
@@ -136,6 +139,8 @@ def run_compare(cfg: CompareConfig, stream=None) -> tuple[list[dict], int]:
             dtype = torch.device(device).type
             side, sweep_code = _measure_side(cfg, name, wl, device, say, stream,
                                              f"[{w}/{len(cfg.workloads)}] {wl.name} on {device}")
+            if sweep_code > 128:  # a signal stopped the sweep, which said what it kept
+                raise Stopped(sweep_code - 128)
             sides[dtype] = side
             code = max(code, sweep_code)
         line = summarize(wl.name, wl.sample_unit, wl.epoch_samples, sides.get("cpu"),
