@@ -44,13 +44,14 @@ def _interrupt_when_imported(argv: list[str], module: str, tmp_path: Path):
     return proc.returncode, [ln for ln in lines if not ln.startswith("import time:")]
 
 
-@pytest.mark.parametrize("module", ["kasoku.cli.args", "torch.overrides"])
-def test_ctrl_c_while_importing_is_one_line_and_130(tmp_path, module):
+@pytest.mark.parametrize("command, module", [("train", "kasoku.cli.args"),
+                                             ("train", "torch.overrides"),
+                                             ("bench", "torch.overrides")])
+def test_ctrl_c_while_importing_is_one_line_and_130(tmp_path, command, module):
     """SIGINT as kasoku's command line starts to import, and in the middle of torch's import:
-    no traceback, one line, 130."""
-    code, err = _interrupt_when_imported(["train", "mnist-mlp", "--synthetic", "--device",
-                                          "cpu", "--out", str(tmp_path / "run")], module,
-                                         tmp_path)
+    no traceback, one line, 130, no folder."""
+    code, err = _interrupt_when_imported([command, "mnist-mlp", "--device", "cpu", "--out",
+                                          str(tmp_path / "run")], module, tmp_path)
     assert err == ["kasoku: interrupted"], err
     assert code == 130
     assert not (tmp_path / "run").exists()
