@@ -370,9 +370,7 @@ class StepWatch:
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
                                   for o in gc.get_objects())
-        # the shapes in the window's own session on a CPU only: on a GPU the work step records
-        # them, and two sessions with shapes in one step crash the process (free(): invalid
-        # pointer, torch 2.11 on an H200)
+        # the shapes in the window's own session on a CPU only: on a GPU the work step's
         self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True,
                              cpu_shapes=torch.device(device).type == "cpu")
         self.clock = self.window.start(PhaseClock(device))
