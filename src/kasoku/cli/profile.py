@@ -212,10 +212,14 @@ def summary(result: dict) -> str:
     """The figures, the verdict (a ``Verdict``) and the ladder as a few lines of text."""
     from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
     from kasoku.core.phases import format_phases  # deferred: torch (module doc)
+    from kasoku.perf.profile.figures import profiler_cost  # deferred: torch (module doc)
     from kasoku.perf.profile.kfac_cost import format_kfac  # deferred: torch (module doc)
     from kasoku.perf.profile.roofline import format_table  # deferred: torch (module doc)
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
+    cost = profiler_cost(f, result.get("window_rates"), result.get("samples_per_step"))
+    if cost:
+        lines.append(f"profiled window: {cost}")
     if f.get("kfac"):
         lines.append(format_kfac(f["kfac"]))
     if "busy_pct" in f:
@@ -228,7 +232,13 @@ def summary(result: dict) -> str:
         lines.append(f"cpu: {f['operator_pct']:.0f}% of the step in operators, "
                      f"{f['ops_per_step']:.0f} operators per step")
     kind = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_kind_ms"].items() if ms > 0)
-    lines.append(f"time by kind (ms/step): {kind}")
+    if "busy_pct" in f:
+        lines.append(f"time by kind (GPU kernels, ms per profiled step): {kind}")
+    else:  # the operators' self time on every thread, and the rest of the profiled step
+        rest = (f.get("profiled") or {}).get("step_ms", f["step_ms"]) - sum(
+            f["by_kind_ms"].values())
+        lines.append(f"time by kind (the operators' own time, ms per profiled step): {kind}; "
+                     f"outside operators {max(rest, 0.0):.2f} (Python, dispatch, the loader)")
     if f.get("roofline"):
         lines += format_table(f["roofline"], f["step_ms"])
     elif f.get("by_class_ms"):

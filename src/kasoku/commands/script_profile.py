@@ -51,6 +51,7 @@ from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
 from kasoku.perf.profile import window as window_mod
+from kasoku.perf.profile.figures import profiler_cost
 from kasoku.perf.profile.roofline import format_table
 from kasoku.perf.profile.window import machine_facts
 from kasoku.perf.profile.work import optimizer_bytes
@@ -259,6 +260,8 @@ def profiled_line(result: dict) -> str:
                + (" from pageable memory" if f.h2d_pageable else "")
                if f.h2d_ms else "")
             + f"; steps {first}-{last} profiled"
+            + (f" ({cost})" if (cost := profiler_cost(
+                f.to_dict(), rates, result["settings"]["batch_size"] or 1)) else "")
             + ("; the script stopped after the window" if result["stopped_after_window"]
                else ""))
 
