@@ -163,6 +163,9 @@ def test_kasoku_profile_cli_writes_trace_report_and_verdict(tmp_path, capsys):
            f"{f['step_ms']:.2f} unprofiled" in text
     html = (out / "report.html").read_text()
     assert "step (unprofiled)" in html and "step (profiled)" in html
+    # a verdict on unstable timed steps says so under it (this machine may be busy or not)
+    said = "  unstable: the verdict rests on timed steps that were unstable" in text
+    assert said == (not result["stability"]["stable"])
 
 
 def test_kasoku_profile_measures_its_advice_in_fresh_processes(tmp_path, capsys):

@@ -259,6 +259,10 @@ def summary(result: dict) -> str:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")
     lines.append(f"verdict: {v.line}")
+    if not (result.get("stability") or {}).get("stable", True):
+        lines.append("  unstable: the verdict rests on timed steps that were unstable (the "
+                     "unstable: lines above): its figures and advice are estimates; measure "
+                     "again on a quiet machine")
     lines += tried_lines(v)
     if v.lever.caveat:
         lines.append(f"  note: {v.lever.caveat}")
