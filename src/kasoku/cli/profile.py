@@ -58,7 +58,11 @@ TRAINING_LEVERS = ("workers=N (every DataLoader with num_workers=N), pin-memory 
                    "cudnn-benchmark, bf16 (the script under torch.autocast bf16), "
                    "fused-optimizer (Adam, AdamW, SGD made with fused=True, else "
                    "foreach=True), channels-last (the model's convolutions and inputs), "
-                   "compile[=MODE] (the model compiled in place before its first call)")
+                   "compile[=MODE] (the model compiled in place before its first call), "
+                   "persistent-workers, prefetch=N (every DataLoader with worker processes "
+                   "made with persistent_workers=True, prefetch_factor=N), "
+                   "allocator[=jemalloc|tcmalloc] (a malloc found on this machine in "
+                   "LD_PRELOAD), expandable-segments (CUDA's allocator)")
 """The ``--with`` levers a script can train with (``kasoku run``'s; a profile adds replay)."""
 
 

@@ -44,6 +44,7 @@ from kasoku.commands.profile import ProfileConfig, peak_figures, write_outputs
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
+from kasoku.commands.script_preload import preload
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch, check_window
 from kasoku.core.errors import ConfigError
@@ -73,6 +74,7 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     ``out/measure.json``."""
     check_window(cfg)
     levers = ScriptLevers.parse(given)
+    preload(levers.allocator)  # this process again, the allocator in LD_PRELOAD (a side has it)
     if measure_only and out is None:
         raise ConfigError(f"{option('measure_only')} for a script writes its figures to "
                           f"{option('out')} DIR")
