@@ -59,6 +59,12 @@ def test_bad_settings_are_clear_errors(capsys, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a snapshot")
     assert main(["train", "sine-lstm", "--resume", str(tmp_path / "bad.pt")]) == 2
     assert "bad.pt" in one_line(capsys.readouterr().err)
+    (tmp_path / "notes.txt").write_text("epoch 1: loss 2.3\n")
+    line = one_line(capsys.readouterr().err if main(
+        ["train", "sine-lstm", "--resume", str(tmp_path / "notes.txt")]) == 2 else "")
+    assert line == (f"kasoku: error: --resume {tmp_path / 'notes.txt'} is not a kasoku "
+                    "snapshot (a snapshot_*.pt file a run wrote, a zip archive) but a text "
+                    "file; give a run folder or one of its snapshot_*.pt files")
 
 
 def _weights(path):
@@ -78,6 +84,8 @@ def test_train_writes_log_plots_and_snapshot_and_resumes_exactly(tmp_path, capsy
     assert [e["epoch"] for e in log] == [1, 2]
     assert log[1]["main/loss"] < log[0]["main/loss"]
     assert (straight / "loss.png").stat().st_size > 1000
+    assert captured.err.splitlines()[-1] == (f"saved in {straight}: log log.jsonl; plots "
+                                             "loss.png; snapshot snapshot_latest.pt")
 
     assert main(args + ["--epochs", "1", "--out", str(split)]) == 0
     capsys.readouterr()

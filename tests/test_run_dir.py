@@ -81,3 +81,11 @@ def test_build_trainer_passes_overwrite_on(tmp_path):
     with pytest.raises(ConfigError, match="holds a previous run"):
         trainer().run()
     trainer(overwrite=True).run()
+
+
+def test_saved_line_names_the_runs_files(tmp_path):
+    from kasoku.train.run_dir import saved_line
+    for name in ("log.jsonl", "loss.png", "accuracy.png", "snapshot_latest.pt", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    assert saved_line(tmp_path) == (f"saved in {tmp_path}: log log.jsonl; plots accuracy.png, "
+                                    "loss.png; snapshot snapshot_latest.pt")

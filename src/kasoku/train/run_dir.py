@@ -68,6 +68,19 @@ def run_files(folder: Path) -> list[Path]:
                    if p.is_file() or is_sharded_snapshot(p)})
 
 
+def saved_line(folder: Path) -> str:
+    """One line saying where a finished run's log, plots and snapshots are in ``folder``
+    (those it holds)."""
+    folder = Path(folder)
+    found = {p.name for p in run_files(folder)}
+    kinds = (("log", [n for n in ("log.jsonl",) if n in found]),
+             ("plots", sorted(n for n in found if n.endswith(".png"))),
+             ("snapshot", sorted(n for n in found if n.startswith("snapshot_"))),
+             ("bad files", [n for n in ("bad_files.jsonl",) if n in found]))
+    said = "; ".join(f"{kind} {', '.join(names)}" for kind, names in kinds if names)
+    return f"saved in {folder}: {said or 'nothing'}"
+
+
 def check_writable(out: Path, flag: str = flag("train.out"), what: str = "the command's output",
                    advice: str = "choose a folder you can write to") -> None:
     """Refuse (``ConfigError``, one line saying what to do) an output folder ``out`` that
