@@ -355,3 +355,15 @@ def test_a_resume_builds_the_data_of_its_snapshots_seed(tmp_path, capsys):
     assert main([*args, "--epochs", "2", "--resume", str(split)]) == 0  # no --seed given
     a, b = _weights(straight / "snapshot_latest.pt"), _weights(split / "snapshot_latest.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_profile_refuses_a_training_runs_folder(tmp_path, capsys):
+    for name in ("log.jsonl", "snapshot_latest.pt"):
+        (tmp_path / name).write_text("x")
+    for command in (["mnist-mlp", "--synthetic"], ["--", "python", str(tmp_path / "train.py")]):
+        assert main(["profile", "--out", str(tmp_path), *command]) == 2
+        assert one_line(capsys.readouterr().err) == (
+            f"kasoku: error: --out {tmp_path} holds a training run (log.jsonl, "
+            "snapshot_latest.pt); give the profile a folder of its own (--out NEW_DIR), or no "
+            "--out for a new one under runs/")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "snapshot_latest.pt"]

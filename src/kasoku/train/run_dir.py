@@ -150,6 +150,18 @@ def prepare_out(out: Path, overwrite: bool = False, advice: str | None = None) -
     return out
 
 
+def refuse_a_run(out: Path, what: str) -> None:
+    """Refuse (``ConfigError``, saying what to do) an ``out`` that holds a training run's
+    files: a command that is not ``train`` writes ``what`` into a folder of its own, never
+    beside a run's log and snapshots."""
+    previous = run_files(out)
+    if previous:
+        names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
+        raise ConfigError(f"{flag('train.out')} {out} holds a training run ({names}); give "
+                          f"{what} a folder of its own ({flag('train.out')} NEW_DIR), or no "
+                          f"{flag('train.out')} for a new one under {OUTPUT_ROOT}/")
+
+
 def find_snapshot(path) -> Path:
     """The snapshot a ``--resume PATH`` means: PATH itself when it is a file or a sharded
     snapshot's folder; in a run folder its ``snapshot_latest.pt``, else its newest
