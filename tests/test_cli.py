@@ -367,3 +367,16 @@ def test_profile_refuses_a_training_runs_folder(tmp_path, capsys):
             "snapshot_latest.pt); give the profile a folder of its own (--out NEW_DIR), or no "
             "--out for a new one under runs/")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "snapshot_latest.pt"]
+
+
+def test_a_misspelt_option_is_said_by_its_command_with_the_nearest_option(capsys):
+    assert main(["train", "mnist-mlp", "--epochz", "1"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "kasoku train: error: unrecognized arguments: --epochz 1; did you mean --epochs? "
+        "(see kasoku train --help)")
+    assert main(["data", "bench", "--batchs=3"]) == 2
+    assert one_line(capsys.readouterr().err).endswith(
+        "--batchs=3; did you mean --batches? (see kasoku data bench --help)")
+    assert main(["train", "mnist-mlp", "--zzzzzz"]) == 2  # nothing near: no guess
+    assert one_line(capsys.readouterr().err) == (
+        "kasoku train: error: unrecognized arguments: --zzzzzz (see kasoku train --help)")
