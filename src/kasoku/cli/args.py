@@ -57,10 +57,11 @@ class Parser(argparse.ArgumentParser):
         message = f"unrecognized arguments: {' '.join(extras)}"
         unknown = next((w.split("=", 1)[0] for w in extras if w.startswith("-")), None)
         if unknown is not None:
-            own = [o for o in self._option_string_actions if o.startswith("--")]
-            near = difflib.get_close_matches(unknown, own, n=1, cutoff=0.6)
+            # compared without the dashes, which every option shares
+            own = [o[2:] for o in self._option_string_actions if o.startswith("--")]
+            near = difflib.get_close_matches(unknown.lstrip("-"), own, n=1, cutoff=0.75)
             if near:
-                message += f"; did you mean {near[0]}?"
+                message += f"; did you mean --{near[0]}?"
         self.error(message)
 
 
