@@ -157,6 +157,10 @@ def test_a_failed_worker_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
     (["--procs", "1", "--gpus", "1"], "not allowed with argument"),
     (["--procs", "2", "--bucket-mb", "0"], "argument --bucket-mb: must be a positive"),
     (["--procs", "2", "--config", "precision=nope"], "precision"),
+    (["--device", "cuda"], "--device cuda: torch sees no GPU here; give --device cpu"),
+    (["--device", "cpu", "--gpus", "1"], "with --device cpu give the CPU processes' counts"),
+    (["--device", "cuda:1"], "give --device cuda, and --gpus N[,N...] for the counts"),
+    (["--device", "tpu"], "must be auto, cpu, cuda or cuda:N"),
 ])
 def test_requests_this_machine_cannot_run(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
@@ -171,3 +175,10 @@ def test_bench_points_to_scale_for_several_workers(capsys, flag):
     assert main(["bench", "mnist-mlp", flag, "2"]) == 2
     err = capsys.readouterr().err
     assert "kasoku scale WORKLOAD --gpus" in err and "Traceback" not in err
+
+
+def test_device_chooses_the_kind_of_worker_as_every_command_does():
+    from kasoku.cli.scale import counts_on
+    assert counts_on("auto", None, [2]) == (None, [2])
+    assert counts_on("cpu", None, None) == (None, [1, 2])
+    assert counts_on("cpu", None, [4]) == (None, [4])
