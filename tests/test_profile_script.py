@@ -97,6 +97,17 @@ print("after the loop")
 sys.exit(int(sys.argv[2]))
 """
 
+FAILS_AT_4 = """
+import torch
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(1, 10):
+    if i == 4:
+        raise RuntimeError(f"out of data at step {i}")
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+"""
+
 RAISES = """
 import torch
 
@@ -186,15 +197,30 @@ def test_a_hand_written_update_steps_at_each_backward(in_tmp, capsys):
 def test_a_script_that_ends_before_the_window(in_tmp, capsys):
     write(in_tmp, "short.py", STEPS_THEN)
     argv = sys.argv[:]
-    assert main(["profile", *WINDOW, "--out", "prof", "--", "short.py", "3", "5"]) == 5
+    assert main(["profile", *WINDOW, "--out", "prof", "--", "short.py", "3", "0"]) == 2
     out, err = capsys.readouterr()
     assert out.splitlines()[-2:] == ["finally ran", "after the loop"]
+    # one that ends well is a command to change: exit 2
     assert err.strip() == ("kasoku: the script ended after 3 steps, before the window's end "
                            "(--skip 2, --measure-steps 2, --warmup 1, --steps 3: 9 steps): "
                            "ask for fewer")
     assert sys.argv == argv
-    # ... and one that ends well is a command to change: exit 2
-    assert main(["profile", *WINDOW, "--out", "prof2", "--", "short.py", "3", "0"]) == 2
+    # ... one that exits with an error failed: its code, and no advice to ask for fewer
+    assert main(["profile", *WINDOW, "--out", "prof2", "--", "short.py", "3", "5"]) == 5
+    assert capsys.readouterr().err.strip() == (
+        "kasoku: the script exited with code 5 after 3 steps, before the window's end: nothing "
+        "was profiled")
+
+
+def test_a_script_that_raises_mid_run_failed_rather_than_ended(tmp_path):
+    write(tmp_path, "fails.py", FAILS_AT_4)
+    run = kasoku("profile", *WINDOW, "--", "fails.py", cwd=tmp_path)
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert lines[-2] == "RuntimeError: out of data at step 4"
+    assert lines[-1] == ("kasoku: the script failed after 3 steps, before the window's end: "
+                         "nothing was profiled")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
 
 def test_stop_after_window_ends_the_script_cleanly(in_tmp, capsys):

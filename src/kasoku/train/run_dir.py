@@ -51,12 +51,28 @@ def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = N
         path = base if k == 1 else base.with_name(f"{base.name}-{k}")
         try:
             path.mkdir(parents=True)
+            _MADE.append(path)
             return path
         except FileExistsError:
             continue
         except OSError as exc:
             raise ConfigError(_cannot_create(root, exc)) from None
     raise ConfigError(f"{base}: a thousand runs started in this second; give {flag('train.out')}")
+
+
+_MADE: list[Path] = []
+"""The folders ``default_out`` made in this process (``remove_empty_made`` reads them)."""
+
+
+def remove_empty_made() -> None:
+    """Remove each folder ``default_out`` made in this process that is still empty (the
+    command failed before writing, or was a side of a lever's try that writes nothing):
+    a new folder is kasoku's, and an empty one tells the user nothing."""
+    while _MADE:
+        try:
+            _MADE.pop().rmdir()  # refused unless empty: nothing written is ever removed
+        except OSError:
+            pass
 
 
 def run_files(folder: Path) -> list[Path]:
