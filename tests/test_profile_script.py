@@ -208,15 +208,15 @@ def test_a_script_that_ends_before_the_window(in_tmp, capsys):
     assert main(["profile", *WINDOW, "--out", "prof2", "--", "short.py", "3", "0"]) == 2
 
 
-def test_a_script_that_raises_mid_run_failed_rather_than_ended(tmp_path):
-    write(tmp_path, "fails.py", FAILS_AT_4)
-    run = kasoku("profile", *WINDOW, "--", "fails.py", cwd=tmp_path)
-    assert run.returncode == 1
-    lines = run.stderr.splitlines()
+def test_a_script_that_raises_mid_run_failed_rather_than_ended(in_tmp, capsys):
+    write(in_tmp, "fails.py", FAILS_AT_4)
+    assert main(["profile", *WINDOW, "--", "fails.py"]) == 1
+    lines = capsys.readouterr().err.splitlines()
     assert lines[-2] == "RuntimeError: out of data at step 4"
     assert lines[-1] == ("kasoku: the script failed after 3 steps, before the window's end: "
                          "nothing was profiled")
-    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    # the run folder it made, left empty, is gone
+    assert not (in_tmp / "runs").exists() or not list((in_tmp / "runs").iterdir())
 
 
 def test_stop_after_window_ends_the_script_cleanly(in_tmp, capsys):
