@@ -98,6 +98,17 @@ print("after the loop")
 sys.exit(int(sys.argv[2]))
 """
 
+FAILS_AT_4 = """
+import torch
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(1, 10):
+    if i == 4:
+        raise RuntimeError(f"out of data at step {i}")
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+"""
+
 RAISES = """
 import torch
 
@@ -198,6 +209,17 @@ def test_a_script_that_ends_before_the_window(in_tmp, capsys):
     assert sys.argv == argv
     # ... and one that ends well is a command to change: exit 2
     assert main(["profile", *WINDOW, "--out", "prof2", "--", "short.py", "3", "0"]) == 2
+
+
+def test_a_script_that_raises_mid_run_failed_rather_than_ended(in_tmp, capsys):
+    write(in_tmp, "fails.py", FAILS_AT_4)
+    assert main(["profile", *WINDOW, "--", "fails.py"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-2] == "RuntimeError: out of data at step 4"
+    assert lines[-1] == ("kasoku: the script failed after 3 steps, before the window's end: "
+                         "nothing was profiled")
+    # the run folder it made, left empty, is gone
+    assert not (in_tmp / "runs").exists() or not list((in_tmp / "runs").iterdir())
 
 
 def test_stop_after_window_ends_the_script_cleanly(in_tmp, capsys):

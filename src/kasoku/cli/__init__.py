@@ -24,7 +24,14 @@ from kasoku.core.version import __version__
 from kasoku.distributed.failures import note, peer_lost
 from kasoku.distributed.launch import exit_worker, under_launcher
 from kasoku.distributed.world import World
-from kasoku.train.run_dir import AUTO, OUTPUT_ROOT, SnapshotError, check_writable, find_snapshot
+from kasoku.train.run_dir import (
+    AUTO,
+    OUTPUT_ROOT,
+    SnapshotError,
+    check_writable,
+    find_snapshot,
+    remove_empty_made,
+)
 
 EXIT_USAGE = 2
 """A user's mistake: a bad value, a missing file, an incompatible snapshot."""
@@ -117,6 +124,13 @@ def run_worker(argv: list[str], usage: str, parse, handler) -> int:
 
 
 def _run(args) -> int:
+    try:
+        return _handle(args)
+    finally:
+        remove_empty_made()  # a new folder the command left empty (it failed, or wrote nothing)
+
+
+def _handle(args) -> int:
     try:
         _check_out(args)
         return args.handler(args)

@@ -33,7 +33,7 @@ from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
 from kasoku.run import RunConfig, resolve
 from kasoku.train.config import TrainConfig
-from kasoku.train.run_dir import out_or_new
+from kasoku.train.run_dir import out_or_new, refuse_a_run
 from kasoku.workloads import create_workload
 
 PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
@@ -116,6 +116,8 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def run(args) -> int:
+    if args.out is not None and not args.measure_only and not under_launcher():
+        refuse_a_run(args.out, "the profile")
     if args.script is not None or args.workload is None:
         return run_script(args)
     for flag, given in (("--stop-after-window", args.stop_after_window),

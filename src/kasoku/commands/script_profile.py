@@ -115,6 +115,10 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
         speak(f"interrupted after {watch.steps} steps, before the window's end: nothing was "
               f"profiled")
         return end.code
+    if not watch.done and end.raised:  # its traceback is above: it failed, it did not end
+        speak(f"the script failed after {watch.steps} step{'s' * (watch.steps != 1)}, before "
+              f"the window's end: nothing was profiled")
+        return end.code
     if not watch.done:
         speak(f"the script ended after {watch.steps} steps, before the window's end "
               f"({window_text(cfg, measure_only)}: {watch.window_steps} steps): ask for fewer")
