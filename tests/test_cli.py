@@ -59,6 +59,12 @@ def test_bad_settings_are_clear_errors(capsys, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a snapshot")
     assert main(["train", "sine-lstm", "--resume", str(tmp_path / "bad.pt")]) == 2
     assert "bad.pt" in one_line(capsys.readouterr().err)
+    (tmp_path / "notes.txt").write_text("epoch 1: loss 2.3\n")
+    line = one_line(capsys.readouterr().err if main(
+        ["train", "sine-lstm", "--resume", str(tmp_path / "notes.txt")]) == 2 else "")
+    assert line == (f"kasoku: error: --resume {tmp_path / 'notes.txt'} is not a kasoku "
+                    "snapshot (a snapshot_*.pt file a run wrote, a zip archive) but a text "
+                    "file; give a run folder or one of its snapshot_*.pt files")
 
 
 def _weights(path):
@@ -78,6 +84,8 @@ def test_train_writes_log_plots_and_snapshot_and_resumes_exactly(tmp_path, capsy
     assert [e["epoch"] for e in log] == [1, 2]
     assert log[1]["main/loss"] < log[0]["main/loss"]
     assert (straight / "loss.png").stat().st_size > 1000
+    assert captured.err.splitlines()[-1] == (f"saved in {straight}: log log.jsonl; plots "
+                                             "loss.png; snapshot snapshot_latest.pt")
 
     assert main(args + ["--epochs", "1", "--out", str(split)]) == 0
     capsys.readouterr()
@@ -347,3 +355,28 @@ def test_a_resume_builds_the_data_of_its_snapshots_seed(tmp_path, capsys):
     assert main([*args, "--epochs", "2", "--resume", str(split)]) == 0  # no --seed given
     a, b = _weights(straight / "snapshot_latest.pt"), _weights(split / "snapshot_latest.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_profile_refuses_a_training_runs_folder(tmp_path, capsys):
+    for name in ("log.jsonl", "snapshot_latest.pt"):
+        (tmp_path / name).write_text("x")
+    for command in (["mnist-mlp", "--synthetic"], ["--", "python", str(tmp_path / "train.py")]):
+        assert main(["profile", "--out", str(tmp_path), *command]) == 2
+        assert one_line(capsys.readouterr().err) == (
+            f"kasoku: error: --out {tmp_path} holds a training run (log.jsonl, "
+            "snapshot_latest.pt); give the profile a folder of its own (--out NEW_DIR), or no "
+            "--out for a new one under runs/")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "snapshot_latest.pt"]
+
+
+def test_a_misspelt_option_is_said_by_its_command_with_the_nearest_option(capsys):
+    assert main(["train", "mnist-mlp", "--epochz", "1"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "kasoku train: error: unrecognized arguments: --epochz 1; did you mean --epochs? "
+        "(see kasoku train --help)")
+    assert main(["data", "bench", "--batchs=3"]) == 2
+    assert one_line(capsys.readouterr().err).endswith(
+        "--batchs=3; did you mean --batches? (see kasoku data bench --help)")
+    assert main(["train", "mnist-mlp", "--zzzzzz"]) == 2  # nothing near: no guess
+    assert one_line(capsys.readouterr().err) == (
+        "kasoku train: error: unrecognized arguments: --zzzzzz (see kasoku train --help)")

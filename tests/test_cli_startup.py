@@ -17,7 +17,8 @@ from kasoku.core.version import __version__
 BENCH_CONFIG_KEYS = ", ".join(f.name for f in fields(AccelConfig))
 ERRORS = {
     "an unknown flag": (["train", "mnist-mlp", "--epochz", "3"],
-                        "kasoku: error: unrecognized arguments: --epochz 3 (see kasoku --help)"),
+                        "kasoku train: error: unrecognized arguments: --epochz 3; did you mean "
+                        "--epochs? (see kasoku train --help)"),
     "an unknown command": (["nosuch"],
                            "kasoku: error: argument {list,train,profile,run,bench,compare,data,"
                            "allreduce-bench,scale}: invalid choice: 'nosuch' (choose from 'list', "
@@ -59,8 +60,8 @@ ERRORS = {
                                         "kasoku compare --help)"),
     # argparse parses data bench's default --loader list (a string) before it refuses --bogus
     "an unknown flag of data bench": (["data", "bench", "--bogus"],
-                                      "kasoku: error: unrecognized arguments: --bogus (see kasoku "
-                                      "--help)"),
+                                      "kasoku data bench: error: unrecognized arguments: --bogus "
+                                      "(see kasoku data bench --help)"),
 }
 
 

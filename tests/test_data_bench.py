@@ -238,3 +238,11 @@ def test_cores_busy_never_exceed_the_cores_there_are(jpegs, tmp_path, monkeypatc
     f = result.records[0]["figures"]
     assert f["cpu_cores"] == cpu.usable_cores() and f["cpu_percent"] == 100
     assert "(100%)" in table
+
+
+def test_an_error_is_said_whole_under_the_table_and_no_chart_is_said_as_none(jpegs, tmp_path):
+    result, table, _ = _bench(tmp_path, sources=(str(jpegs),), loaders=("device",))
+    (failed,) = result.records
+    assert failed["status"] == "error" and len(failed["error"]) > 60
+    assert f"bs {BATCH}: {failed['error']}\n" in table  # the whole message, not its first 60
+    assert "chart: none (no loader was measured)" in table and "None" not in table

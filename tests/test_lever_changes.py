@@ -50,6 +50,10 @@ KINDS = [  # each kind of lever and experiment: its change, and the arguments it
     ({"with.cudnn_benchmark": True}, ("--with", "cudnn-benchmark")),
     ({"with.pin_memory": True}, ("--with", "pin-memory")),
     ({"with.replay": True}, ("--with", "replay")),
+    ({"with.persistent_workers": True}, ("--with", "persistent-workers")),
+    ({"with.prefetch": 4}, ("--with", "prefetch=4")),
+    ({"with.allocator": "jemalloc"}, ("--with", "allocator=jemalloc")),
+    ({"with.expandable_segments": True}, ("--with", "expandable-segments")),
 ]
 
 

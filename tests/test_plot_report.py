@@ -86,3 +86,14 @@ def test_lines_logged_between_epochs_plot_against_the_progress():
     ax = plot.figure(log).axes[0]
     assert list(ax.lines[0].get_xdata()) == [i / 4 for i in range(1, 9)]
     assert ax.get_xlabel() == "epoch"
+
+
+def test_one_epochs_close_losses_still_have_numbers_on_the_axis():
+    # A one-epoch run's two losses, 4% apart: none of the 1-1.5-2-3 steps falls between them.
+    ax = loss_plot().figure([{"epoch": 1, "main/loss": 2.291,
+                              "validation/main/loss": 2.198}]).axes[0]
+    labels = tick_labels(ax)
+    assert len(labels) >= 2, labels
+    texts = [text for _, text in labels]
+    assert len(set(texts)) == len(texts)
+    assert all(abs(float(text) - value) < 1e-9 for value, text in labels)

@@ -3,6 +3,7 @@ steps, a real torch.profiler trace and real processes for ``--confirm``."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -150,6 +151,21 @@ def test_kasoku_profile_cli_writes_trace_report_and_verdict(tmp_path, capsys):
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result["verdict"]["line"] in \
         (out / "report.html").read_text().replace("&gt;", ">").replace("&#x27;", "'")
+    # The time by kind and the rest outside operators add up to the profiled step, which is
+    # said beside the unprofiled one (the profiler's cost, or why it is not resolved).
+    f = result["figures"]
+    kinds = re.search(r"time by kind \(the operators' own time, ms per profiled step\): (.*); "
+                      r"outside operators ([0-9.]+)", text)
+    parts = [float(x.split()[-1]) for x in kinds.group(1).split(", ")]
+    assert sum(parts) + float(kinds.group(2)) == pytest.approx(f["profiled"]["step_ms"],
+                                                               abs=0.05)
+    assert f"profiled window: {f['profiled']['step_ms']:.2f} ms per profiled step against " \
+           f"{f['step_ms']:.2f} unprofiled" in text
+    html = (out / "report.html").read_text()
+    assert "step (unprofiled)" in html and "step (profiled)" in html
+    # a verdict on unstable timed steps says so under it (this machine may be busy or not)
+    said = "  unstable: the verdict rests on timed steps that were unstable" in text
+    assert said == (not result["stability"]["stable"])
 
 
 def test_kasoku_profile_measures_its_advice_in_fresh_processes(tmp_path, capsys):

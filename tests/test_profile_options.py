@@ -21,8 +21,8 @@ from kasoku.core.flags import (
 SRC = Path(__file__).parents[1] / "src" / "kasoku"
 NO_FLAG_LITERALS = [*sorted((SRC / "advisor").glob("*.py")),
                     *(SRC / "commands" / name for name in (
-                        "ab.py", "script_levers.py", "script_ab.py", "script_profile.py",
-                        "profile.py", "bench/rung_advice.py"))]
+                        "ab.py", "script_levers.py", "script_offers.py", "script_ab.py",
+                        "script_profile.py", "profile.py", "bench/rung_advice.py"))]
 """The modules that say, run or read levers: their flags come from kasoku.core.flags."""
 DEST = {"with": "with_levers"}
 """An option whose argparse dest is not its name."""

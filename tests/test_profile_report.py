@@ -214,3 +214,19 @@ def test_the_printed_summary_names_the_kernel_classes(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("time by kernel class"))
     assert f"matmul/conv {figures['by_class_ms']['matmul/conv']:.2f}" in line
     assert all(f"{k} " in line for k, ms in figures["by_class_ms"].items() if ms > 0)
+
+
+def test_the_profilers_cost_is_said_where_it_is_resolved_and_only_there():
+    # The profiled step against the unprofiled one: a cost where it stands out of the
+    # unprofiled windows' range, not resolved inside it, nor where the profiled step ran faster.
+    from kasoku.perf.profile.figures import profiler_cost
+    f = {"step_ms": 10.0, "profiled": {"step_ms": 12.4}}
+    assert profiler_cost(f, [9_800, 10_000, 10_300], 100) == (
+        "12.40 ms per profiled step against 10.00 unprofiled: the profiler's cost +24%")
+    assert profiler_cost(f, [7_000, 10_000, 12_000], 100).endswith(
+        "+24%, not resolved: inside the unprofiled windows' 8.33-14.29 ms (the machine's noise "
+        "is larger)")
+    assert profiler_cost({"step_ms": 10.0, "profiled": {"step_ms": 8.0}}, None, 100) == (
+        "8.00 ms per profiled step against 10.00 unprofiled: the profiled steps ran faster, so "
+        "the machine's pace changed between them; the profiler's cost is not resolved")
+    assert profiler_cost({"step_ms": 10.0}, None, 100) is None

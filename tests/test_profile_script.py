@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -97,6 +98,17 @@ print("after the loop")
 sys.exit(int(sys.argv[2]))
 """
 
+FAILS_AT_4 = """
+import torch
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(1, 10):
+    if i == 4:
+        raise RuntimeError(f"out of data at step {i}")
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+"""
+
 RAISES = """
 import torch
 
@@ -138,7 +150,9 @@ def test_a_textbook_loop_reads_input_bound(tmp_path):
     # said when the window ends, the script's own line after it: it runs on to its end
     assert ours[0].startswith("kasoku: the profile's window ended at step 9; the script runs on")
     assert ours[1].startswith("kasoku: train.py: 2 steps timed on cpu")
-    assert ours[1].endswith("steps 7-9 profiled")
+    # the profiled steps beside the unprofiled: the profiler's cost, or why it is not resolved
+    assert re.search(r"steps 7-9 profiled \([0-9.]+ ms per profiled step against [0-9.]+ "
+                     r"unprofiled: .*\)$", ours[1]), ours[1]
     assert "verdict (estimate: no lever measured): input-bound" in run.stderr
     # the advice is a change to the script, at the line that makes the DataLoader
     assert "DataLoader(..., num_workers=" in run.stderr and ") at train.py:27" in run.stderr
@@ -197,6 +211,17 @@ def test_a_script_that_ends_before_the_window(in_tmp, capsys):
     assert sys.argv == argv
     # ... and one that ends well is a command to change: exit 2
     assert main(["profile", *WINDOW, "--out", "prof2", "--", "short.py", "3", "0"]) == 2
+
+
+def test_a_script_that_raises_mid_run_failed_rather_than_ended(in_tmp, capsys):
+    write(in_tmp, "fails.py", FAILS_AT_4)
+    assert main(["profile", *WINDOW, "--", "fails.py"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-2] == "RuntimeError: out of data at step 4"
+    assert lines[-1] == ("kasoku: the script failed after 3 steps, before the window's end: "
+                         "nothing was profiled")
+    # the run folder it made, left empty, is gone
+    assert not (in_tmp / "runs").exists() or not list((in_tmp / "runs").iterdir())
 
 
 def test_stop_after_window_ends_the_script_cleanly(in_tmp, capsys):

@@ -19,7 +19,8 @@ from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.cli import main
 from kasoku.commands import ab
 from kasoku.commands.script_launch import parse_launched
-from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
+from kasoku.commands.script_levers import ScriptFacts
+from kasoku.commands.script_offers import script_candidates, script_experiments
 from kasoku.core.errors import ConfigError
 from kasoku.perf.profile.figures import StepFigures
 
@@ -41,7 +42,8 @@ model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.0)
 loader = DataLoader(Numbers(), batch_size=2)
 print("workers", loader.num_workers, "threads", torch.get_num_threads(), "pin",
-      loader.pin_memory)
+      loader.pin_memory, "persistent", loader.persistent_workers, "prefetch",
+      loader.prefetch_factor)
 for x in loader:
     out = model(x)
     print("first", int(x[0, 0]), "dtype", str(out.dtype))
@@ -78,17 +80,19 @@ def test_with_levers_reach_the_script_and_a_side_stops_after_its_timed_steps(
     threads = torch.get_num_threads()
     code = main(["profile", "--skip", "2", "--measure-steps", "3", "--measure-seconds", "0.001",
                  "--measure-only", "--out", "side", "--with", "threads=1", "--with", "workers=1",
-                 "--with", "bf16", "--with", "replay", "--with", "pin-memory", "--", "python",
+                 "--with", "bf16", "--with", "replay", "--with", "pin-memory",
+                 "--with", "persistent-workers", "--with", "prefetch=3", "--", "python",
                  "levers.py"])
     assert code == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "workers 1 threads 1 pin True"
+    assert out[0] == "workers 1 threads 1 pin True persistent True prefetch 3"
     # 2 skipped steps, then the first two batches in turn; the 5th step's opt.step() ends it
     assert [line.split()[1] for line in out[1:]] == ["0", "2", "0", "2", "0"]
     assert {line.split()[3] for line in out[1:]} == {"torch.bfloat16"}
     measured = json.loads((tmp_path / "side" / "measure.json").read_text())
     assert measured["measured_steps"] == 3 and measured["samples_per_step"] == 2
-    assert measured["levers"] == ["threads=1", "workers=1", "bf16", "replay", "pin-memory"]
+    assert measured["levers"] == ["threads=1", "workers=1", "bf16", "replay", "pin-memory",
+                                  "persistent-workers", "prefetch=3"]
     assert len(measured["window_rates"]) == 3 and measured["samples_per_s"] > 0
     assert torch.get_num_threads() == threads and not torch.is_autocast_enabled("cpu")
     assert DataLoader(list(range(4))).num_workers == 0

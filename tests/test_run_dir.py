@@ -81,3 +81,21 @@ def test_build_trainer_passes_overwrite_on(tmp_path):
     with pytest.raises(ConfigError, match="holds a previous run"):
         trainer().run()
     trainer(overwrite=True).run()
+
+
+def test_saved_line_names_the_runs_files(tmp_path):
+    from kasoku.train.run_dir import saved_line
+    for name in ("log.jsonl", "loss.png", "accuracy.png", "snapshot_latest.pt", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    assert saved_line(tmp_path) == (f"saved in {tmp_path}: log log.jsonl; plots accuracy.png, "
+                                    "loss.png; snapshot snapshot_latest.pt")
+
+
+def test_the_new_folders_left_empty_are_removed_and_no_other(tmp_path):
+    from kasoku.train.run_dir import default_out, remove_empty_made
+    empty, kept = default_out("a", root=tmp_path), default_out("b", root=tmp_path)
+    (kept / "profile.json").write_text("{}")
+    given = tmp_path / "given"
+    given.mkdir()  # a folder kasoku did not make stays, empty or not
+    remove_empty_made()
+    assert not empty.exists() and (kept / "profile.json").is_file() and given.is_dir()

@@ -157,6 +157,10 @@ def test_a_failed_worker_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
     (["--procs", "1", "--gpus", "1"], "not allowed with argument"),
     (["--procs", "2", "--bucket-mb", "0"], "argument --bucket-mb: must be a positive"),
     (["--procs", "2", "--config", "precision=nope"], "precision"),
+    (["--device", "cuda"], "--device cuda: torch sees no GPU here; give --device cpu"),
+    (["--device", "cpu", "--gpus", "1"], "with --device cpu give the CPU processes' counts"),
+    (["--device", "cuda:1"], "give --device cuda, and --gpus N[,N...] for the counts"),
+    (["--device", "tpu"], "must be auto, cpu, cuda or cuda:N"),
 ])
 def test_requests_this_machine_cannot_run(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
@@ -171,3 +175,46 @@ def test_bench_points_to_scale_for_several_workers(capsys, flag):
     assert main(["bench", "mnist-mlp", flag, "2"]) == 2
     err = capsys.readouterr().err
     assert "kasoku scale WORKLOAD --gpus" in err and "Traceback" not in err
+
+
+def test_device_chooses_the_kind_of_worker_as_every_command_does():
+    from kasoku.cli.scale import counts_on
+    assert counts_on("auto", None, [2]) == (None, [2])
+    assert counts_on("cpu", None, None) == (None, [1, 2])
+    assert counts_on("cpu", None, [4]) == (None, [4])
+
+
+def _stability(median, low, high, stable):
+    return {"stable": stable, "median": median, "min": low, "max": high,
+            "reasons": [] if stable else ["its 9 windows range over 100% of their median"]}
+
+
+def test_a_speed_up_from_unstable_windows_is_said_so_with_no_cause_drawn(tmp_path, capsys):
+    # The case of the report: one worker alone ranged widely, so 2 workers looked superlinear.
+    one = _record(1, 20.0, 20.0, 0.1, stability=_stability(20.0, 19.0, 21.0, True),
+                  alone_stability=_stability(20.0, 10.0, 30.0, False))
+    two = _record(2, 11.2, 9.0, 4.0, stability=_stability(11.2, 11.0, 11.5, True),
+                  alone_stability=_stability(9.0, 8.8, 9.2, True))
+    rows = scale.summarize([one, two])
+    assert rows[1]["efficiency"] == pytest.approx(20 / 11.2)
+    assert rows[1]["unstable"] == ["1 worker's step alone (the baseline)"]
+    low, high = rows[1]["efficiency_range"]
+    assert low == pytest.approx(10 / 11.5) and high == pytest.approx(30 / 11.0)
+    line = rows[1]["explanation"]
+    assert line.startswith("w, 2 workers: 3.57x the throughput of 1 worker alone (179% scaling "
+                           "efficiency), but the figures it rests on are unstable (1 worker's "
+                           "step alone (the baseline): the ! lines below say why); from their "
+                           "windows the efficiency lies anywhere from 87% to 273%, so no cause "
+                           "is drawn from it")
+    assert line.endswith("with more --windows")
+    assert "slow each other" not in line and "Would help" not in line
+    # the table marks the speed-up and the efficiency; the chart hatches the bars
+    scale.print_results([one, two])
+    table = capsys.readouterr().out
+    assert "3.57x!" in table and "179%!" in table
+    stable = scale.summarize([dict(one, alone_stability=_stability(20.0, 19.5, 20.5, True)),
+                              two])
+    assert not stable[1]["unstable"] and "but the figures" not in stable[1]["explanation"]
+    one["env"] = {}
+    path = scale.plot_scale([one, two], tmp_path / "scale.png")
+    assert path.read_bytes()[:8] == PNG

@@ -14,13 +14,8 @@ from kasoku.advisor.levers import Lever
 from kasoku.advisor.verdict import Verdict
 from kasoku.cli import main
 from kasoku.commands import script_apply
-from kasoku.commands.script_levers import (
-    NUMERICS,
-    ScriptFacts,
-    ScriptLevers,
-    script_candidates,
-    script_lever,
-)
+from kasoku.commands.script_levers import NUMERICS, ScriptFacts, ScriptLevers
+from kasoku.commands.script_offers import script_candidates, script_lever
 from kasoku.core.errors import ConfigError
 from kasoku.perf.profile.figures import StepFigures
 

@@ -16,7 +16,8 @@ from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.verdict import Verdict
 from kasoku.cli import main
 from kasoku.commands import script_apply
-from kasoku.commands.script_levers import NUMERICS, ScriptFacts, numerics, script_lever
+from kasoku.commands.script_levers import NUMERICS, ScriptFacts, numerics
+from kasoku.commands.script_offers import script_lever
 from kasoku.commands.script_profile import verdict_lines
 
 TRAIN = """

@@ -179,3 +179,14 @@ def test_no_advice_expects_unknown(name):
         levers = [v.lever, *v.candidates, *([v.fallback] if v.fallback else [])]
         assert all("unknown" not in lever.expect for lever in levers), v.line
         assert not v.line.endswith("(unknown)")
+
+
+def test_a_saved_lever_expecting_unknown_says_nothing_rather_than_unknown():
+    from kasoku.advisor.levers import Lever
+    from kasoku.advisor.verdict import Verdict
+    for said in ("unknown", "estimate: unknown"):
+        lever = Lever.from_dict({"text": "see the phases", "expect": said, "args": []})
+        assert lever.expect == ""
+        line = Verdict("balanced", "no single bottleneck", lever).line
+        assert line == "balanced: no single bottleneck -> see the phases"
+    assert Lever("x", "estimate ~1.3x").expect == "estimate ~1.3x"

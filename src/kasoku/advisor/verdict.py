@@ -205,7 +205,7 @@ def _host_reason(f: StepFigures) -> str:
 
 
 def _cpu_ops(f: StepFigures) -> str:
-    return (f"the CPU spends {_pct(given(f.operator_pct, 0.0))} of the step in "
+    return (f"the CPU spends {_pct(given(f.operator_pct, 0.0))} of the profiled step in "
             f"{given(f.ops_per_step, 0):.0f} operators per step (mean {_mean_op_us(f):.0f} us), "
             f"{_pct(_cpu_matmul_pct(f))} of their time in matrix products{_peak(f)}")
 

@@ -33,6 +33,7 @@ from kasoku.train.run_dir import (
     find_snapshot,
     new_folders,
     remove_empty,
+    remove_empty_made,
 )
 
 EXIT_USAGE = 2
@@ -132,6 +133,13 @@ def run_worker(argv: list[str], usage: str, parse, handler) -> int:
 def _run(args) -> int:
     # an --out this command makes and a signal stops before anything is written there goes
     created = new_folders(args.out) if getattr(args, "out", None) is not None else []
+    try:
+        return _handle(args, created)
+    finally:
+        remove_empty_made()  # a new folder the command left empty (it failed, or wrote nothing)
+
+
+def _handle(args, created: list) -> int:
     try:
         _check_out(args)
         return args.handler(args)

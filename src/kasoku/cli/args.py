@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import math
@@ -30,6 +31,38 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         text = " ".join(message.split())
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words no option takes are said by the command they were given
+        to (``kasoku train: ... (see kasoku train --help)``), with the nearest of its options
+        where one is near (``did you mean --epochs?``)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command_of(parsed).unrecognized(extras)
+        return parsed
+
+    def _command_of(self, parsed) -> "Parser":
+        """The (sub)command's parser that ``parsed`` went through last."""
+        parser = self
+        while True:
+            subs = [x for x in parser._actions if isinstance(x, argparse._SubParsersAction)]
+            chosen = subs and subs[0].choices.get(getattr(parsed, subs[0].dest, None) or "")
+            if not isinstance(chosen, Parser):
+                return parser
+            parser = chosen
+
+    def unrecognized(self, extras: list[str]):
+        """Exit 2 with one line naming ``extras``, and the option nearest the first
+        unknown one when there is one (``difflib``)."""
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        unknown = next((w.split("=", 1)[0] for w in extras if w.startswith("-")), None)
+        if unknown is not None:
+            # compared without the dashes, which every option shares
+            own = [o[2:] for o in self._option_string_actions if o.startswith("--")]
+            near = difflib.get_close_matches(unknown.lstrip("-"), own, n=1, cutoff=0.75)
+            if near:
+                message += f"; did you mean --{near[0]}?"
+        self.error(message)
 
 
 def _fail(message: str):

@@ -33,7 +33,7 @@ from kasoku.distributed.launch import launch, under_launcher
 from kasoku.kfac.config import KFACConfig
 from kasoku.run import RunConfig, resolve
 from kasoku.train.config import TrainConfig
-from kasoku.train.run_dir import out_or_new
+from kasoku.train.run_dir import out_or_new, refuse_a_run
 from kasoku.workloads import create_workload
 
 PROFILE_FLAGS = {"steps": {"type": a.positive_int, "metavar": "N"},
@@ -58,7 +58,11 @@ TRAINING_LEVERS = ("workers=N (every DataLoader with num_workers=N), pin-memory 
                    "cudnn-benchmark, bf16 (the script under torch.autocast bf16), "
                    "fused-optimizer (Adam, AdamW, SGD made with fused=True, else "
                    "foreach=True), channels-last (the model's convolutions and inputs), "
-                   "compile[=MODE] (the model compiled in place before its first call)")
+                   "compile[=MODE] (the model compiled in place before its first call), "
+                   "persistent-workers, prefetch=N (every DataLoader with worker processes "
+                   "made with persistent_workers=True, prefetch_factor=N), "
+                   "allocator[=jemalloc|tcmalloc] (a malloc found on this machine in "
+                   "LD_PRELOAD), expandable-segments (CUDA's allocator)")
 """The ``--with`` levers a script can train with (``kasoku run``'s; a profile adds replay)."""
 
 
@@ -112,6 +116,8 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def run(args) -> int:
+    if args.out is not None and not args.measure_only and not under_launcher():
+        refuse_a_run(args.out, "the profile")
     if args.script is not None or args.workload is None:
         return run_script(args)
     for flag, given in (("--stop-after-window", args.stop_after_window),
@@ -212,10 +218,14 @@ def summary(result: dict) -> str:
     """The figures, the verdict (a ``Verdict``) and the ladder as a few lines of text."""
     from kasoku.commands.ab import ladder_lines, tried_lines  # deferred: torch (module doc)
     from kasoku.core.phases import format_phases  # deferred: torch (module doc)
+    from kasoku.perf.profile.figures import profiler_cost  # deferred: torch (module doc)
     from kasoku.perf.profile.kfac_cost import format_kfac  # deferred: torch (module doc)
     from kasoku.perf.profile.roofline import format_table  # deferred: torch (module doc)
     f, v = result["figures"], result["verdict"]
     lines = [f"phases (unprofiled): {format_phases(result['phases'])}"]
+    cost = profiler_cost(f, result.get("window_rates"), result.get("samples_per_step"))
+    if cost:
+        lines.append(f"profiled window: {cost}")
     if f.get("kfac"):
         lines.append(format_kfac(f["kfac"]))
     if "busy_pct" in f:
@@ -228,7 +238,13 @@ def summary(result: dict) -> str:
         lines.append(f"cpu: {f['operator_pct']:.0f}% of the step in operators, "
                      f"{f['ops_per_step']:.0f} operators per step")
     kind = ", ".join(f"{k} {ms:.2f}" for k, ms in f["by_kind_ms"].items() if ms > 0)
-    lines.append(f"time by kind (ms/step): {kind}")
+    if "busy_pct" in f:
+        lines.append(f"time by kind (GPU kernels, ms per profiled step): {kind}")
+    else:  # the operators' self time on every thread, and the rest of the profiled step
+        rest = (f.get("profiled") or {}).get("step_ms", f["step_ms"]) - sum(
+            f["by_kind_ms"].values())
+        lines.append(f"time by kind (the operators' own time, ms per profiled step): {kind}; "
+                     f"outside operators {max(rest, 0.0):.2f} (Python, dispatch, the loader)")
     if f.get("roofline"):
         lines += format_table(f["roofline"], f["step_ms"])
     elif f.get("by_class_ms"):
@@ -249,6 +265,10 @@ def summary(result: dict) -> str:
         lines.append(f"peak memory: {f['mem_peak_gib']:.2f} GiB; recompilations in the "
                      f"window: {f['recompiles']}")
     lines.append(f"verdict: {v.line}")
+    if not (result.get("stability") or {}).get("stable", True):
+        lines.append("  unstable: the verdict rests on timed steps that were unstable (the "
+                     "unstable: lines above): its figures and advice are estimates; measure "
+                     "again on a quiet machine")
     lines += tried_lines(v)
     if v.lever.caveat:
         lines.append(f"  note: {v.lever.caveat}")

@@ -57,6 +57,10 @@ def add_parser(sub) -> None:
     world.add_argument("--procs", type=a.int_list, metavar="N[,N...]",
                        help="worker counts of CPU processes over gloo, each with cores / N "
                        "threads (default without CUDA: 1,2)")
+    p.add_argument("--device", type=a.device, default="auto", metavar="{auto,cpu,cuda}",
+                   help="where the workers run: auto (GPUs when CUDA is there, else CPU "
+                   "processes), cpu (as --procs) or cuda (as --gpus); the counts from --procs "
+                   "or --gpus (default: auto)")
     p.add_argument("--batch-size", type=a.int_list, metavar="N[,N...]",
                    help="batch size per worker, or several to compare (default: the "
                    "workload's recipe)")
@@ -109,7 +113,7 @@ def run(args) -> int:
     # It launches its own processes: started as one of several, each would launch a set.
     require_single_process(World.from_env(), "kasoku scale")
     wl = create_workload(workload_spec(args))
-    plan = plan_worlds(gpus=args.gpus, procs=args.procs, from_one=True)
+    plan = plan_worlds(*counts_on(args.device, args.gpus, args.procs), from_one=True)
     cfg = scale_config(args, wl, plan.device_type)
     batch_sizes = args.batch_size or list(default_batch_sizes(wl.recipe.batch_size, "scale"))
     check_data(wl, args.data, args.loader, batch_sizes, plan.world_sizes, args.seed)
@@ -129,6 +133,31 @@ def run(args) -> int:
             print(f"chart: {plot_scale(records, out / name)}")
     print(f"results: {out / RESULTS_FILE}")
     return 1 if failed else 0
+
+
+def counts_on(device: str, gpus: list[int] | None, procs: list[int] | None
+              ) -> tuple[list[int] | None, list[int] | None]:
+    """``(gpus, procs)`` for ``plan_worlds`` with ``--device``: auto leaves the choice to
+    the counts given (else to CUDA's presence); cpu and cuda choose the kind of worker, and
+    refuse counts of the other kind. ``ConfigError`` saying what to give otherwise."""
+    if device == "auto":
+        return gpus, procs
+    if device == "cpu":
+        if gpus:
+            raise ConfigError("--gpus runs a worker per GPU: with --device cpu give the CPU "
+                              "processes' counts as --procs N[,N...]")
+        return None, procs or [1, 2]
+    if device != "cuda":
+        raise ConfigError(f"--device {device}: scale places a worker on each GPU itself; give "
+                          "--device cuda, and --gpus N[,N...] for the counts")
+    if procs:
+        raise ConfigError("--procs runs CPU processes: with --device cuda give the GPU counts "
+                          "as --gpus N[,N...]")
+    import torch  # deferred: torch (module doc)
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: torch sees no GPU here; give --device cpu (CPU "
+                          "processes over gloo)")
+    return gpus, None
 
 
 def _shardable(rung: Rung, wl) -> bool:

@@ -25,10 +25,10 @@ From those, per N:
 and one line saying what limits the scaling: the exposed all-reduce, or workers that slow each
 other down (on one CPU, N processes split its cores), or with ``--data`` steps waiting for the
 loader's batches (``kasoku.commands.scale_feed``: each worker reads its shard of the dataset),
-with what would help. On the CPU each
-worker gets cores / N threads (``--threads`` to set it), so the N workers never ask for more
-cores than there are. The baseline of the efficiency is 1 worker alone: a single process
-without DDP, what one would run without ``--gpus``.
+with what would help (no cause where a figure it rests on is unstable: ``scale_noise``). On
+the CPU each worker gets cores / N threads (``--threads`` to set it), so the N workers never
+ask for more cores than there are. The baseline of the efficiency is 1 worker alone: a single
+process without DDP, what one would run without ``--gpus``.
 
 ``--shard``: the data-parallel step is FSDP2's (``fully_shard`` per block, then the whole
 model; ``kasoku.distributed.fsdp``) and the communication alone its all-gathers and
@@ -51,6 +51,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.commands.bench.results import carry_results
 from kasoku.commands.bench.worker import config_from_dict
 from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
+from kasoku.commands.scale_noise import efficiency_range, mark_chart, unstable_parts, withheld
 from kasoku.commands.table import print_table
 from kasoku.core.flags import flag
 from kasoku.distributed.config import DistConfig
@@ -174,7 +175,9 @@ def summarize(records: list[dict]) -> list[dict]:
         speedup = r["samples_per_s"] / base_rate
         row = {"world_size": n, "samples_per_s": r["samples_per_s"], "speedup": speedup,
                "efficiency": speedup / n, "slowdown": r["alone_step_ms"] / base_ms,
-               "exposed_pct": r["exposed_allreduce_pct"], "baseline": baseline}
+               "exposed_pct": r["exposed_allreduce_pct"], "baseline": baseline,
+               "unstable": unstable_parts(r, base),
+               "efficiency_range": efficiency_range(r, base, speedup / n)}
         row["explanation"] = explain(r, row)
         rows.append(row)
     return rows
@@ -191,6 +194,8 @@ def explain(r: dict, row: dict) -> str:
     if n == 1:
         head = (f"{r['workload']}, 1 worker through {wrapper}: {row['speedup']:.2f}x the "
                 f"throughput of one process without {wrapper}")
+        if row.get("unstable"):
+            return head + withheld(row)
         if row["exposed_pct"] >= EXPOSED_PCT:
             head += (f"; {wrapper}'s bookkeeping and its {what} among one worker take "
                      f"{row['exposed_pct']:.0f}% of each step ({exposed:.2f} ms of "
@@ -200,6 +205,8 @@ def explain(r: dict, row: dict) -> str:
         return head + (f"; {fed[1]}. Would help: {', '.join(fed[2])}" if fed else "")
     head = (f"{r['workload']}, {n} workers: {row['speedup']:.2f}x the throughput of 1 worker "
             f"alone ({row['efficiency']:.0%} scaling efficiency)")
+    if row.get("unstable"):  # a cause drawn from noise would be a guess said as a finding
+        return head + withheld(row)
     hidden = max(0.0, comm - exposed)
     causes, help_ = [], []
     if row["exposed_pct"] >= EXPOSED_PCT:
@@ -266,8 +273,9 @@ def print_results(records: list[dict], file=None) -> list[dict]:
         r = by_n[row["world_size"]]
         table.append([str(row["world_size"]), str(r["global_batch_size"]),
                       marked(f"{row['samples_per_s']:,.0f}", r.get("stability")),
-                      f"{row['speedup']:.2f}x",
-                      f"{row['efficiency']:.0%}", f"{r['step_ms']:.2f}",
+                      f"{row['speedup']:.2f}x" + "!" * bool(row["unstable"]),
+                      f"{row['efficiency']:.0%}" + "!" * bool(row["unstable"]),
+                      f"{r['step_ms']:.2f}",
                       f"{r['alone_step_ms']:.2f}", f"{r['exposed_allreduce_ms']:.2f}",
                       f"{row['exposed_pct']:.0f}%", f"{r['allreduce_alone_ms']:.2f}"]
                      + ([f"{r['data_wait_ms']:.2f}"] if fed else []))
@@ -338,7 +346,8 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     ax.plot(ns, [n * base for n in ns], "--", color="0.5", label="ideal (N x 1 worker alone)")
     for i, row in enumerate(rows):
         last = i == len(rows) - 1 and len(rows) > 1  # inside the axes, left of its point
-        ax.annotate(f"{row['efficiency']:.0%} efficiency", (row["world_size"],
+        ax.annotate(f"{row['efficiency']:.0%} efficiency"
+                    + (" (unstable)" if row["unstable"] else ""), (row["world_size"],
                     row["samples_per_s"]), textcoords="offset points",
                     xytext=(-4 if last else 4, -12), ha="right" if last else "left",
                     fontsize=8)
@@ -356,22 +365,24 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     waits = [by_n[n].get("alone_data_wait_ms") for n in ns]
     if all(w is not None for w in waits):  # --data: the step alone's wait for its batches
         rest = [a - w for a, w in zip(alone, waits)]
-        bx.bar(labels, rest, color="C0", label=f"step alone (no {wrapper}): the rest")
-        bx.bar(labels, waits, bottom=rest, color="C1", label="step alone: waiting for data")
+        bars = [bx.bar(labels, rest, color="C0", label=f"step alone (no {wrapper}): the rest"),
+                bx.bar(labels, waits, bottom=rest, color="C1",
+                       label="step alone: waiting for data")]
     else:
-        bx.bar(labels, alone, color="C0", label=f"step alone (no {wrapper})")
+        bars = [bx.bar(labels, alone, color="C0", label=f"step alone (no {wrapper})")]
     more = [by_n[n].get("more_data_wait_ms") or 0.0 for n in ns]
     if any(more):  # --data: the data-parallel step's longer wait for its batches
         bx.bar(labels, more, bottom=alone, color="C1", hatch="//", edgecolor="white",
                label="data-parallel: waiting longer for data")
-    bx.bar(labels, exposed, bottom=[a + m for a, m in zip(alone, more)], color="C3",
-           label="exposed all-reduce" if wrapper == "DDP"
-           else "exposed exchange + FSDP2's own work")
+    bars.append(bx.bar(labels, exposed, bottom=[a + m for a, m in zip(alone, more)],
+                       color="C3", label="exposed all-reduce" if wrapper == "DDP"
+                       else "exposed exchange + FSDP2's own work"))
     bx.set_ylim(0, 1.45 * max(a + m + e for a, m, e in zip(alone, more, exposed)))  # legend
     bx.set_xlabel("workers")
     bx.set_ylabel("ms per step")
     bx.grid(alpha=0.3, axis="y")
     bx.legend(fontsize=8)
+    mark_chart(ax, bx, bars, rows)
     first = records[0]
     data = first.get("data") or {}
     fig.suptitle(f"{first['workload']} data-parallel: {first['rung']}, batch "

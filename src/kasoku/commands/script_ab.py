@@ -26,7 +26,8 @@ from kasoku.advisor.script import ScriptVerdict
 from kasoku.advisor.script_words import script_fallback
 from kasoku.advisor.verdict import Verdict
 from kasoku.commands import ab
-from kasoku.commands.script_levers import ScriptFacts, script_candidates, script_experiments
+from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
+from kasoku.commands.script_offers import script_candidates, script_experiments
 from kasoku.commands.script_run import ScriptCommand
 from kasoku.commands.script_scratch import climbs, scratch_folder
 from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args, with_args
@@ -63,17 +64,20 @@ class ScriptSides:
         """One fresh process: ``{"samples_per_s", "window_rates", "phases"}``, or
         ``{"error": its last line}``. It runs in a scratch folder (``script_scratch``: the
         script's side effects land there, and go with it), or in the working directory where
-        the command's arguments climb above it."""
+        the command's arguments climb above it. Its environment has what its levers need from
+        the process's start (``ScriptLevers.start_env``: the allocator preloaded)."""
         in_place = climbs(self.command.argv)
         with tempfile.TemporaryDirectory(prefix="kasoku-side-") as folder, \
                 (nullcontext(None) if in_place else scratch_folder(self.folder)) as cwd:
             own = profile_args({"measure_only": True, "out": folder,  # before the command
                                 "measure_seconds": self.cfg.measure_seconds})
             cmd = [*self.launcher, "kasoku", *self.argv(extra, own)]
+            args = [*self.own, *extra]
+            levers = ScriptLevers.parse([v for f, v in zip(args, args[1:]) if f == option("with")])
             try:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True, timeout=timeout_s, cwd=cwd or self.folder,
-                                      env=side_env(cwd, self.folder))
+                                      env=levers.start_env(side_env(cwd, self.folder)))
             except subprocess.TimeoutExpired:
                 return {"error": f"timed out after {timeout_s:.0f} s"}
             path = Path(folder) / MEASURE_FILE

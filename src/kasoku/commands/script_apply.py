@@ -13,7 +13,10 @@ constructors and calls), that one the levers' names, their validation and the ad
   weights and 4-D inputs in ``torch.channels_last``, and/or compiled in place
   (``nn.Module.compile``);
 - ``interop_threads``: ``torch.set_num_interop_threads``, which PyTorch takes once per process
-  and only before any inter-op work.
+  and only before any inter-op work;
+- ``loader_arguments``: a DataLoader's arguments with the levers' ``num_workers``,
+  ``pin_memory``, and where it then has worker processes, ``persistent_workers`` and
+  ``prefetch_factor``.
 
 What a lever could not do is kept in ``Unapplied``, a word or two each (``no Conv2d``), for
 the run to say and for a measuring side to be no measure of the lever.
@@ -181,6 +184,43 @@ def _channels_last_inputs(module, args, kwargs):
         return x.contiguous(memory_format=torch.channels_last) \
             if isinstance(x, torch.Tensor) and x.dim() == 4 else x
     return tuple(nhwc(a) for a in args), {k: nhwc(v) for k, v in kwargs.items()}
+
+
+# --- DataLoaders -----------------------------------------------------------------------------
+
+def loader_arguments(args: tuple, kwargs: dict, levers) -> tuple[tuple, dict]:
+    """A DataLoader's arguments after its dataset (``args``, ``kwargs``) as ``levers`` (the
+    run's ``ScriptLevers``) make them: ``num_workers`` (``workers=N``), ``pin_memory``, and
+    where it then has worker processes, ``persistent_workers`` and ``prefetch_factor``
+    (keyword-only; a DataLoader without workers refuses them). ``levers.loaders`` gets its
+    number of workers."""
+    args, kwargs = list(args), dict(kwargs)
+
+    def put(index: int, name: str, value) -> None:  # as the script gave it, or by name
+        if len(args) > index:
+            args[index] = value
+        else:
+            kwargs[name] = value
+    if levers.workers is not None:
+        put(4, "num_workers", levers.workers)
+    if levers.pin_memory:
+        put(6, "pin_memory", True)
+    workers = args[4] if len(args) > 4 else kwargs.get("num_workers", 0)
+    levers.loaders.append(workers)
+    if workers > 0 and levers.persistent_workers:
+        kwargs["persistent_workers"] = True
+    if workers > 0 and levers.prefetch:
+        kwargs["prefetch_factor"] = levers.prefetch
+    return tuple(args), kwargs
+
+
+def loaders_unapplied(loaders: list[int], persistent_workers: bool, prefetch: int | None
+                      ) -> Unapplied:
+    """Why ``persistent-workers`` and ``prefetch`` did not apply to the DataLoaders made
+    with ``loaders`` worker processes each: ``no DataLoader``, ``no worker processes``."""
+    why = None if any(loaders) else "no worker processes" if loaders else "no DataLoader"
+    wanted = (("persistent-workers", persistent_workers), ("prefetch", prefetch))
+    return Unapplied({name: why for name, on in wanted if on and why})
 
 
 # --- threads ----------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ from kasoku.commands import ab
 from kasoku.commands.profile_config import ProfileConfig
 from kasoku.commands.script_ab import ScriptSides, side_env
 from kasoku.commands.script_launch import Launched, run_in_session
-from kasoku.commands.script_levers import numerics, with_text
+from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
+from kasoku.commands.script_preload import reexec_env
 from kasoku.commands.script_profile import say
 from kasoku.commands.script_run import ScriptCommand
 from kasoku.commands.script_scratch import climbs, scratch_folder
@@ -56,8 +57,9 @@ def run_auto(command: ScriptCommand | Launched, cfg: ProfileConfig) -> int:
     """Profile ``command``, keep the levers measured faster (``choose``), profile again with
     them and keep what is faster on top (``climb``), run it whole with them (``run_with``; the
     levers that change the arithmetic only where the losses stay the run's:
-    ``check_losses``) and end with the line of what was kept (``kept_line``); returns the
-    script's exit code."""
+    ``check_losses``) and end with the line of what was kept (``kept_line``; said first where
+    the allocator kept makes the whole run a process of its own, ``whole_run_argv``); returns
+    the script's exit code."""
     script = command.script if isinstance(command, Launched) else command
     out = out_or_new(None, Path(script.name).stem, "profile", "the profile")
     try:
@@ -71,9 +73,20 @@ def run_auto(command: ScriptCommand | Launched, cfg: ProfileConfig) -> int:
         kept, checked = check_losses(kept, sides_of(command, cfg, []))
         if kept and kept != given:  # the proof was of more levers than are kept
             proof = together(kept, sides_of(command, cfg, []), cfg.rounds)
-    code = run_with(command, kept)
+    if reexec_env(ScriptLevers.parse(kept).allocator) is not None:
+        # the whole run needs a process started with the allocator: this one is replaced
+        say(kept_line(kept, proof, tried, checked))
+    code = run_with(command, kept, argv=whole_run_argv(kept))
     say(kept_line(kept, proof, tried, checked))
     return code
+
+
+def whole_run_argv(kept: list[str]) -> list[str]:
+    """``kasoku run --with KEPT ... -- COMMAND``: the whole run as a command line of its own
+    (this process's command after ``--``)."""
+    argv = sys.orig_argv
+    command = argv[argv.index(SCRIPT_COMMAND) + 1:] if SCRIPT_COMMAND in argv else []
+    return [sys.executable, "-m", "kasoku", "run", *with_args(*kept), SCRIPT_COMMAND, *command]
 
 
 def sides_of(command: ScriptCommand | Launched, cfg: ProfileConfig, given: list[str]

@@ -1,6 +1,6 @@
 """The levers a script's profile can pull from outside the script, with no edit to it
-(``kasoku profile --with LEVER -- python train.py``), and the verdict's levers said in the
-script's terms: the change to make, at which line.
+(``kasoku profile --with LEVER -- python train.py``), and what the profile saw of the script
+(``ScriptFacts``).
 
 Set before the script starts (``ScriptLevers.applied``):
 
@@ -11,7 +11,17 @@ Set before the script starts (``ScriptLevers.applied``):
   main thread, outside its backward passes (``bf16_autocast``): the forward and the loss in bf16
   where autocast casts, as ``torch.autocast`` blocks around them would compute them;
 - ``interop-threads=N``: PyTorch's inter-op threads, for the rest of the process (PyTorch takes
-  it once, before any inter-op work: later, the lever says ``too late``).
+  it once, before any inter-op work: later, the lever says ``too late``);
+- ``expandable-segments``: CUDA's caching allocator with expandable segments
+  (``PYTORCH_CUDA_ALLOC_CONF``, before the script's first CUDA allocation; ``no CUDA`` on a
+  CPU).
+
+In force from the process's start (``kasoku.commands.script_preload``):
+
+- ``allocator[=jemalloc|tcmalloc]``: a malloc from a library found on this machine, first in
+  ``LD_PRELOAD`` (freed memory kept for the next allocations rather than returned to the
+  OS); where none is found, not applied: ``no jemalloc or tcmalloc here (apt install
+  libjemalloc2)``.
 
 Set on the script's objects as it makes them (``kasoku.commands.script_watch``):
 
@@ -19,6 +29,10 @@ Set on the script's objects as it makes them (``kasoku.commands.script_watch``):
   default 0, overridden);
 - ``pin-memory``: every DataLoader made with ``pin_memory=True`` (its batches in page-locked
   memory, copied to the GPU without the driver's staging);
+- ``persistent-workers``, ``prefetch=N``: every DataLoader with worker processes (the script's,
+  or ``workers=N``'s) made with ``persistent_workers=True`` (its workers kept from one epoch
+  to the next), with ``prefetch_factor=N`` (N batches loaded ahead by each worker); where no
+  DataLoader has workers, not applied: ``no worker processes``;
 - ``replay``: the DataLoader's first batches kept during the skipped steps, then handed out
   again in turn instead of new ones: the steps without the wait for data (the input-bound
   bound's proof, as a workload's synthetic batches on the device are);
@@ -33,45 +47,44 @@ Set on the script's objects as it makes them (``kasoku.commands.script_watch``):
 
 Their mechanics are in ``kasoku.commands.script_apply``. A lever that could not apply
 (``ScriptLevers.unapplied``: why, in a word or two) is said after the run; a measuring side
-with one is no measure of it and ends in an error that says why.
+with one is no measure of it and ends in an error that says why. The verdict's levers as the
+script's (``--with`` levers where they apply, else edits) are in
+``kasoku.commands.script_offers``.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from kasoku.advisor.levers import Lever, estimate, given, idle_speedup
-from kasoku.advisor.script_words import (
-    EDITS,
-    UNKNOWN_BATCH_CAVEAT,
-    at,
-    batch_words,
-    edit_words,
-    experiment_words,
-)
-from kasoku.advisor.verdict import Experiment, Verdict
 from kasoku.commands.script_apply import (
     COMPILE_MODES,
     FUSED,
     Unapplied,
     bf16_autocast,
-    compiler_missing,
     found_model,
     fused_optimizers,
     interop_threads,
+    loaders_unapplied,
+)
+from kasoku.commands.script_preload import (
+    ALLOCATORS,
+    allocator_unapplied,
+    expandable_segments,
+    start_env,
 )
 from kasoku.core.errors import ConfigError
-from kasoku.core.flags import with_args, with_value
+from kasoku.core.flags import with_args
 from kasoku.perf.cpu import usable_cores
-from kasoku.perf.profile.figures import StepFigures
 
 NAMES = ("replay", "workers=N", "threads=N", "interop-threads=N", "tf32", "cudnn-benchmark",
-         "bf16", "pin-memory", "fused-optimizer", "channels-last", "compile[=MODE]")
-SWITCHES = ("replay", "tf32", "cudnn-benchmark", "bf16", "pin-memory", "fused-optimizer",
-            "channels-last")
+         "bf16", "pin-memory", "persistent-workers", "prefetch=N", "fused-optimizer",
+         "channels-last", "compile[=MODE]", "allocator[=jemalloc|tcmalloc]",
+         "expandable-segments")
+SWITCHES = ("replay", "tf32", "cudnn-benchmark", "bf16", "pin-memory", "persistent-workers",
+            "fused-optimizer", "channels-last", "expandable-segments")
 """The levers without a value."""
 
 
@@ -95,8 +108,9 @@ NUMERICS = {
     "compile": "fused kernels compute the forward and the backward in another order: the "
                "losses can differ in their last digits",
 }
-"""What each lever changes in what the script computes (``pin-memory`` and
-``interop-threads`` change nothing: the same operators, run on other threads):
+"""What each lever changes in what the script computes (``pin-memory``,
+``interop-threads``, ``persistent-workers``, ``prefetch``, ``allocator`` and
+``expandable-segments`` change nothing: the same operators, on other threads or memory):
 said when a person asks for it, and the caveat of the advice that pulls it.
 tests/test_script_numerics.py holds each to it."""
 
@@ -129,15 +143,22 @@ class ScriptLevers:
     cudnn_benchmark: bool = False
     bf16: bool = False
     pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch: int | None = None
     fused_optimizer: bool = False
     channels_last: bool = False
     compile: str | None = None
     """The mode of ``--with compile[=MODE]`` (``default`` when none is given), or None."""
+    allocator: tuple[str, ...] = ()
+    """The mallocs ``--with allocator[=NAME]`` takes, the first found (``ALLOCATORS``' keys)."""
+    expandable_segments: bool = False
     given: list[str] = field(default_factory=list)
     unapplied: Unapplied = field(default_factory=Unapplied)
     """A lever's name -> why it did not apply, as the run found (``applied``)."""
     optimizers: list[str] = field(default_factory=list)
     """How ``fused-optimizer`` made each optimizer (``fused``, ``foreach``, ...)."""
+    loaders: list[int] = field(default_factory=list)
+    """The worker processes of each DataLoader the script made, as the levers made it."""
 
     @classmethod
     def parse(cls, values: list[str] | None) -> "ScriptLevers":
@@ -146,7 +167,7 @@ class ScriptLevers:
         levers = cls(given=list(values or ()))
         for value in levers.given:
             name, _, count = value.partition("=")
-            if name in ("workers", "threads", "interop-threads") and count:
+            if name in ("workers", "threads", "interop-threads", "prefetch") and count:
                 if not count.isdigit() or (name != "workers" and int(count) < 1):
                     raise ConfigError(f"{with_text(value)}: {name}=N takes a whole number"
                                       + (" from 1" if name != "workers" else ""))
@@ -156,6 +177,11 @@ class ScriptLevers:
                     raise ConfigError(f"{with_text(value)}: compile=MODE takes one of "
                                       f"torch.compile's modes: {', '.join(COMPILE_MODES)}")
                 levers.compile = count or "default"
+            elif name == "allocator":
+                if count and count not in ALLOCATORS:
+                    raise ConfigError(f"{with_text(value)}: allocator=NAME takes "
+                                      f"{' or '.join(ALLOCATORS)}")
+                levers.allocator = (count,) if count else tuple(ALLOCATORS)
             elif not count and name in SWITCHES:
                 setattr(levers, name.replace("-", "_"), True)
             else:
@@ -180,6 +206,10 @@ class ScriptLevers:
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
             if self.cudnn_benchmark:
                 torch.backends.cudnn.benchmark = True
+            if self.expandable_segments:
+                stack.enter_context(expandable_segments(self.unapplied))
+            if self.allocator and (why := allocator_unapplied(self.allocator)):
+                self.unapplied["allocator"] = why
             if self.bf16:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
                 stack.enter_context(bf16_autocast(device))
@@ -197,6 +227,13 @@ class ScriptLevers:
                     self.unapplied["fused-optimizer"] = f"no {'/'.join(FUSED)}"
                 elif self.fused_optimizer and "differentiable" in self.optimizers:
                     self.unapplied["fused-optimizer"] = "differentiable"
+                self.unapplied.update(loaders_unapplied(
+                    self.loaders, self.persistent_workers, self.prefetch))
+
+    def start_env(self, env: dict) -> dict:
+        """``env`` for a fresh process that runs the script with these levers (a measuring
+        side): the allocator preloaded, CUDA's allocator settings."""
+        return start_env(env, self.allocator, self.expandable_segments)
 
     def unapplied_lines(self) -> list[str]:
         """What the run says of each lever that could not apply."""
@@ -204,7 +241,7 @@ class ScriptLevers:
                 for name, why in self.unapplied.items()]
 
 
-# --- the verdict's levers in the script's terms --------------------------------------------
+# --- what the profile saw of the script (``script_offers`` reads it) ----------------------
 
 @dataclass
 class ScriptFacts:
@@ -220,173 +257,13 @@ class ScriptFacts:
     has_conv: bool = False
     loader_steps: bool = False
     """Whether the steps take their batches from a DataLoader."""
+    prefetch_factor: int | None = None
+    """The batches each worker of the steps' DataLoader loads ahead (torch's default 2), or
+    None where it has no worker processes (as the levers made it)."""
+    persistent_workers: bool = False
     batch_size: int | None = None
     """The first batch's length; None where no batch came from a DataLoader."""
     optimizer_impl: str | None = None
     """How the optimizer whose steps are the steps updates (``script_apply.optimizer_impl``:
     ``fused``, ``foreach``, ``for-loop``) where ``--with fused-optimizer`` can make it fused
     (``script_apply.FUSED``); else None."""
-
-
-def script_lever(lever: Lever, facts: ScriptFacts, device: str) -> Lever | None:
-    """``lever`` (one of the verdict's candidates, a change of the run's fields) as the
-    script's lever: a change of its ``--with`` levers where kasoku can pull it from outside
-    (measured), else none (the edit to make, an estimate); None where it makes no sense for a
-    script."""
-    change = dict(lever.change)
-    if change == {"train.loader": "multiprocess"}:
-        if not facts.loader_steps:
-            return None  # --with workers=N sets a DataLoader's: none gives the steps batches
-        n = default_workers()
-        return _as(lever, f"load in {n} worker processes: DataLoader(..., num_workers={n})"
-                   f"{at(facts.loader_site)}", {"with.workers": n})
-    if change == {"accel.precision": "bf16"}:
-        where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
-        return _as(lever, f"bf16: torch.autocast('{device}', dtype=torch.bfloat16) around the "
-                   f"forward and the loss{where}", {"with.bf16": True})
-    outside = _outside(change, facts, device)
-    where = f" (the forward: {facts.forward_site})" if facts.forward_site else ""
-    if outside is not None:
-        return _as(lever, outside[1] + where, outside[0])
-    why = compiler_missing(device)
-    if why and change.keys() & {"accel.compile", "accel.cuda_graph"}:
-        # an edit would not compile either: said in a word, not offered as a measure
-        return _as(lever, f"{EDITS[next(iter(change.items()))]}{where} ({why}: not measured)",
-                   {})
-    if change.keys() == {"train.threads"}:
-        n = change["train.threads"]
-        return _as(lever, f"torch.set_num_threads({n}) (or OMP_NUM_THREADS={n})",
-                   {"with.threads": n})
-    if change.keys() == {"train.batch_size"}:
-        # its size only where the steps take their batches from a DataLoader kasoku saw
-        words = batch_words(facts.batch_size if facts.loader_steps else None,
-                            facts.loader_site, facts.forward_site)
-        if not (facts.loader_steps and facts.batch_size):
-            lever = replace(lever, caveat=UNKNOWN_BATCH_CAVEAT)
-    else:
-        words = edit_words(change, facts.loader_site)
-    if words is None:
-        return None
-    return _as(lever, words + " (needs an edit: not measured)", {})
-
-
-def _outside(change: dict, facts: ScriptFacts, device: str) -> tuple[dict, str] | None:
-    """The ``--with`` levers that make the run's ``change`` from outside the script, and their
-    words, where they can apply to it, else None (an edit): a fused optimizer where the
-    script's is one of ``FUSED`` and not fused, channels_last for a model with convolutions,
-    the model compiled where inductor has its compiler (its CUDA graphs: ``reduce-overhead``,
-    on the GPU)."""
-    item = next(iter(change.items()), None)
-    if change == {"accel.optimizer_impl": "fused"}:
-        if facts.optimizer_impl in (None, "fused"):
-            return None
-        return {"with.fused_optimizer": True}, EDITS[item]
-    if change == {"accel.channels_last": True}:
-        return ({"with.channels_last": True}, EDITS[item]) if facts.has_conv else None
-    if compiler_missing(device):
-        return None
-    if change == {"accel.compile": True}:
-        return {"with.compile": True}, "torch.compile the model: model.compile()"
-    if change == {"accel.cuda_graph": True} and device == "cuda":
-        return ({"with.compile": "reduce-overhead"}, "CUDA graphs for the model's forward and "
-                "backward: model.compile(mode='reduce-overhead')")
-    return None
-
-
-def _as(lever: Lever, text: str, change: dict) -> Lever:
-    """The script's lever for ``lever``: ``change`` of its ``--with`` levers, or {} (an
-    edit), with what that changes in what the script computes as its caveat."""
-    caveat = "".join(numerics(with_value(k, v)) for k, v in change.items())
-    return Lever(text, lever.expect, change, lever.speedup, lever.caveat or caveat)
-
-
-H2D_PCT = 5.0
-"""Copies to the GPU from pageable memory taking this share of the step offer pinned memory."""
-UPDATE_PCT = 10.0
-"""An optimizer that is not fused taking this share of the step offers a fused one."""
-WAIT_PCT = 10.0
-"""A step that waits this share of its time for batches from a DataLoader in the script's
-own process is offered worker processes whatever its bound: the loading is host time, and a
-host-bound step's host is its bound."""
-
-
-def extra_levers(rule: str, facts: ScriptFacts, device: str,
-                 figures: StepFigures | None = None) -> list[Lever]:
-    """Levers a script may lack that kasoku's workloads never do (kasoku sets them itself):
-    TF32 for fp32 products and cuDNN's autotuning on a GPU-bound step; worker processes for
-    a step that waits for its batches (``WAIT_PCT``), where the bound is not the input's
-    (whose own levers include them); pinned memory for batches copied from pageable memory
-    (``H2D_PCT``); a fused optimizer for an update not fused that takes a share of the step
-    (``UPDATE_PCT``)."""
-    f = figures or StepFigures()
-    data_pct, out = given(f.data_pct, 0.0), []
-    h2d_pct = 100 * given(f.h2d_ms, 0.0) / f.step_ms if f.step_ms else 0.0
-    if device == "cuda" and facts.loader_steps and f.h2d_pageable and h2d_pct >= H2D_PCT:
-        out.append(Lever(f"copy the batches from pinned memory: DataLoader(..., pin_memory="
-                         f"True){at(facts.loader_site)}, and .to(device, non_blocking=True) "
-                         f"(the copies from pageable memory take {h2d_pct:.0f}% of the step)",
-                         estimate(None, "the copies' share at most"), {"with.pin_memory": True}))
-    update_pct = 100 * given((f.by_class_ms or {}).get("optimizer"), 0.0) / f.step_ms \
-        if f.step_ms else 0.0
-    if facts.optimizer_impl in ("for-loop", "foreach") and update_pct >= UPDATE_PCT:
-        out.append(Lever(f"{EDITS[('accel.optimizer_impl', 'fused')]} (the update takes "
-                         f"{update_pct:.0f}% of the step)",
-                         estimate(None, "the update's share at most"),
-                         {"with.fused_optimizer": True}, caveat=NUMERICS["fused-optimizer"]))
-    if rule != "input-bound" and facts.loader_steps and data_pct >= WAIT_PCT \
-            and not facts.num_workers:
-        n = default_workers()
-        out.append(Lever(f"load in {n} worker processes: DataLoader(..., num_workers={n})"
-                         f"{at(facts.loader_site)} (the step waits {data_pct:.0f}% for its "
-                         f"batches)", estimate(idle_speedup(data_pct), "up to"),
-                         {"with.workers": n}, idle_speedup(data_pct), NUMERICS["workers"]))
-    if device != "cuda" or "device-bound" not in rule:
-        return out
-    if not facts.tf32 and facts.autocast is None:
-        out.append(Lever("fp32 products on TF32 tensor cores: torch.backends.cuda.matmul."
-                         "allow_tf32 = True (or torch.set_float32_matmul_precision('high'))",
-                         "estimate: up to the TF32/fp32 peak ratio", {"with.tf32": True},
-                         caveat=NUMERICS["tf32"]))
-    if facts.has_conv and not facts.cudnn_benchmark:
-        out.append(Lever("let cuDNN pick the fastest convolutions: torch.backends.cudnn."
-                         "benchmark = True", "estimate: the convolutions' fastest algorithms",
-                         {"with.cudnn_benchmark": True},
-                         caveat=NUMERICS["cudnn-benchmark"]))
-    return out
-
-
-def script_candidates(verdict: Verdict, facts: ScriptFacts, device: str,
-                      figures: StepFigures | None = None) -> list[Lever]:
-    """The verdict's candidate levers for this script, best first: those kasoku pulls from
-    outside (to be measured), then those that need an edit (estimates)."""
-    out, seen = [], set()
-    for candidate in verdict.candidates:
-        lever = script_lever(candidate, facts, device)
-        if lever is not None and lever.text not in seen:
-            seen.add(lever.text)
-            out.append(lever)
-    changes = [lever.change for lever in out]  # a lever the verdict offers already: once
-    out += [lever for lever in extra_levers(verdict.rule, facts, device, figures)
-            if lever.change not in changes]
-    return sorted(out, key=lambda lever: not lever.change)
-
-
-def script_experiments(verdict: Verdict, facts: ScriptFacts
-                       ) -> tuple[list[Experiment], list[str]]:
-    """The verdict's ``--confirm`` experiments a script's runs can make (synthetic batches on
-    the device: the DataLoader's batches replayed, where its steps take them from one), and
-    the labels of those that cannot be made without an edit (a larger batch's size only where
-    the steps take their batches from a DataLoader whose batches were seen)."""
-    kept, left = [], []
-    for e in verdict.experiments:
-        change = dict(e.change)
-        if "data.synthetic" in change and facts.loader_steps:
-            kept.append(Experiment("replayed batches (no wait for data)", {"with.replay": True},
-                                   e.faster))
-        else:
-            words = experiment_words(e)
-            if "train.batch_size" in change:  # the size only of a DataLoader's batches seen
-                known = facts.batch_size if facts.loader_steps else None
-                words = f"{words.split(' (')[0]} ({2 * known})" if known else "batch x2"
-            left.append(words)
-    return kept, left

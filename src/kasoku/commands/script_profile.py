@@ -45,6 +45,7 @@ from kasoku.commands.profile_config import check_window
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
+from kasoku.commands.script_preload import preload
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
 from kasoku.core.errors import ConfigError
@@ -52,6 +53,7 @@ from kasoku.core.flags import SCRIPT_COMMAND, option, profile_args
 from kasoku.distributed import World
 from kasoku.distributed.launch import under_launcher
 from kasoku.perf.profile import window as window_mod
+from kasoku.perf.profile.figures import profiler_cost
 from kasoku.perf.profile.roofline import format_table
 from kasoku.perf.profile.window import machine_facts
 from kasoku.perf.profile.work import optimizer_bytes
@@ -73,6 +75,7 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     ``out/measure.json``."""
     check_window(cfg)
     levers = ScriptLevers.parse(given)
+    preload(levers.allocator)  # this process again, the allocator in LD_PRELOAD (a side has it)
     if measure_only and out is None:
         raise ConfigError(f"{option('measure_only')} for a script writes its figures to "
                           f"{option('out')} DIR")
@@ -114,6 +117,10 @@ def profile_script(command: ScriptCommand, cfg: ProfileConfig, out: Path | None 
     if not watch.done and end.interrupted:
         speak(f"interrupted after {watch.steps} steps, before the window's end: nothing was "
               f"profiled")
+        return end.code
+    if not watch.done and end.raised:  # its traceback is above: it failed, it did not end
+        speak(f"the script failed after {watch.steps} step{'s' * (watch.steps != 1)}, before "
+              f"the window's end: nothing was profiled")
         return end.code
     if not watch.done:
         speak(f"the script ended after {watch.steps} steps, before the window's end "
@@ -271,6 +278,8 @@ def profiled_line(result: dict) -> str:
                + (" from pageable memory" if f.h2d_pageable else "")
                if f.h2d_ms else "")
             + f"; steps {first}-{last} profiled"
+            + (f" ({cost})" if (cost := profiler_cost(
+                f.to_dict(), rates, result["settings"]["batch_size"] or 1)) else "")
             + ("; the script stopped after the window" if result["stopped_after_window"]
                else ""))
 

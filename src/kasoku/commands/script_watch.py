@@ -44,7 +44,7 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
-from kasoku.commands.script_apply import loader_site, user_site
+from kasoku.commands.script_apply import loader_arguments, loader_site, user_site
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import ScriptStopped
 from kasoku.commands.script_timing import StepTimer, batch_size_of, script_device
@@ -196,16 +196,7 @@ class StepWatch:
 
         def __init__(loader, dataset, *args, **kwargs):
             workers = args[4] if len(args) > 4 else kwargs.get("num_workers", 0)
-            if watch.levers.workers is not None:
-                if len(args) > 4:
-                    args = (*args[:4], watch.levers.workers, *args[5:])
-                else:
-                    kwargs["num_workers"] = watch.levers.workers
-            if watch.levers.pin_memory:
-                if len(args) > 6:
-                    args = (*args[:6], True, *args[7:])
-                else:
-                    kwargs["pin_memory"] = True
+            args, kwargs = loader_arguments(args, kwargs, watch.levers)
             watch._sites.setdefault(id(dataset), (loader_site(watch.roots), workers))
             original(loader, dataset, *args, **kwargs)
         return __init__
@@ -291,6 +282,8 @@ class StepWatch:
         self._loader_calls += 1
         if self.num_workers is None:
             self.num_workers = getattr(it, "_num_workers", None)
+            self.facts.prefetch_factor = getattr(it, "_prefetch_factor", None)  # None: no workers
+            self.facts.persistent_workers = bool(getattr(it, "_persistent_workers", False))
             site = self._sites.get(id(getattr(it, "_dataset", None)))
             if site is not None:
                 self.facts.loader_site, self.facts.num_workers = site
@@ -370,9 +363,7 @@ class StepWatch:
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
                                   for o in gc.get_objects())
-        # the shapes in the window's own session on a CPU only: on a GPU the work step records
-        # them, and two sessions with shapes in one step crash the process (free(): invalid
-        # pointer, torch 2.11 on an H200)
+        # the shapes in the window's own session on a CPU only: on a GPU the work step's
         self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True,
                              cpu_shapes=torch.device(device).type == "cpu")
         self.clock = self.window.start(PhaseClock(device))

@@ -8,9 +8,11 @@ script whole with them here.
 
 The levers are set as the profile sets them, through the same step watch
 (``kasoku.commands.script_watch``), whose window never opens here: the process-wide levers
-around the run, the DataLoader's as the script makes them; the watch counts the steps. A
-lever that is a measure rather than a way to train (``replay``: the first batches again and
-again) is refused. What a lever changes in what the script computes is said before it runs.
+around the run, the DataLoader's as the script makes them, the allocator by executing this
+process again with it in ``LD_PRELOAD`` (``kasoku.commands.script_preload``); the watch counts
+the steps. A lever that is a measure rather than a way to train (``replay``: the first batches
+again and again) is refused. What a lever changes in what the script computes is said before
+it runs.
 
 Under torchrun (``kasoku run --with LEVER -- torchrun [TORCHRUN OPTIONS] train.py ARGS``,
 ``run_launched``) kasoku runs inside each worker as ``kasoku profile`` does there
@@ -33,6 +35,7 @@ from kasoku.commands import script_apply, script_levers, script_watch
 from kasoku.commands.profile_config import ProfileConfig
 from kasoku.commands.script_launch import Launched, run_in_session
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
+from kasoku.commands.script_preload import preload
 from kasoku.commands.script_profile import say, script_root
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
@@ -59,15 +62,19 @@ class Count:
     unapplied: list[str] = field(default_factory=list)
 
 
-def run_with(command: ScriptCommand | Launched, given: list[str] | None) -> int:
+def run_with(command: ScriptCommand | Launched, given: list[str] | None,
+             argv: list[str] | None = None) -> int:
     """Run ``command`` to its end with the ``given`` levers (``--with`` values); returns the
-    script's exit code, under torchrun torchrun's (``run_launched``)."""
+    script's exit code, under torchrun torchrun's (``run_launched``). Where the allocator is
+    asked for and not preloaded, this process is first replaced by ``argv`` (default: its own
+    command line) started with it (``script_preload.preload``)."""
     levers = ScriptLevers.parse(given)
     if levers.replay:
         replay = with_text("replay")
         raise ConfigError(f"{replay} trains on the DataLoader's first batches again and again: "
                           f"a measure of the step without its wait for data (kasoku profile "
                           f"{replay}), no way to train")
+    preload(levers.allocator, argv)
     rank = World.from_env().rank if under_launcher() else 0
     counted = os.environ.get(RUN_COUNT)  # a worker of run_launched: the launcher speaks
     speak = say if rank == 0 and not counted else (lambda line: None)

@@ -39,7 +39,7 @@ from kasoku.run import RunConfig, resolve
 from kasoku.train import Trainer, load_snapshot
 from kasoku.train import extensions as ext
 from kasoku.train.config import TrainConfig
-from kasoku.train.run_dir import default_out
+from kasoku.train.run_dir import default_out, saved_line
 from kasoku.train.run_dir import resolve_run as resolve_run_dir
 from kasoku.train.signals import defer_signals
 from kasoku.train.standard import (
@@ -240,6 +240,7 @@ def train_run(run: RunConfig, resume=None) -> Trainer:
         trainer.resumed_from(snapshot)
         resumed_settings(trainer, run, state)
     _run_and_close(trainer)
+    print(saved_line(out), file=sys.stderr, flush=True)
     return trainer
 
 
@@ -341,6 +342,8 @@ def _train_worker(run: RunConfig, workload: Workload, resume, device: torch.devi
                 trainer.last_snapshot_iteration = trainer.updater.iteration
             resumed_settings(trainer, run, state)
         _run_and_close(trainer)
+        if world.is_main:
+            print(saved_line(out), file=sys.stderr, flush=True)
         return trainer
     finally:
         leave_job(trainer, device)

@@ -267,6 +267,7 @@ OPTIONS: dict[str, str] = {
     "compare.scale": "--scale",
     # kasoku scale
     "scale.out": "--out",
+    "scale.windows": "--windows",
     # kasoku data download
     "data_download.out": "--out",
     # kasoku data make-jpeg

@@ -51,12 +51,28 @@ def default_out(name: str, root: Path = OUTPUT_ROOT, now: dt.datetime | None = N
         path = base if k == 1 else base.with_name(f"{base.name}-{k}")
         try:
             path.mkdir(parents=True)
+            _MADE.append(path)
             return path
         except FileExistsError:
             continue
         except OSError as exc:
             raise ConfigError(_cannot_create(root, exc)) from None
     raise ConfigError(f"{base}: a thousand runs started in this second; give {flag('train.out')}")
+
+
+_MADE: list[Path] = []
+"""The folders ``default_out`` made in this process (``remove_empty_made`` reads them)."""
+
+
+def remove_empty_made() -> None:
+    """Remove each folder ``default_out`` made in this process that is still empty (the
+    command failed before writing, or was a side of a lever's try that writes nothing):
+    a new folder is kasoku's, and an empty one tells the user nothing."""
+    while _MADE:
+        try:
+            _MADE.pop().rmdir()  # refused unless empty: nothing written is ever removed
+        except OSError:
+            pass
 
 
 def run_files(folder: Path) -> list[Path]:
@@ -66,6 +82,19 @@ def run_files(folder: Path) -> list[Path]:
         return []
     return sorted({p for pattern in RUN_FILES for p in folder.glob(pattern)
                    if p.is_file() or is_sharded_snapshot(p)})
+
+
+def saved_line(folder: Path) -> str:
+    """One line saying where a finished run's log, plots and snapshots are in ``folder``
+    (those it holds)."""
+    folder = Path(folder)
+    found = {p.name for p in run_files(folder)}
+    kinds = (("log", [n for n in ("log.jsonl",) if n in found]),
+             ("plots", sorted(n for n in found if n.endswith(".png"))),
+             ("snapshot", sorted(n for n in found if n.startswith("snapshot_"))),
+             ("bad files", [n for n in ("bad_files.jsonl",) if n in found]))
+    said = "; ".join(f"{kind} {', '.join(names)}" for kind, names in kinds if names)
+    return f"saved in {folder}: {said or 'nothing'}"
 
 
 def check_writable(out: Path, flag: str = flag("train.out"), what: str = "the command's output",
@@ -135,6 +164,18 @@ def prepare_out(out: Path, overwrite: bool = False, advice: str | None = None) -
     for path in previous:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return out
+
+
+def refuse_a_run(out: Path, what: str) -> None:
+    """Refuse (``ConfigError``, saying what to do) an ``out`` that holds a training run's
+    files: a command that is not ``train`` writes ``what`` into a folder of its own, never
+    beside a run's log and snapshots."""
+    previous = run_files(out)
+    if previous:
+        names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
+        raise ConfigError(f"{flag('train.out')} {out} holds a training run ({names}); give "
+                          f"{what} a folder of its own ({flag('train.out')} NEW_DIR), or no "
+                          f"{flag('train.out')} for a new one under {OUTPUT_ROOT}/")
 
 
 def find_snapshot(path) -> Path:

@@ -91,6 +91,11 @@ def load_snapshot(path, map_location="cpu") -> dict:
     if not path.is_file():
         raise SnapshotError(f"no snapshot at {path}; give the path of a snapshot_*.pt file "
                             f"written by a previous run, or train without {flag('train.resume')}")
+    kind = _not_a_snapshot(path)
+    if kind:
+        raise SnapshotError(f"{flag('train.resume')} {path} is not a kasoku snapshot (a "
+                            f"snapshot_*.pt file a run wrote, a zip archive) but {kind}; give "
+                            f"a run folder or one of its snapshot_*.pt files")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
@@ -102,6 +107,24 @@ def load_snapshot(path, map_location="cpu") -> dict:
     if not isinstance(state, dict):
         raise SnapshotError(f"snapshot {path} holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def _not_a_snapshot(path: Path) -> str:
+    """What ``path`` is when its first bytes show it is no file ``torch.save`` wrote (a zip
+    archive, or the legacy pickle): ``an empty file``, ``a text file``, ``a file of another
+    kind``; "" when it may be one (its reading then says what is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return ""
+    if not head:
+        return "an empty file"
+    if head.startswith(b"PK") or head[:1] == b"\x80":
+        return ""
+    text = head.decode("utf-8", errors="replace")[:-3]  # the last character may be cut
+    return "a text file" if all(c.isprintable() or c in "\n\r\t" for c in text) \
+        else "a file of another kind"
 
 
 def fsync_dir(folder) -> None:

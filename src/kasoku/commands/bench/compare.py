@@ -148,8 +148,7 @@ def run_compare(cfg: CompareConfig, stream=None) -> tuple[list[dict], int]:
         line.update(schema=SCHEMA, form="throughput", compare_id=compare_id,
                     time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         append_result(cfg.out, line, RESULTS_FILE)
-        lines.append(line)
-        say(f"{wl.name}: {line['reading']}")
+        lines.append(line)  # its reading is said once, under the table (print_compare)
     return lines, code
 
 

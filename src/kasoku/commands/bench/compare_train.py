@@ -76,8 +76,8 @@ def train_on_devices(workload: str, devices: tuple[str, ...], data: DataConfig, 
         dtype = torch.device(device).type
         label, accel, loader = train_settings(dtype, (specs or {}).get(dtype))
         run_out = default_out(f"{wl.name}-{dtype}", root=out, kind="train")
-        print(f"# {wl.name} on {device}: {label}, {loader} loader, {epochs:g} epochs", file=stream,
-              flush=True)
+        print(f"# {wl.name} on {device}: {label}, {loader} loader, {epochs:g} "
+              f"epoch{'' if epochs == 1 else 's'}", file=stream, flush=True)
         train = TrainConfig(epochs=epochs, device=device, out=run_out, loader=loader,
                             threads=threads if dtype == "cpu" else None, seed=seed,
                             progress=False)

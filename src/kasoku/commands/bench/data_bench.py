@@ -176,7 +176,8 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
             f"{progress_line(record)}")
     print_data_bench(records, file=stream)
     chart = plot_data_bench(records, Path(req.out) / CHART_FILE)
-    print(f"results: {Path(req.out) / RESULTS_FILE}  chart: {chart}", file=stream)
+    print(f"results: {Path(req.out) / RESULTS_FILE}  chart: "
+          f"{chart or 'none (no loader was measured)'}", file=stream)
     if any(r["figures"].get("skipped_files") for r in records):
         bad = BadFileWriter(Path(req.out) / BAD_FILES)
         print(f"bad files: {bad.count()}, each listed with its reason in {bad.path}", file=stream)

@@ -56,7 +56,7 @@ def print_data_bench(records: list[dict], file=None) -> None:
         f = r["figures"]
         if r["status"] != "ok":
             rows.append([r["source_label"], r["loader"], str(r["batch_size"]), "error",
-                         r["error"][:60], *["-"] * (len(headers) - 5)])
+                         "(below)", *["-"] * (len(headers) - 5)])
             continue
         rate = f["images_per_s"]
         row = [r["source_label"], r["loader"], str(r["batch_size"]),
@@ -76,6 +76,10 @@ def print_data_bench(records: list[dict], file=None) -> None:
                   f"{model['figures']['model_synthetic_images_per_s']['median']:,.0f} {per}")
     print_table(headers, rows, title=title + f"  [{per}: median of the windows, ! unstable]",
                 file=file)
+    for r in records:  # an error whole, under the table: a cell would cut it mid-sentence
+        if r["status"] != "ok":
+            print(f"error: {r['source_label']} {r['loader']} bs {r['batch_size']}: "
+                  f"{r['error']}", file=file)
     for r in records:
         reasons = ((r.get("figures") or {}).get("stability") or {}).get("reasons")
         if r["status"] == "ok" and reasons:

@@ -177,7 +177,9 @@ def _figure_rows(f: dict) -> list[tuple[str, str]]:
         if f.get(key) is not None:
             rows.append((label, _num(scale * f[key], unit)))
 
-    add("step (profiled)", "step_ms", " ms")
+    add("step (unprofiled)", "step_ms", " ms")
+    if (f.get("profiled") or {}).get("step_ms"):
+        rows.append(("step (profiled)", _num(f["profiled"]["step_ms"], " ms")))
     add("samples/s (unprofiled)", "unprofiled_samples_per_s")
     add("samples/s (profiled)", "samples_per_s")
     add("samples per step", "samples_per_step")
@@ -187,7 +189,7 @@ def _figure_rows(f: dict) -> list[tuple[str, str]]:
     add("device idle: other (dependencies, syncs)", "idle_other_pct", "%")
     if f.get("comm_pct"):  # one process has none to show
         add("collectives", "comm_pct", "%")
-    add("host busy per step", "host_ms", " ms")
+    add("host busy per profiled step", "host_ms", " ms")
     add("host blocked in syncs per step", "host_blocked_ms", " ms")
     add("host in the loader per step", "host_data_ms", " ms")
     add("device busy per step", "device_ms", " ms")

@@ -124,7 +124,8 @@ def _zoomed(low: float, high: float, lower: float, upper: float) -> tuple[float,
 def log_axis(ax) -> None:
     """A log y axis whose labels read 0.3, not 3 x 10^-1, and never crowd: across several
     decades the decades alone; within fewer, 1-2-5 steps, or for a span under half a decade
-    finer ones (1, 1.5, 2, 3, 4, 5, 6, 8), so a short run's axis still shows numbers."""
+    finer ones (1, 1.5, 2, 3, 4, 5, 6, 8), or for a span narrower than those evenly spaced round
+    values, so a short run's axis still shows numbers."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1000 else f"{v:.3g}")
@@ -140,8 +141,22 @@ def log_axis(ax) -> None:
     ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(low)) - 1,
                                           math.ceil(math.log10(high)) + 1)
              for m in subs if low <= m * 10.0 ** k <= high]
+    if len(ticks) < 2:  # a span too narrow for any of them (one epoch's two losses)
+        ticks, plain = _even_ticks(low, high)
+        ax.yaxis.set_major_formatter(plain)
     if len(ticks) >= 2:
         ax.yaxis.set_major_locator(FixedLocator(ticks))
+
+
+def _even_ticks(low: float, high: float):
+    """Evenly spaced round ticks inside ``low .. high`` (1-2-5 steps), and a formatter
+    with as many decimals as the step needs, so no two labels read the same."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    ticks = [t for t in MaxNLocator(nbins=4, steps=[1, 2, 5, 10]).tick_values(low, high)
+             if low <= t <= high]
+    step = ticks[1] - ticks[0] if len(ticks) >= 2 else high - low
+    decimals = max(0, -math.floor(math.log10(step))) if step > 0 else 3
+    return ticks, FuncFormatter(lambda v, _: f"{v:.{decimals}f}")
 
 
 def _plottable(value, log_y: bool) -> bool:
