@@ -96,7 +96,10 @@ def test_a_window_trace_over_the_cap_is_not_analysed(in_tmp, capsys, monkeypatch
     out, err = capsys.readouterr()
     assert out == "ran 20 steps\n"  # the script went on to its end
     size = (in_tmp / "prof" / "trace.json").stat().st_size
-    # one line, no traceback: the size, the steps, what to do, what was kept
+    # one line after the window's, no traceback: the size, the steps, what to do, what was
+    # kept
+    assert err.splitlines()[0].startswith("kasoku: the profile's window ended at step ")
+    err = err.split("\n", 1)[1]
     assert err.startswith(f"kasoku: the window's trace is too large to analyse: "
                           f"{size / 1e9:.2f} GB for 4 profiled steps, over the 0 MB kasoku "
                           f"reads; even --steps 1 would record about {size / 2e6:.0f} MB: "
@@ -186,7 +189,7 @@ def test_a_saved_lever_expecting_unknown_says_nothing_rather_than_unknown():
     from kasoku.advisor.verdict import Verdict
     for said in ("unknown", "estimate: unknown"):
         lever = Lever.from_dict({"text": "see the phases", "expect": said, "args": []})
-        assert lever.expect == ""
+        assert lever.expect == said  # read back as saved
         line = Verdict("balanced", "no single bottleneck", lever).line
         assert line == "balanced: no single bottleneck -> see the phases"
-    assert Lever("x", "estimate ~1.3x").expect == "estimate ~1.3x"
+    assert Verdict("r", "why", Lever("x", "estimate ~1.3x")).line == "r: why -> x (estimate ~1.3x)"

@@ -24,7 +24,8 @@ Change = tuple[tuple[str, object], ...]
 
 
 SAYS_NOTHING = ("unknown", "estimate: unknown", "(unknown)", "(estimate: unknown)")
-"""Expectations that are none: a lever holding one expects nothing said."""
+"""Expectations that are none (a profile saved before every lever said what to expect holds
+"unknown"): kept as saved, said as nothing (``Verdict.line`` has no parenthesis then)."""
 
 
 class Changes:
@@ -56,13 +57,6 @@ class Lever(Changes):
     """What else it changes (a larger batch changes the training, not only its speed)."""
     measured: dict | None = None
     """Its A/B runs (``advice.Outcome.to_dict``) once measured; None: an estimate."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        # A profile saved before every lever said what to expect holds "unknown": said as
-        # nothing (the verdict's line then has no parenthesis), not as an estimate.
-        if self.expect.strip().lower() in SAYS_NOTHING:
-            object.__setattr__(self, "expect", "")
 
     def to_dict(self) -> dict:
         """The lever as ``profile.json`` holds it (``from_dict`` reads it back): ``args`` as

@@ -24,7 +24,7 @@ from typing import Callable
 from kasoku.accel.config import AccelConfig
 from kasoku.advisor import levers as lv
 from kasoku.advisor import limits
-from kasoku.advisor.levers import Change, Changes, Lever, given, read_change
+from kasoku.advisor.levers import SAYS_NOTHING, Change, Changes, Lever, given, read_change
 from kasoku.core.flags import args_text
 from kasoku.perf.profile.figures import StepFigures
 from kasoku.perf.profile.kfac_cost import ms
@@ -112,7 +112,8 @@ class Verdict:
 
     @property
     def line(self) -> str:
-        expect = f" ({self.lever.expect})" if self.lever.expect else ""
+        said = self.lever.expect.strip().lower() not in ("", *SAYS_NOTHING)
+        expect = f" ({self.lever.expect})" if said else ""
         return f"{self.rule}: {self.reason} -> {self.lever.text}{expect}"
 
     def to_dict(self) -> dict:
