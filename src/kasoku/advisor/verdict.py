@@ -12,8 +12,7 @@ A bound is claimed only from figures: compute-bound needs most of the time in ma
 and a real share of the measured peak (a CPU step at 3% of its peak is not compute-bound:
 its products are too small, ``latency-bound``); no rule fires by default. The verdict's lever
 is an estimate until ``kasoku.advisor.advice`` has measured the candidates; ``--confirm``
-runs the rule's experiments (``Experiment``), which prove the bound, and measures the advice
-again.
+runs the rule's experiments (``Experiment``), which prove the bound, and the advice again.
 """
 from __future__ import annotations
 
@@ -112,8 +111,8 @@ class Verdict:
 
     @property
     def line(self) -> str:
-        said = self.lever.expect.strip().lower() not in ("", *SAYS_NOTHING)
-        expect = f" ({self.lever.expect})" if said else ""
+        expect = "" if self.lever.expect.strip().lower() in ("", *SAYS_NOTHING) \
+            else f" ({self.lever.expect})"
         return f"{self.rule}: {self.reason} -> {self.lever.text}{expect}"
 
     def to_dict(self) -> dict:
