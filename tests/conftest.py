@@ -1,8 +1,16 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
+
+# The tests act as a terminal's Ctrl-C does: a runner that starts pytest with SIGINT ignored (a
+# background job of a shell script, a pytest-xdist worker) would leave Python without its
+# handler, and every process the tests start with SIGINT ignored too (ignored stays ignored
+# across exec), so a test's Ctrl-C would reach nothing.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED_DATA = Path(os.environ.get("KASOKU_SHARED_DATA",
                                   Path(__file__).resolve().parents[1].parent / "shared" / "data"))
