@@ -72,7 +72,11 @@ def _started(name):
 
 @pytest.fixture
 def no_work(monkeypatch):
-    """Every command's engine replaced by one that raises ``WorkStarted``."""
+    """Every command's engine replaced by one that raises ``WorkStarted``. The modules that
+    bind an engine by name when first imported are imported before, so none keeps the fake
+    after the test (compare's trainer, when a later test of the same process imports it)."""
+    for module in ("kasoku.commands.bench.compare_train", "kasoku.cli.train_worker"):
+        importlib.import_module(module)
     for module, name in ENGINES:
         monkeypatch.setattr(importlib.import_module(module), name, _started(name))
 

@@ -41,8 +41,9 @@ def test_phases_add_up_to_the_step_time(tmp_path):
         wall_ms = 1e3 * (entry["elapsed_time"] - before["elapsed_time"]) / steps
         # The wall between two log lines also holds the extensions' work (the log, its
         # table) and any pause of a shared 2-core machine (5% failed there 4 times in a
-        # day, up to 14% off); the phases' own sum is checked exactly below.
-        assert entry["time/step"] == pytest.approx(wall_ms, rel=0.2)
+        # day, up to 14% off; 20% with the suite's second test process beside it); the
+        # phases' own sum is checked exactly below.
+        assert entry["time/step"] == pytest.approx(wall_ms, rel=0.35)
         parts = [entry[f"time/{p}"] for p in PHASES if f"time/{p}" in entry]
         assert sum(parts) == pytest.approx(entry["time/step"], rel=1e-6)
         assert sum(entry[f"time/{p}%"] for p in PHASES if f"time/{p}" in entry) == \
