@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from kasoku.distributed.launch import environ_set
+
 ALLOCATORS = {"jemalloc": ("jemalloc",), "tcmalloc": ("tcmalloc_minimal", "tcmalloc")}
 """Each malloc ``--with allocator=NAME`` takes, and its libraries' names (``libNAME.so*``),
 the first found preloaded; ``--with allocator`` alone takes the first of them found."""
@@ -145,15 +147,8 @@ def expandable_segments(unapplied: dict):
         return
     if torch.cuda.is_initialized():
         unapplied["expandable-segments"] = "too late"
-    saved = os.environ.get(CUDA_ALLOC_CONF)
-    os.environ[CUDA_ALLOC_CONF] = _expandable(saved)
-    try:
+    with environ_set(CUDA_ALLOC_CONF, _expandable(os.environ.get(CUDA_ALLOC_CONF))):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop(CUDA_ALLOC_CONF, None)
-        else:
-            os.environ[CUDA_ALLOC_CONF] = saved
 
 
 def _expandable(conf: str | None) -> str:

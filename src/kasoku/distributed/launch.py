@@ -133,7 +133,7 @@ def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
                            signals_to_handle="SIGHUP,SIGQUIT")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each worker sets its own thread count
     with tempfile.TemporaryDirectory(prefix="kasoku-job-") as folder, \
-            _environ(JOB_DIR_ENV, folder), _stop_passed_on() as stop:
+            environ_set(JOB_DIR_ENV, folder), _stop_passed_on() as stop:
         folder = Path(folder)
         try:
             with quiet_launcher():
@@ -198,7 +198,8 @@ def _say_resume(command: str | None, out: Path | None, restarts: int | None = No
 
 
 @contextlib.contextmanager
-def _environ(key: str, value: str):
+def environ_set(key: str, value: str):
+    """``os.environ[key] = value`` while the block runs, as it was after."""
     before = os.environ.get(key)
     os.environ[key] = value
     try:
