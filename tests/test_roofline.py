@@ -124,6 +124,13 @@ def test_no_cheap_lever_left_only_under_a_tenth_of_the_step():
              "classes": [table["classes"][0], {**table["classes"][1], "gap_ms": 1.5}]}
     v = judge(_figures(wider, 35.5), accel)
     assert v.lever.text.startswith("the time above the limits is most in matmul/conv")
+    # most kernels' work unknown (CUDA graphs' replays): no distance said, no "near its limit"
+    graphed = {**table, "gap_ms": 0.8, "unknown_ms": 30.0,
+               "classes": [{**table["classes"][0], "known_pct": 0.0, "rate": None,
+                            "roof": None, "roof_ms": None, "gap_ms": None},
+                           table["classes"][1]]}
+    v = judge(_figures(graphed, 35.5), accel)
+    assert "near its" not in v.lever.text and "above the limits" not in v.lever.text
 
 
 @pytest.mark.parametrize("name, args, flop", [
@@ -247,3 +254,19 @@ def test_the_summary_and_the_report_show_the_table(tmp_path):
     table = re.search(r"<table>(.*?)</table>", section, re.S).group(1)
     assert table.count("<tr>") == 1 + len(f["roofline"]["classes"]) + 1  # header, idle
     assert 'id="roofline"' in section and "data:image/png;base64," in section
+
+
+def test_a_graphs_kernels_under_one_operator_have_unknown_work(events):
+    """A CUDA graph's replay (the model compiled with ``reduce-overhead``) launches the whole
+    forward's kernels under one operator: the shapes of its call are not their work."""
+    replay = {"cat": "cpu_op", "name": "replay", "args": {
+        "External id": 7, "Input Dims": [[64, 3, 224, 224]], "Input type": ["float"]}}
+    names = ["sm90_xmma_fprop_implicit_gemm_bf16", "triton_red_fused_native_batch_norm_0"]
+    kernels = [{"cat": "kernel", "name": names[i % 2], "dur": 10.0, "args": {"External id": 7}}
+               for i in range(work.GRAPH_KERNELS)]
+    w = work.class_work([replay, *kernels])
+    assert {c: (x.known_us, x.unknown_us, x.bytes) for c, x in w.items()} == {
+        kernel_class(names[0]): (0.0, 80.0, 0.0), kernel_class(names[1]): (0.0, 80.0, 0.0)}
+    # as many kernels of one class (a foreach update's): its operator's work, as before
+    one = [{**k, "name": names[1]} for k in kernels]
+    assert work.class_work([replay, *one])[kernel_class(names[1])].known_us == 160.0

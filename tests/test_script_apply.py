@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_profile_script import kasoku, write
 
-from kasoku.advisor.levers import Lever
+from kasoku.advisor.levers import Lever, host_candidates
 from kasoku.advisor.verdict import Verdict
 from kasoku.cli import main
-from kasoku.commands import script_apply
+from kasoku.commands import script_apply, script_profile
 from kasoku.commands.script_levers import NUMERICS, ScriptFacts, ScriptLevers
 from kasoku.commands.script_offers import script_candidates, script_lever
 from kasoku.core.errors import ConfigError
@@ -213,3 +213,34 @@ def test_the_verdicts_levers_pulled_from_outside_where_they_apply():
     assert "(the update takes 20% of the step)" in offered[0].text
     verdict.candidates = [Lever("", "", {"accel.optimizer_impl": "fused"})]
     assert len(script_candidates(verdict, facts, "cpu", figures)) == 1
+
+
+def test_the_models_layout_and_compilation_are_read_from_it():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 1))
+    assert script_apply.model_settings(model) == (False, False)
+    model.to(memory_format=torch.channels_last)  # the 1x1 weight is contiguous both ways
+    assert script_apply.model_settings(model) == (False, True)
+    assert script_apply.model_settings(torch.compile(model)) == (True, True)  # not run: lazy
+    model.compile()
+    assert script_apply.model_settings(model) == (True, True)
+    assert script_apply.model_settings(torch.nn.Linear(2, 2)) == (False, False)
+
+
+def test_a_profile_with_levers_set_sees_them_and_offers_none_again(scripts):
+    run = kasoku("profile", "--skip", "2", "--measure-steps", "2", "--warmup", "1", "--steps",
+                 "3", "--estimate", "--with", "channels-last", "--out", "prof", "--", "python",
+                 "conv.py", cwd=scripts)
+    assert run.returncode == 0, run.stderr
+    facts = json.loads((scripts / "prof" / "profile.json").read_text())["facts"]
+    assert facts["channels_last"] is True and facts["compiled"] is None
+    graphed = ScriptFacts(compiled="reduce-overhead", channels_last=True, optimizer_impl="fused")
+    accel = script_profile.script_accel("bf16", graphed)
+    assert (accel.compile, accel.cuda_graph, accel.channels_last, accel.optimizer_impl) == \
+        (True, True, True, "fused")
+    # a host-bound step whose model runs in CUDA graphs already: neither offered again
+    figures = StepFigures(device="cuda", step_ms=10.0, idle_host_pct=30.0, has_conv=True)
+    offered = {key for lever in host_candidates(figures, accel) for key, _ in lever.change}
+    assert offered == {"train.batch_size"}
+    eager = script_profile.script_accel("fp32", ScriptFacts())
+    offered = {key for lever in host_candidates(figures, eager) for key, _ in lever.change}
+    assert offered == {"accel.compile", "accel.cuda_graph", "train.batch_size"}

@@ -60,11 +60,16 @@ def roofline_fallback(f: StepFigures, otherwise: Lever, levers=class_levers) -> 
     """Where a device-bound step's levers are spent: the kernel class with most time above
     its limit and what acts on it (``levers(f, cls)``: kasoku's flags, or a script's edits),
     or "no cheap lever left" where the classes' gaps add up to under ``NO_CHEAP_LEVER_PCT``
-    of the step; ``otherwise`` without a roofline."""
+    of the step; ``otherwise`` without a roofline, or where most of the kernels' time has no
+    known work (a CUDA graph's kernels)."""
     table = f.roofline
     if not table or not f.step_ms:
         return otherwise
     pct, top = gap_pct(table, f.step_ms), largest_gap(table)
+    known_ms = sum(r["ms"] * r.get("known_pct", 100.0) / 100 for r in table["classes"]
+                   if r.get("gap_ms") is not None)
+    if table.get("unknown_ms", 0.0) > known_ms:
+        return otherwise  # most kernels' work unknown (a CUDA graph's): no distance to say
     if top is None or pct < NO_CHEAP_LEVER_PCT:
         return nothing_left(f"every kernel class is near its measured limit: their gaps add up "
                             f"to {table['gap_ms']:.2f} ms, {pct:.0f}% of the step")
@@ -99,15 +104,20 @@ def roofline_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
 
 
 def roofline_reason(f: StepFigures) -> str:
-    """The step's time above the kernels' limits, for a device-bound verdict's reason."""
+    """The step's time above the kernels' limits, for a device-bound verdict's reason, and
+    the share of the step whose kernels' work is unknown where it is a tenth or more."""
     table = f.roofline
     if not table or not f.step_ms:
         return ""
     top = largest_gap(table)
     most = (f", most in {top['class']} ({top['gap_ms']:.2f} ms: {top['rate']:,.0f} of a "
             f"{top['roof']:,.0f} {top['unit']} roof)" if top else "")
+    unknown = table.get("unknown_ms", 0.0)
+    unseen = (f" (the work of {unknown:.2f} ms of kernels is unknown: "
+              f"{100 * unknown / f.step_ms:.0f}% of the step not judged)"
+              if unknown >= 0.1 * f.step_ms else "")
     return (f"; {table['gap_ms']:.2f} ms ({gap_pct(table, f.step_ms):.0f}%) of the step above "
-            f"the kernels' measured limits{most}")
+            f"the kernels' measured limits{most}{unseen}")
 
 
 def first_the_roofline(candidates):

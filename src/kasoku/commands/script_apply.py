@@ -120,6 +120,20 @@ def optimizer_impl(optimizer) -> str | None:
 
 # --- the model the script calls first -------------------------------------------------------
 
+def model_settings(module) -> tuple[bool, bool]:
+    """Whether ``module`` (the model the script calls first) runs compiled (``torch.compile``
+    of it, or compiled in place), and whether its convolution weights are in
+    ``torch.channels_last``: set by the script or by a lever, so that the verdict offers
+    neither again."""
+    compiled = getattr(module, "_compiled_call_impl", None) is not None or \
+        type(module).__name__ == "OptimizedModule"
+    convs = [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    # a 1x1 weight is contiguous in both layouts: one other than it says which
+    channels_last = all(w.is_contiguous(memory_format=torch.channels_last) for w in convs) \
+        and any(not w.is_contiguous() for w in convs)
+    return compiled, channels_last
+
+
 @contextlib.contextmanager
 def found_model(roots: tuple[Path, ...], unapplied: Unapplied, channels_last: bool = False,
                 compile_mode: str | None = None):

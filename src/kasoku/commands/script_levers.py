@@ -255,6 +255,11 @@ class ScriptFacts:
     tf32: bool = False
     cudnn_benchmark: bool = False
     has_conv: bool = False
+    compiled: str | None = None
+    """The model's torch.compile mode (``default``, ``reduce-overhead``, ...; ``compiled`` where
+    the script compiled it itself, its mode unseen), or None where it runs eagerly."""
+    channels_last: bool = False
+    """Whether the model's convolution weights are in ``torch.channels_last``."""
     loader_steps: bool = False
     """Whether the steps take their batches from a DataLoader."""
     prefetch_factor: int | None = None

@@ -44,7 +44,7 @@ from kasoku.commands.profile import ProfileConfig, peak_figures, write_outputs
 from kasoku.commands.profile_config import check_window
 from kasoku.commands.script_ab import MEASURE_FILE, ScriptSides, advise_script
 from kasoku.commands.script_launch import LAUNCHED
-from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
+from kasoku.commands.script_levers import ScriptFacts, ScriptLevers, numerics, with_text
 from kasoku.commands.script_preload import preload
 from kasoku.commands.script_run import ScriptCommand, run_script
 from kasoku.commands.script_watch import StepWatch
@@ -250,7 +250,7 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
                                                 1 / measured["steps_per_s"],
                                                 max(flops, key=flops.get)))
     # once: typed (``StepFigures``, ``ScriptVerdict``) until profile.json holds them
-    verdict = ScriptVerdict(judge(figures, AccelConfig(precision=precision)))
+    verdict = ScriptVerdict(judge(figures, script_accel(precision, facts)))
     first = cfg.skip + cfg.measure_steps + cfg.warmup + 2  # the anchor step is not analysed
     return {"workload": command.name, "script": list(command.argv), "device": str(device),
             "out": str(watch.out), "figures": figures, "verdict": verdict,
@@ -262,6 +262,16 @@ def _result(command: ScriptCommand, cfg: ProfileConfig, watch: StepWatch, end) -
                          "warmup": cfg.warmup, "steps": cfg.steps, "loader": loader,
                          "batch_size": watch.batch_size, "with": list(watch.levers.given),
                          "script": command.text}}
+
+
+def script_accel(precision: str, facts: ScriptFacts) -> AccelConfig:
+    """The levers the script runs with, as kasoku's run fields, for the verdict to offer none
+    of them again: its precision, the layout, compilation (CUDA graphs of the model with the
+    modes that make them), a fused optimizer."""
+    graphs = facts.compiled in ("reduce-overhead", "max-autotune")
+    return AccelConfig(precision=precision, channels_last=facts.channels_last,
+                       compile=facts.compiled is not None, cuda_graph=graphs,
+                       optimizer_impl="fused" if facts.optimizer_impl == "fused" else None)
 
 
 def profiled_line(result: dict) -> str:

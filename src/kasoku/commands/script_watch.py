@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -44,7 +45,7 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as torch_dataloader
 
-from kasoku.commands.script_apply import loader_arguments, loader_site, user_site
+from kasoku.commands.script_apply import loader_arguments, loader_site, model_settings, user_site
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import ScriptStopped
 from kasoku.commands.script_timing import StepTimer, batch_size_of, script_device
@@ -96,6 +97,7 @@ class StepWatch:
         self._in_next = 0  # inside the DataLoader iterator's __next__
         self._saved: list[tuple[object, str, object]] = []
         self._hook = self._pre_hook = self._forward_hook = None
+        self._model = lambda: None  # the module the forward's line calls, once called
         # id(dataset): site, num_workers of its first DataLoader, the script's (a library makes
         # another from the same dataset, as Accelerate's prepare does)
         self._sites: dict[int, tuple[str | None, int]] = {}
@@ -219,6 +221,7 @@ class StepWatch:
             site = user_site(self.roots)
             if site is not None:
                 self.facts.forward_site = site
+                self._model = weakref.ref(module)
                 self._unhook_forward()
         self._forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(
             first_forward)
@@ -360,6 +363,9 @@ class StepWatch:
         if self.levers.bf16 and self.facts.autocast is None:
             self.facts.autocast = "bfloat16"  # the lever's autocast is set, not entered
         self.facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+        if (model := self._model()) is not None:
+            compiled, self.facts.channels_last = model_settings(model)
+            self.facts.compiled = (self.levers.compile or "compiled") if compiled else None
         # type(), not isinstance(): a deprecated module attribute warns when its class is asked
         self.facts.has_conv = any(issubclass(type(o), torch.nn.modules.conv._ConvNd)
                                   for o in gc.get_objects())

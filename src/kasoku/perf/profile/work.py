@@ -183,6 +183,12 @@ def dtype_of(args: dict) -> str:
     return "fp32"
 
 
+GRAPH_KERNELS = 16
+"""An operator that launched this many kernels of several classes is a CUDA graph's replay or a
+compiled region's (an operator launches a few; a foreach update many of one class): the
+shapes it was called with say nothing of its kernels' work, which is unknown."""
+
+
 def class_work(events: list[dict], steps: int = 1) -> dict[str, ClassWork]:
     """Per ``KERNEL_CLASSES`` entry, the work per step of the kernels in ``events`` (a trace
     recorded with shapes; ``steps`` steps of it)."""
@@ -206,6 +212,10 @@ def class_work(events: list[dict], steps: int = 1) -> dict[str, ClassWork]:
         by_class: dict = defaultdict(float)
         for k in kernels:
             by_class[kernel_class(k.get("name", ""))] += k.get("dur", 0.0)
+        if len(kernels) >= GRAPH_KERNELS and len(by_class) > 1:  # a graph's: work unknown
+            for c, us in by_class.items():
+                work[c].unknown_us += us
+            continue
         cls = max(by_class, key=by_class.get)
         w, us = work[cls], sum(by_class.values())
         args = ops[ext].get("args") or {}
