@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from kasoku.commands.bench.pool import batch_spec
+from kasoku.commands.bench.report import unstable
 from kasoku.commands.bench.results import append_result, median_rate, read_results
 from kasoku.commands.bench.rungs import ladder_or_specs
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
@@ -193,7 +194,8 @@ def side_figures(best: dict | None, how: str, window: Window, out: Path, device_
     side.update(rung=best["rung"], batch_size=best["batch_size"],
                 device_name=best.get("env", {}).get("device_name"),
                 samples_per_s=rate, step_time_ms=(f.get("step_time_ms") or {}).get("median"),
-                stability=f.get("stability"),
+                stability=f.get("stability"), unstable=unstable(best),
+                rate_range=[f["samples_per_s"].get(k, rate) for k in ("min", "max")],
                 compute_dtype=f.get("compute_dtype"), peak_flops_per_s=f.get("peak_flops_per_s"),
                 mfu=f.get("mfu"), mfu_note=f.get("mfu_note"),
                 model_flops_per_step=f.get("model_flops_per_step"),
@@ -257,6 +259,29 @@ def _share(side: dict) -> str:
     return f"{100 * side['mfu']:.0f}% of its {side['compute_dtype']} peak"
 
 
+def _span(side: dict) -> str:
+    low, high = side.get("rate_range") or (side["samples_per_s"],) * 2
+    return f"{low:,.0f}-{high:,.0f}"
+
+
+def _ranges_meet(cpu: dict, gpu: dict) -> bool:
+    """Whether the two best rungs' windows' ranges meet (a line saved before the ranges were
+    kept: no)."""
+    a, b = cpu.get("rate_range"), gpu.get("rate_range")
+    return bool(a and b) and a[0] <= b[1] and b[0] <= a[1]
+
+
+def _unsure(cpu: dict, gpu: dict) -> str:
+    """`` (the CPU's rate is unstable: ...)`` where a side's windows disagreed or shared its
+    cores with other processes (``!`` in its ladder): the ratios below rest on it."""
+    shaky = [(name, side) for name, side in (("CPU", cpu), ("GPU", gpu))
+             if side.get("unstable")]
+    if not shaky:
+        return ""
+    said = " and ".join(f"the {name}'s windows ranged {_span(side)}" for name, side in shaky)
+    return f" (unstable: {said}; the ratios are approximate: measure again on a quiet machine)"
+
+
 def reading(line: dict) -> str:
     """One line: which device is faster and by how much, the ratio of their peaks, and which
     uses the larger share of its own peak."""
@@ -275,8 +300,12 @@ def reading(line: dict) -> str:
         return (f"only the {name} was measured: {side['rung']} at {side['samples_per_s']:,.0f} "
                 f"{line['unit']}/s, {_share(side)}; {how} for the comparison")
     speedup = line["speedup"]
+    if _ranges_meet(cpu, gpu):
+        return (f"the two devices' rates are within the noise of each other (CPU "
+                f"{_span(cpu)}, GPU {_span(gpu)} {line['unit']}/s over their windows): no "
+                f"faster device here" + _unsure(cpu, gpu))
     text = (f"the GPU is {times(speedup)} faster here" if speedup >= 1
-            else f"the CPU is {times(1 / speedup)} faster here")
+            else f"the CPU is {times(1 / speedup)} faster here") + _unsure(cpu, gpu)
     if line.get("peak_ratio") is None:
         return text + "; no measured peak to compare the shares (the peak probe failed)"
     peak = line["peak_ratio"]
