@@ -133,6 +133,9 @@ def test_a_reading_from_unstable_or_overlapping_rates_says_so():
     assert near["reading"] == ("the two devices' rates are within the noise of each other "
                                "(CPU 80-120, GPU 105-115 images/s over their windows): no "
                                "faster device here")
+    alone = cmp.summarize("w", "images", 1000, shaky, None)["reading"]
+    assert alone.startswith("only the CPU was measured: r at 100 images/s (unstable: the "
+                            "CPU's windows ranged 60-180; the figures are approximate")
     # a line saved before the ranges were kept reads as before
     assert cmp.summarize("w", "images", 1000, cpu, gpu)["reading"].startswith("the GPU is 10x")
 

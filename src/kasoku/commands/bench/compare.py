@@ -271,7 +271,7 @@ def _ranges_meet(cpu: dict, gpu: dict) -> bool:
     return bool(a and b) and a[0] <= b[1] and b[0] <= a[1]
 
 
-def _unsure(cpu: dict, gpu: dict) -> str:
+def _unsure(cpu: dict, gpu: dict, what: str = "the ratios are") -> str:
     """`` (the CPU's rate is unstable: ...)`` where a side's windows disagreed or shared its
     cores with other processes (``!`` in its ladder): the ratios below rest on it."""
     shaky = [(name, side) for name, side in (("CPU", cpu), ("GPU", gpu))
@@ -279,7 +279,7 @@ def _unsure(cpu: dict, gpu: dict) -> str:
     if not shaky:
         return ""
     said = " and ".join(f"the {name}'s windows ranged {_span(side)}" for name, side in shaky)
-    return f" (unstable: {said}; the ratios are approximate: measure again on a quiet machine)"
+    return f" (unstable: {said}; {what} approximate: measure again on a quiet machine)"
 
 
 def reading(line: dict) -> str:
@@ -297,8 +297,9 @@ def reading(line: dict) -> str:
         name, side, other = ("CPU", cpu, "GPU") if c else ("GPU", gpu, "CPU")
         how = (f"add {flag('compare.devices')} cpu,cuda on a machine with a GPU" if other == "GPU"
                else f"add cpu to {flag('compare.devices')}")
+        unsure = _unsure(cpu, gpu, "the figures are")
         return (f"only the {name} was measured: {side['rung']} at {side['samples_per_s']:,.0f} "
-                f"{line['unit']}/s, {_share(side)}; {how} for the comparison")
+                f"{line['unit']}/s{unsure}, {_share(side)}; {how} for the comparison")
     speedup = line["speedup"]
     if _ranges_meet(cpu, gpu):
         return (f"the two devices' rates are within the noise of each other (CPU "
