@@ -12,6 +12,7 @@ import pytest
 
 from kasoku.cli import main
 from kasoku.commands.bench.data_bench import DataBenchRequest, expand_loaders, run_data_bench
+from kasoku.commands.bench.data_report import verdict
 from kasoku.commands.bench.data_sources import prepare_jpeg_folders
 from kasoku.core.errors import ConfigError
 from kasoku.data.config import DataConfig
@@ -246,3 +247,15 @@ def test_an_error_is_said_whole_under_the_table_and_no_chart_is_said_as_none(jpe
     assert failed["status"] == "error" and len(failed["error"]) > 60
     assert f"bs {BATCH}: {failed['error']}\n" in table  # the whole message, not its first 60
     assert "chart: none (no loader was measured)" in table and "None" not in table
+
+
+def test_the_loader_against_the_model_claims_nothing_inside_the_noise():
+    def figures(loader, model):
+        rate = {"median": sum(loader) / 2, "min": loader[0], "max": loader[1]}
+        synthetic = {"median": sum(model) / 2, "min": model[0], "max": model[1]}
+        return {"images_per_s": rate, "model_synthetic_images_per_s": synthetic,
+                "margin": rate["median"] / synthetic["median"]}
+    assert verdict(figures((900, 1100), (1950, 2050)), "cuda") == "x0.5: the GPU waits 50%"
+    assert verdict(figures((2900, 3100), (950, 1050)), "cpu") == "x3.0: keeps up"
+    assert verdict(figures((900, 1300), (1000, 1200)), "cuda") == \
+        "~x1.0: within the noise of the model's rate"

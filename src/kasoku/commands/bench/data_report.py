@@ -32,11 +32,17 @@ def progress_line(record: dict) -> str:
             f"{f['first_batch_s']:.2f} s")
     if "margin" in f:
         text += (f"; fed {f['fed_images_per_s']['median']:,.0f} {per}, "
-                 f"{verdict(f['margin'], record['device'])}")
+                 f"{verdict(f, record['device'])}")
     return text
 
 
-def verdict(margin: float, device_type: str) -> str:
+def verdict(figures: dict, device_type: str) -> str:
+    """The loader alone against the model on synthetic batches: keeps up, or who waits how
+    much; ``~``, no claim, where the two rates' windows' ranges meet (the noise's)."""
+    margin, a = figures["margin"], figures["images_per_s"]
+    b = figures.get("model_synthetic_images_per_s") or {}
+    if "min" in b and a["min"] <= b["max"] and b["min"] <= a["max"]:
+        return f"~x{margin:.1f}: within the noise of the model's rate"
     if margin >= 1:
         return f"x{margin:.1f}: keeps up"
     who = "the GPU" if device_type == "cuda" else "the model"
@@ -64,7 +70,7 @@ def print_data_bench(records: list[dict], file=None) -> None:
                f"{rate['min']:,.0f}-{rate['max']:,.0f}", f"{f['mb_per_s']:,.1f}",
                f"{f['cpu_cores']:.2f} ({f['cpu_percent']:.0f}%)", f"{f['first_batch_s']:.2f} s"]
         if with_model:
-            row += ([verdict(f["margin"], r["device"]),
+            row += ([verdict(f, r["device"]),
                      f"{f['fed_images_per_s']['median']:,.0f}",
                      f"{100 * f['fed_fraction']:.0f}%"] if "margin" in f else ["-"] * 3)
         rows.append(row)
