@@ -2,6 +2,7 @@
 its model builds, its synthetic data has the shapes the model takes, a few optimizer steps
 with its recipe's optimizer lower the loss on a fixed batch, and missing real data is a
 ``DataError`` that says what to do."""
+import argparse
 import math
 from contextlib import contextmanager
 
@@ -9,8 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from kasoku.cli.args import synthetic_loader
 from kasoku.core.errors import DataError
+from kasoku.data import synthetic
 from kasoku.data.config import DataConfig
+from kasoku.data.registry import create_loader
 from kasoku.optim import make_optimizer
 from kasoku.workloads import create_workload, list_workloads
 
@@ -218,3 +222,29 @@ def test_sine_data():
     assert torch.equal(x, sine_datasets(32, 8, seed=3)[0].get_batch(torch.arange(32))[0])
     assert not torch.equal(val.get_batch(torch.arange(8))[0], x[:8])
     assert not torch.equal(x, sine_datasets(32, 8, seed=4)[0].get_batch(torch.arange(32))[0])
+
+
+def test_synthetic_images_drawn_on_demand_can_be_held_and_give_the_same_batches(monkeypatch):
+    """A synthetic set too large to be drawn whole at start (ImageNet's 2,816 images) is held
+    as tensors for the device loader: the same samples and labels for the same indices, and
+    the device loader's batches are the serial loader's."""
+    monkeypatch.setattr(synthetic, "MATERIALIZE_BYTES", 0)  # everything drawn on demand
+    data = DataConfig(synthetic=True, synthetic_train_size=24, synthetic_val_size=8)
+    train, val = create_workload("cifar10-lenet5").build_datasets(data, seed=3)
+    assert train.base._inputs is None and train.held_in_memory
+    held = train.in_memory()
+    idx = torch.tensor([5, 0, 23, 7])
+    for a, b in zip(held.get_batch(idx), train.get_batch(idx)):
+        assert torch.equal(a, b)
+    serial = create_loader("serial", train, 8, "cpu", seed=1)
+    device = create_loader("device", train, 8, "cpu", seed=1)
+    for _ in range(4):  # past an epoch's end
+        for a, b in zip(next(serial), next(device)):
+            assert torch.equal(a, b)
+    # on a GPU, --synthetic without --loader takes the device loader; a loader given stays
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = argparse.Namespace(loader=None, device="auto")
+    assert synthetic_loader(args, data) == {"loader": "device"}
+    assert synthetic_loader(argparse.Namespace(loader="serial", device="auto"), data) == {}
+    assert synthetic_loader(argparse.Namespace(loader=None, device="cpu"), data) == {}
+    assert synthetic_loader(args, DataConfig()) == {}

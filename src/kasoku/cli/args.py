@@ -264,3 +264,15 @@ def config_from(args: argparse.Namespace, cls, **extra):
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values.update(extra)
     return cls(**values)
+
+
+def synthetic_loader(args: argparse.Namespace, data) -> dict:
+    """``{"loader": "device"}`` where a run trains on synthetic data (``data``, a
+    ``DataConfig``) on a GPU and the command gave no ``--loader``: its batches made from
+    samples held on the device, so that it measures the model, not the host drawing random
+    numbers; {} otherwise. The host's data path on synthetic data is a loader chosen
+    (``--loader serial``, ``threads:N``, ``multiprocess:N``)."""
+    if not data.synthetic or getattr(args, "loader", None) is not None:
+        return {}
+    from kasoku.commands.device import resolve_device  # deferred: torch, when a run starts
+    return {"loader": "device"} if resolve_device(args.device).type == "cuda" else {}

@@ -126,7 +126,7 @@ def run(args) -> int:
             raise ConfigError(f"{flag} is for a script: kasoku profile {flag} ... -- python "
                               f"train.py")
     data = a.config_from(args, DataConfig)
-    train = a.config_from(args, TrainConfig)
+    train = a.config_from(args, TrainConfig, **a.synthetic_loader(args, data))
     train.progress = False
     cfg = a.config_from(args, ProfileConfig)
     dist = dist_config_from_args(args)

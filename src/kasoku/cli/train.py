@@ -146,9 +146,10 @@ def run(args) -> int:
     from kasoku.commands.train import train_run  # deferred: torch (module doc)
     from kasoku.run import TrainRequest, resolve  # deferred: with the engine, when it runs
     dist = dist_config_from_args(args)
-    run_cfg = resolve(create_workload(workload_spec(args)), a.config_from(args, DataConfig),
-                      a.config_from(args, TrainConfig), accel_config_from_args(args), dist,
-                      kfac_config_from_args(args))
+    data = a.config_from(args, DataConfig)
+    run_cfg = resolve(create_workload(workload_spec(args)), data,
+                      a.config_from(args, TrainConfig, **a.synthetic_loader(args, data)),
+                      accel_config_from_args(args), dist, kfac_config_from_args(args))
     run_cfg.check()  # before the workers start: a mistake is said once
     if dist.shard and not dist.asked and not under_launcher():
         warn_once("--shard has no effect in one process: it shards over the workers of "

@@ -12,7 +12,8 @@ class DataConfig:
     root: Path | None = None
     """Folder holding the real dataset (the workload's error message says what it must hold)."""
     synthetic: bool = False
-    """Train on generated data of the real shapes (no files needed)."""
+    """Train on generated data of the real shapes (no files needed); on a GPU its samples
+    are held on the device (the device loader) unless --loader names another."""
     synthetic_train_size: int | None = None
     """Number of synthetic training samples (default: the workload's)."""
     synthetic_val_size: int | None = None

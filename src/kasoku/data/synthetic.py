@@ -56,6 +56,20 @@ class SyntheticDataset:
             return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
         return torch.randn(shape, generator=g).to(self.dtype)
 
+    @property
+    def sample_bytes(self) -> int:
+        """The bytes of one sample's input."""
+        return _numel(self.input_shape) * self.dtype.itemsize
+
+    def sample(self, index: int) -> torch.Tensor:
+        """Sample ``index``'s input, drawn from its index alone (as ``get_batch`` draws it
+        where the dataset is not held whole)."""
+        return self._sample(index)
+
+    def label(self, x: torch.Tensor) -> torch.Tensor:
+        """The labels (or targets) of the inputs ``x``, a batch."""
+        return self._label(x)
+
     def _sample(self, index: int) -> torch.Tensor:
         return self._draw(self.input_shape,
                           torch.Generator().manual_seed(self.seed * 1_000_003 + 1 + int(index)))

@@ -19,6 +19,10 @@ from kasoku.workloads.dataset_facts import (
     synthetic_sizes,
 )
 
+RESIDENT_BYTES = 8 * 2**30
+"""A synthetic split up to this size can be held whole (``SyntheticSplit.in_memory``): what
+the device loader puts on the GPU, where ``--synthetic`` makes its batches by default."""
+
 
 class SyntheticSplit:
     """Samples ``[start, start + n)`` of a ``SyntheticDataset``, inputs passed through
@@ -44,17 +48,34 @@ class SyntheticSplit:
 
     @property
     def held_in_memory(self) -> bool:
-        return self.base._inputs is not None
+        """Whether these samples can be held as tensors: drawn whole already (a small base),
+        or at most ``RESIDENT_BYTES`` of them."""
+        return self.base._inputs is not None or self.nbytes <= RESIDENT_BYTES
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of these samples' inputs."""
+        return self.n * self.base.sample_bytes
 
     def in_memory(self) -> "InMemorySplit":
         """These samples as ``inputs``/``targets`` tensors (what the device loader copies to
-        the GPU); only for a base small enough to have been drawn whole."""
-        if self.base._inputs is None:
-            raise TypeError(f"{self.name}: {self.n} synthetic samples of this size are drawn on "
-                            f"demand, not held in memory; use {flag('data.synthetic_train_size')} "
-                            "N with a smaller N, or another loader")
-        span = slice(self.start, self.start + self.n)
-        return InMemorySplit(self.base._inputs[span], self.base._targets[span], self.transform)
+        the GPU), the same samples ``get_batch`` gives for the same indices: sliced from a
+        base drawn whole, else drawn here one by one as on demand (a second or two per
+        thousand ImageNet-sized samples); up to ``RESIDENT_BYTES``."""
+        if self.base._inputs is not None:
+            span = slice(self.start, self.start + self.n)
+            return InMemorySplit(self.base._inputs[span], self.base._targets[span],
+                                 self.transform)
+        if not self.held_in_memory:
+            raise TypeError(f"{self.name}: {self.n} synthetic samples of this size "
+                            f"({self.nbytes / 2**30:.1f} GiB) are drawn on demand, not held in "
+                            f"memory (at most {RESIDENT_BYTES // 2**30} GiB); use "
+                            f"{flag('data.synthetic_train_size')} N with a smaller N, or "
+                            f"another loader")
+        inputs = torch.empty((self.n, *self.base.input_shape), dtype=self.base.dtype)
+        for i in range(self.n):
+            inputs[i] = self.base.sample(self.start + i)
+        return InMemorySplit(inputs, self.base.label(inputs), self.transform)
 
     def get_batch(self, indices: torch.Tensor):
         indices = torch.as_tensor(indices, dtype=torch.int64)
