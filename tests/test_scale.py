@@ -106,6 +106,21 @@ def test_an_exposed_all_reduce_is_named_with_what_would_help():
     assert "share" not in line  # the workers alone run as fast as one
 
 
+def test_bf16_on_the_wire_is_offered_only_where_the_bytes_set_the_all_reduces_time():
+    # the MNIST MLP on 2 H200s: 7.2 MB in one bucket, 0.13 ms in fp32 and in bf16
+    small = _record(2, 0.23, 0.15, 0.13, device="cuda", grad_mb=7.2, allreduce_buckets=1)
+    line = scale.summarize([_record(1, 0.15, 0.15, 0.05, device="cuda"), small])[1][
+        "explanation"]
+    assert "(the all-reduce alone takes 0.13 ms; 1 bucket of 7.2 MB: its time is the calls' " \
+           "latency, not the bytes; 0.05 ms of it is hidden)" in line
+    assert "bigger per-worker batch" in line and "--allreduce-dtype" not in line
+    # ResNet-50's 102 MB in four buckets of DDP's 25 MB: the bytes set it
+    large = _record(2, 16.0, 10.0, 8.0, device="cuda", grad_mb=102.0, allreduce_buckets=4)
+    line = scale.summarize([_record(1, 10.0, 10.0, 0.1, device="cuda"), large])[1][
+        "explanation"]
+    assert "--allreduce-dtype bf16 (half the bytes)" in line and "latency" not in line
+
+
 def test_workers_sharing_cores_are_named_first_when_they_cost_most():
     rows = scale.summarize([_record(1, 10.0, 10.0, 0.1, threads=2),
                             _record(2, 22.0, 19.0, 2.0, threads=1)])

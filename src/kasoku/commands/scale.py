@@ -51,6 +51,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.commands.bench.results import carry_results
 from kasoku.commands.bench.worker import config_from_dict
 from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
+from kasoku.commands.scale_help import exchange_help, latency_words
 from kasoku.commands.scale_noise import efficiency_range, mark_chart, unstable_parts, withheld
 from kasoku.commands.table import print_table
 from kasoku.core.flags import flag
@@ -220,14 +221,10 @@ def explain(r: dict, row: dict) -> str:
                 f"other (kasoku profile WORKLOAD {flag('dist.gpus')} {n}"
                 f"{' ' + flag('dist.shard') if wrapper == 'FSDP2' else ''} tells which)")
         else:
-            text += f" (the {what} alone takes {comm:.2f} ms; {hidden:.2f} ms of it is hidden)"
+            text += (f" (the {what} alone takes {comm:.2f} ms{latency_words(r)}; "
+                     f"{hidden:.2f} ms of it is hidden)")
         causes.append((row["exposed_pct"], text))
-        help_.append(f"a bigger per-worker batch (more compute per {what})")
-        if r["allreduce_dtype"] == "fp32" and wrapper == "DDP":
-            help_.append(f"{flag('dist.allreduce_dtype')} bf16 (half the bytes)")
-        if r["device_type"] == "cuda" and not r["config"].get("cuda_graph") \
-                and wrapper == "DDP":
-            help_.append("a CUDA-graph step (less host time per step)")
+        help_ += exchange_help(r, wrapper, what)
     if row["slowdown"] >= SLOWDOWN:
         share = 100.0 * (r["alone_step_ms"] - r["alone_step_ms"] / row["slowdown"]) \
             / r["step_ms"]
