@@ -11,7 +11,8 @@ from kasoku.cli import main
 
 
 @pytest.mark.slow  # 18 s on 2 cores: the profile and its --confirm launches
-def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd):
+def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where the sides would leave folders of their own
     out = tmp_path / "prof"
     code = main(["profile", "mnist-mlp", "--synthetic", "--procs", "2", "--steps", "4",
                  "--warmup", "1", "--skip", "3", "--measure-steps", "6", "--confirm",
@@ -36,6 +37,7 @@ def test_worker_0_profiles_a_2_process_run_and_confirms(tmp_path, capfd):
         assert "--procs 2" in row["command"]  # the sides ran with the workers
     assert "confirm (fresh processes" in printed.out
     assert "Traceback" not in printed.err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
 
 def test_a_sharded_run_is_profiled_with_its_all_gathers_and_reduce_scatters(tmp_path, capfd):
