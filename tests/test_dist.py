@@ -235,6 +235,30 @@ def test_settings_that_cannot_work_are_one_line(capsys):
         DistConfig(rdzv_endpoint="nohost").check()
 
 
+def test_numa_binding_goes_to_pytorchs_launcher_for_gpu_workers_only(monkeypatch, capsys):
+    from torch.numa.binding import AffinityMode
+
+    from kasoku.commands.scale_help import bound_words
+    from kasoku.distributed import launch
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    config = launch.launch_config(4, numa_binding="exclusive")
+    assert config.numa_options.affinity_mode is AffinityMode.EXCLUSIVE
+    assert launch.launch_config(4).numa_options is None  # none asked: none bound
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="numactl, which is not installed here"):
+        launch.launch_config(4, numa_binding="node")
+    with pytest.raises(ConfigError, match="binds the workers of --gpus N"):
+        DistConfig(procs=2, numa_binding="node").check()
+    with pytest.raises(ConfigError, match="takes one of node, socket, exclusive"):
+        DistConfig(gpus=2, numa_binding="all").check()
+    assert main(["scale", "mnist-mlp", "--procs", "1", "--numa-binding", "node"]) == 2
+    err = capsys.readouterr().err
+    assert "these are CPU processes" in err and "Traceback" not in err
+    assert bound_words({"numa_binding": "exclusive", "cpus_per_worker": 16}) == \
+        "; each worker bound to 16 CPUs (--numa-binding exclusive)"
+    assert bound_words({"numa_binding": None}) == ""
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_gpus_without_cuda_says_to_use_procs(tmp_path):
     done = kasoku("train", *MNIST, "--gpus", "1", "--epochs", "0.1", "--out", tmp_path / "r",

@@ -3,7 +3,7 @@ argv -> ``DistConfig``, and the decision to start the workers."""
 from __future__ import annotations
 
 from kasoku.cli import args as a
-from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
+from kasoku.distributed.config import ALLREDUCE_DTYPES, NUMA_BINDINGS, DistConfig
 
 DIST_FLAGS = {
     "gpus": {"metavar": "N"},
@@ -18,6 +18,7 @@ DIST_FLAGS = {
     "allreduce_dtype": {"choices": ALLREDUCE_DTYPES},
     "sync_bn": None,
     "shard": None,
+    "numa_binding": {"choices": NUMA_BINDINGS},
     "scale_lr": None,
 }
 

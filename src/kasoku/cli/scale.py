@@ -18,9 +18,10 @@ from kasoku.cli import args as a
 from kasoku.cli.bench import _rung_spec
 from kasoku.cli.train import WORKLOAD_HELP, add_workload_settings, workload_spec
 from kasoku.core.errors import ConfigError
+from kasoku.core.flags import flag
 from kasoku.data.registry import DEFAULT_LOADER
 from kasoku.distributed import World, require_single_process
-from kasoku.distributed.config import ALLREDUCE_DTYPES, DistConfig
+from kasoku.distributed.config import ALLREDUCE_DTYPES, NUMA_BINDINGS, DistConfig
 from kasoku.distributed.plan import plan_worlds
 from kasoku.train.run_dir import out_or_new
 from kasoku.workloads import create_workload
@@ -88,7 +89,8 @@ def add_parser(sub) -> None:
     a.add_fields(p, DistConfig, {
         "bucket_mb": {"metavar": "MB"}, "static_graph": None,
         "allreduce_dtype": {"choices": ALLREDUCE_DTYPES},
-        "dist_timeout": {"metavar": "SECONDS"}, "shard": None})
+        "dist_timeout": {"metavar": "SECONDS"}, "shard": None,
+        "numa_binding": {"choices": NUMA_BINDINGS}})
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="folder for results.jsonl (appended) and scale.png (default: a new "
                    "folder runs/scale-WORKLOAD-DATE-TIME)")
@@ -186,6 +188,10 @@ def scale_config(args, wl, device_type: str):
 
     dist = a.config_from(args, DistConfig, gpus=None, procs=None)  # the counts are lists here
     dist.check()
+    if dist.numa_binding and device_type != "cuda":
+        raise ConfigError(f"{flag('dist.numa_binding')} binds the workers of "
+                          f"{flag('dist.gpus')} N to CPUs near their GPUs; these are CPU "
+                          f"processes")
     if args.config:
         rung = rung_from_spec(args.config, device_type, wl.ladder)
     elif device_type == "cuda":
@@ -206,6 +212,6 @@ def scale_config(args, wl, device_type: str):
                        warmup=args.warmup if args.warmup is not None else defaults["warmup"],
                        seed=args.seed, threads=args.threads, bucket_mb=dist.bucket_mb,
                        static_graph=dist.static_graph, allreduce_dtype=dist.allreduce_dtype,
-                       timeout_s=dist.dist_timeout,
+                       timeout_s=dist.dist_timeout, numa_binding=dist.numa_binding,
                        data=str(args.data.resolve()) if args.data is not None else None,
                        loader=args.loader)

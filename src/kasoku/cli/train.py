@@ -15,6 +15,7 @@ from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
 from kasoku.core.errors import warn_once
+from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import list_loaders, loader_kind
 from kasoku.distributed import World
@@ -151,6 +152,9 @@ def run(args) -> int:
                       a.config_from(args, TrainConfig, **a.synthetic_loader(args, data)),
                       accel_config_from_args(args), dist, kfac_config_from_args(args))
     run_cfg.check()  # before the workers start: a mistake is said once
+    if dist.numa_binding and not dist.asked and not under_launcher():
+        warn_once(f"{flag('dist.numa_binding')} has no effect in one process: it binds the "
+                  f"workers of {flag('dist.gpus')} N")
     if dist.shard and not dist.asked and not under_launcher():
         warn_once("--shard has no effect in one process: it shards over the workers of "
                   "--procs N or --gpus N")

@@ -51,7 +51,13 @@ from kasoku.accel.config import AccelConfig
 from kasoku.commands.bench.results import carry_results
 from kasoku.commands.bench.worker import config_from_dict
 from kasoku.commands.scale_feed import DEFAULT_LOADER, data_cause
-from kasoku.commands.scale_help import exchange_help, latency_words
+from kasoku.commands.scale_help import (
+    bound_words,
+    comm_of,
+    exchange_help,
+    latency_words,
+    wrapper_of,
+)
 from kasoku.commands.scale_noise import efficiency_range, mark_chart, unstable_parts, withheld
 from kasoku.commands.table import print_table
 from kasoku.core.flags import flag
@@ -96,6 +102,8 @@ class ScaleConfig:
     """The loader spec with ``data`` (None: ``kasoku train``'s default)."""
     shard: bool = False
     """FSDP2 (``fully_shard``) instead of DDP for the data-parallel step."""
+    numa_binding: str | None = None
+    """The launcher's NUMA binding of each GPU worker (``DistConfig.numa_binding``)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,8 @@ def run_scale(cfg: ScaleConfig, backend: str, world_sizes, out: Path, file=None)
                                    threads, Path(tmp) / RESULTS_FILE)
             try:
                 run_module("kasoku.commands.scale_worker", request.to_json(), n,
-                           Path(tmp) / "logs", out, what, tag=f"{n}workers")
+                           Path(tmp) / "logs", out, what, tag=f"{n}workers",
+                           numa_binding=cfg.numa_binding)
             finally:
                 records += carry_results(request.results, out)
     return records
@@ -168,7 +177,7 @@ def summarize(records: list[dict]) -> list[dict]:
     base = next((r for r in ordered if r["world_size"] == 1), ordered[0])
     base_rate = base["alone_samples_per_s_per_worker"]
     base_ms = base["alone_step_ms"]
-    baseline = f"1 worker alone (no {_wrapper(base)})" if base["world_size"] == 1 else \
+    baseline = f"1 worker alone (no {wrapper_of(base)})" if base["world_size"] == 1 else \
         f"one of {base['world_size']} workers alone (no 1-worker run)"
     rows = []
     for r in ordered:
@@ -188,7 +197,7 @@ def explain(r: dict, row: dict) -> str:
     """One line: what N workers give over one, and what limits it, with what would help."""
     n = r["world_size"]
     exposed, comm = r["exposed_allreduce_ms"], r["allreduce_alone_ms"]
-    wrapper, what = _wrapper(r), _comm(r)
+    wrapper, what = wrapper_of(r), comm_of(r)
     # DDP's all-reduce overlaps the backward pass; FSDP2's all-gathers the forward too.
     behind = "the backward pass" if wrapper == "DDP" else "the compute"
     fed = data_cause(r)  # with --data: (share, words, what would help) when steps wait
@@ -278,7 +287,7 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                      + ([f"{r['data_wait_ms']:.2f}"] if fed else []))
     if rows:
         first = records[0]
-        short = "all-reduce" if _wrapper(first) == "DDP" else "gather/scatter"
+        short = "all-reduce" if wrapper_of(first) == "DDP" else "gather/scatter"
         memory = first.get("peak_mem_mb") is not None
         if memory:  # CUDA: the peak memory per GPU, alone and data-parallel
             for cells, row in zip(table, rows):
@@ -287,13 +296,13 @@ def print_results(records: list[dict], file=None) -> list[dict]:
         print_table(["workers", "global batch", f"{unit}/s", "speed-up", "efficiency",
                      "step (ms)", "alone (ms)", f"exposed {short} (ms)", "exposed %",
                      f"{short} alone (ms)"] + (["data wait (ms)"] if fed else [])
-                    + (["peak GB alone", f"peak GB {_wrapper(first)}"] if memory else []),
+                    + (["peak GB alone", f"peak GB {wrapper_of(first)}"] if memory else []),
                     table,
                     title=f"scaling: {first['workload']}, {first['rung']}, "
-                          f"{_wrapper(first)} over {first['backend']}; speed-up over "
+                          f"{wrapper_of(first)} over {first['backend']}; speed-up over "
                           f"{rows[0]['baseline']}"
                           + (f"; data: {data['root']} through the {data['loader']} loader"
-                             if fed else ""),
+                             if fed else "") + bound_words(first),
                     file=file)
         for row in rows:
             print(row["explanation"], file=file)
@@ -313,16 +322,6 @@ def print_results(records: list[dict], file=None) -> list[dict]:
                     print(f"unstable (!): {r['world_size']} workers, the {what}: "
                           f"{'; '.join(reasons)}", file=file)
     return rows
-
-
-def _wrapper(r: dict) -> str:
-    """The data-parallel wrapper of a record: DDP, or FSDP2 (``--shard``)."""
-    return "FSDP2" if r.get("strategy") == "fsdp2" else "DDP"
-
-
-def _comm(r: dict) -> str:
-    """What its workers exchange: all-reduce (DDP), all-gather + reduce-scatter (FSDP2)."""
-    return r.get("comm", "all-reduce")
 
 
 def plot_scale(records: list[dict], path: Path) -> Path | None:
@@ -358,7 +357,7 @@ def plot_scale(records: list[dict], path: Path) -> Path | None:
     alone = [by_n[n]["alone_step_ms"] for n in ns]
     exposed = [by_n[n]["exposed_allreduce_ms"] for n in ns]
     labels = [str(n) for n in ns]
-    wrapper = _wrapper(records[0])
+    wrapper = wrapper_of(records[0])
     waits = [by_n[n].get("alone_data_wait_ms") for n in ns]
     if all(w is not None for w in waits):  # --data: the step alone's wait for its batches
         rest = [a - w for a, w in zip(alone, waits)]

@@ -1,6 +1,7 @@
-"""What would shorten a data-parallel step's exposed exchange, in the words of ``kasoku
-scale``'s line (``kasoku.commands.scale.explain``): a bigger per-worker batch, bf16 on the
-wire, a CUDA-graph step. Kept apart from ``scale`` for its size.
+"""A data-parallel step's exchange in the words of ``kasoku scale``'s lines
+(``kasoku.commands.scale``): its wrapper and what its workers exchange, the CPUs each worker
+was bound to, and what would shorten an exposed exchange (a bigger per-worker batch, bf16 on
+the wire, a CUDA-graph step). Kept apart from ``scale`` for its size.
 
 bf16 on the wire halves the bytes, which shortens an all-reduce only where its bytes set its
 time: buckets of ``BANDWIDTH_MB`` or more each. Below that an all-reduce's time is its calls'
@@ -38,3 +39,22 @@ def latency_words(r: dict) -> str:
         return ""
     return (f"; {buckets} bucket{'s' * (buckets != 1)} of {mb / buckets:.1f} MB: its time is "
             f"the calls' latency, not the bytes")
+
+
+def wrapper_of(r: dict) -> str:
+    """The data-parallel wrapper of a record: DDP, or FSDP2 (``--shard``)."""
+    return "FSDP2" if r.get("strategy") == "fsdp2" else "DDP"
+
+
+def comm_of(r: dict) -> str:
+    """What its workers exchange: all-reduce (DDP), all-gather + reduce-scatter (FSDP2)."""
+    return r.get("comm", "all-reduce")
+
+
+def bound_words(r: dict) -> str:
+    """``; each worker bound to 16 CPUs (--numa-binding exclusive)`` where the launcher bound
+    the workers, or ""."""
+    if not r.get("numa_binding"):
+        return ""
+    return (f"; each worker bound to {r.get('cpus_per_worker')} CPUs "
+            f"({flag('dist.numa_binding')} {r['numa_binding']})")

@@ -72,6 +72,7 @@ FLAGS: dict[str, str] = {
     "dist.allreduce_dtype": "--allreduce-dtype",
     "dist.sync_bn": "--sync-bn",
     "dist.shard": "--shard",
+    "dist.numa_binding": "--numa-binding",
     "dist.scale_lr": "--scale-lr",
     # kasoku.kfac.config.KFACConfig
     "kfac.base": "--kfac-base",

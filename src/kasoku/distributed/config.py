@@ -11,6 +11,8 @@ from kasoku.core.flags import flag
 
 AllreduceDtype = Literal["fp32", "bf16", "fp16"]
 ALLREDUCE_DTYPES: tuple[str, ...] = get_args(AllreduceDtype)
+NumaBinding = Literal["node", "socket", "exclusive", "core-complex"]
+NUMA_BINDINGS: tuple[str, ...] = get_args(NumaBinding)
 
 
 @dataclass
@@ -50,6 +52,11 @@ class DistConfig:
     fully_shard per transformer block, then the whole model) instead of replicating them
     (DDP); snapshots become folders written by every worker (torch.distributed.checkpoint)
     that resume on any number of workers."""
+    numa_binding: NumaBinding | None = None
+    """Bind each GPU worker and its threads to CPUs near its GPU (PyTorch's launcher, through
+    numactl): node (its GPU's NUMA node), socket, exclusive (the node's physical cores split
+    between the node's GPUs: none shared), core-complex (one shared last-level cache); with
+    --gpus."""
     scale_lr: bool = False
     """Linear scaling rule: multiply the learning rate by the number of workers (the global
     batch over the recipe's) with a gradual warmup (Goyal et al. 2017)."""
@@ -95,6 +102,13 @@ class DistConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        if self.numa_binding is not None and (self.numa_binding not in NUMA_BINDINGS
+                                              or self.procs is not None):
+            raise ConfigError(f"{flag('dist.numa_binding')} takes one of "
+                              f"{', '.join(NUMA_BINDINGS)} and binds the workers of "
+                              f"{flag('dist.gpus')} N to CPUs near their GPUs"
+                              + ("" if self.numa_binding in NUMA_BINDINGS else
+                                 f"; got {self.numa_binding!r}"))
         if self.allreduce_dtype not in ALLREDUCE_DTYPES:
             raise ConfigError(f"{flag('dist.allreduce_dtype')} must be one of "
                               f"{', '.join(ALLREDUCE_DTYPES)}, got {self.allreduce_dtype!r}")

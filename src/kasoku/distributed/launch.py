@@ -29,6 +29,7 @@ import traceback
 import uuid
 from pathlib import Path
 
+from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
 from kasoku.core.interrupts import Stopped
 from kasoku.core.snapshot_names import snapshots
@@ -92,12 +93,16 @@ def worker_main(work, argv: list[str], usage: str, parse=json.loads) -> None:
 
 
 def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
-                  rdzv_endpoint: str | None = None, max_restarts: int = 0, **options):
+                  rdzv_endpoint: str | None = None, max_restarts: int = 0,
+                  numa_binding: str | None = None, **options):
     """The elastic launcher's ``LaunchConfig`` for ``nproc_per_node`` workers per machine: a
     static rendezvous (torchrun's ``--master-addr`` form) at ``rdzv_endpoint``, hosted by
-    ``node_rank`` 0, or on one machine at a free local port; ``options``: more of its
-    fields (``logs_specs``, ...)."""
+    ``node_rank`` 0, or on one machine at a free local port; ``numa_binding``: its NUMA
+    binding of each GPU worker (``torch.numa.binding.AffinityMode``'s value); ``options``:
+    more of its fields (``logs_specs``, ...)."""
     from torch.distributed.launcher.api import LaunchConfig
+    if numa_binding is not None:
+        options["numa_options"] = numa_options(numa_binding, LaunchConfig)
     endpoint = rdzv_endpoint or f"localhost:{_free_port()}"
     # Its store's key prefix: the same on every machine of a job; a fresh one per launch on one.
     run_id = "kasoku" if rdzv_endpoint else f"kasoku-{uuid.uuid4().hex[:12]}"
@@ -110,6 +115,21 @@ def launch_config(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0,
     if "signals_to_handle" not in LaunchConfig.__dataclass_fields__:  # older torch: its four
         fields.pop("signals_to_handle", None)
     return LaunchConfig(**fields)
+
+
+def numa_options(mode: str, launch_config_class):
+    """PyTorch's ``NumaOptions`` for ``mode``; a ``ConfigError`` saying what is missing where
+    this torch's launcher takes none (before 2.9) or this machine has no ``numactl``, which
+    it binds through."""
+    if "numa_options" not in launch_config_class.__dataclass_fields__:
+        import torch  # deferred: with the launcher
+        raise ConfigError(f"{flag('dist.numa_binding')} needs PyTorch's NUMA binding (torch "
+                          f"2.9 or later; this is {torch.__version__})")
+    if shutil.which("numactl") is None:
+        raise ConfigError(f"{flag('dist.numa_binding')}: PyTorch binds the workers through "
+                          f"numactl, which is not installed here (apt install numactl)")
+    from torch.numa.binding import AffinityMode, NumaOptions
+    return NumaOptions(affinity_mode=AffinityMode(mode))
 
 
 def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
@@ -130,7 +150,7 @@ def launch(argv: list[str], cfg: DistConfig, resume_command: str | None = None,
     # SIGINT and SIGTERM are kasoku's to pass on (_stop_passed_on), not the launcher's.
     config = launch_config(cfg.workers, nnodes=cfg.nnodes, node_rank=cfg.node_rank,
                            rdzv_endpoint=cfg.rdzv_endpoint, max_restarts=cfg.max_restarts,
-                           signals_to_handle="SIGHUP,SIGQUIT")
+                           numa_binding=cfg.numa_binding, signals_to_handle="SIGHUP,SIGQUIT")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # each worker sets its own thread count
     with tempfile.TemporaryDirectory(prefix="kasoku-job-") as folder, \
             environ_set(JOB_DIR_ENV, folder), _stop_passed_on() as stop:
@@ -265,7 +285,7 @@ class WorkersFailed(RuntimeError):
 
 
 def run_module(module: str, request: str, world_size: int, log_dir: Path, keep_in: Path,
-               what: str, tag: str) -> None:
+               what: str, tag: str, numa_binding: str | None = None) -> None:
     """``python -m MODULE REQUEST`` in ``world_size`` processes on this machine, through the
     elastic launcher (a fresh local rendezvous, no restart: a measurement retried after a
     failure measures nothing new). The workers' stderr goes to files in ``log_dir``, their
@@ -276,8 +296,8 @@ def run_module(module: str, request: str, world_size: int, log_dir: Path, keep_i
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    config = launch_config(world_size, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir),
-                                                                   redirects=Std.ERR))
+    config = launch_config(world_size, numa_binding=numa_binding,
+                           logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ERR))
     try:
         with quiet_launcher():
             elastic_launch(config, sys.executable)("-m", module, request)
