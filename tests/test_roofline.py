@@ -131,6 +131,13 @@ def test_no_cheap_lever_left_only_under_a_tenth_of_the_step():
                            table["classes"][1]]}
     v = judge(_figures(graphed, 35.5), accel)
     assert "near its" not in v.lever.text and "above the limits" not in v.lever.text
+    assert "30.00 ms of kernels is unknown" in v.reason
+    # a collective's time is not judged against a roof: it is no kernel of unknown work
+    comm = {**table, "unknown_ms": 30.0, "classes": [
+        *table["classes"], {"class": "communication", "ms": 30.0, "known_pct": 0.0,
+                            "rate": None, "roof": None, "roof_ms": None, "gap_ms": None}]}
+    v = judge(_figures(comm, 65.5), accel)
+    assert "unknown" not in v.reason
 
 
 @pytest.mark.parametrize("name, args, flop", [

@@ -224,6 +224,8 @@ def test_the_models_layout_and_compilation_are_read_from_it():
     model.compile()
     assert script_apply.model_settings(model) == (True, True)
     assert script_apply.model_settings(torch.nn.Linear(2, 2)) == (False, False)
+    wrapped = torch.nn.Sequential(torch.compile(torch.nn.Linear(2, 2)))  # a wrapper's inside
+    assert script_apply.model_settings(wrapped) == (True, False)
 
 
 def test_a_profile_with_levers_set_sees_them_and_offers_none_again(scripts):

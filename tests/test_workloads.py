@@ -11,12 +11,14 @@ import torch
 from torch import nn
 
 from kasoku.cli.args import synthetic_loader
-from kasoku.core.errors import DataError
+from kasoku.commands.train import held_synthetic
+from kasoku.core.errors import DataError, KasokuWarning
 from kasoku.data import synthetic
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import create_loader
 from kasoku.optim import make_optimizer
-from kasoku.workloads import create_workload, list_workloads
+from kasoku.train.config import TrainConfig
+from kasoku.workloads import common, create_workload, list_workloads
 
 WORKLOADS = list_workloads()
 TINY = DataConfig(synthetic=True, synthetic_train_size=8, synthetic_val_size=4)
@@ -247,4 +249,12 @@ def test_synthetic_images_drawn_on_demand_can_be_held_and_give_the_same_batches(
     assert synthetic_loader(args, data) == {"loader": "device"}
     assert synthetic_loader(argparse.Namespace(loader="serial", device="auto"), data) == {}
     assert synthetic_loader(argparse.Namespace(loader=None, device="cpu"), data) == {}
+    assert synthetic_loader(argparse.Namespace(loader=None, device="auto", procs=2), data) == {}
     assert synthetic_loader(args, DataConfig()) == {}
+    # too many samples to hold: the serial loader draws them on the host, said once
+    monkeypatch.setattr(common, "RESIDENT_BYTES", train.nbytes - 1)
+    asked = TrainConfig(loader="device")
+    with pytest.warns(KasokuWarning, match="too many to hold on the device"):
+        assert held_synthetic(asked, data, train, val).loader == "serial"
+    monkeypatch.setattr(common, "RESIDENT_BYTES", train.nbytes)
+    assert held_synthetic(asked, data, train, val) is asked

@@ -68,7 +68,7 @@ def roofline_fallback(f: StepFigures, otherwise: Lever, levers=class_levers) -> 
     pct, top = gap_pct(table, f.step_ms), largest_gap(table)
     known_ms = sum(r["ms"] * r.get("known_pct", 100.0) / 100 for r in table["classes"]
                    if r.get("gap_ms") is not None)
-    if table.get("unknown_ms", 0.0) > known_ms:
+    if unjudged_ms(table) > known_ms:
         return otherwise  # most kernels' work unknown (a CUDA graph's): no distance to say
     if top is None or pct < NO_CHEAP_LEVER_PCT:
         return nothing_left(f"every kernel class is near its measured limit: their gaps add up "
@@ -103,6 +103,13 @@ def roofline_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
     return [Lever(_said(why, c), estimate(None, f"{cls} nearer its roof"), c) for c in changes]
 
 
+def unjudged_ms(table: dict) -> float:
+    """The kernels' time per step whose work is unknown (a CUDA graph's), less the
+    collectives' (whose work is not judged against a roof at all)."""
+    comm = sum(r["ms"] for r in table.get("classes", []) if r["class"] == "communication")
+    return max(0.0, table.get("unknown_ms", 0.0) - comm)
+
+
 def roofline_reason(f: StepFigures) -> str:
     """The step's time above the kernels' limits, for a device-bound verdict's reason, and
     the share of the step whose kernels' work is unknown where it is a tenth or more."""
@@ -112,7 +119,7 @@ def roofline_reason(f: StepFigures) -> str:
     top = largest_gap(table)
     most = (f", most in {top['class']} ({top['gap_ms']:.2f} ms: {top['rate']:,.0f} of a "
             f"{top['roof']:,.0f} {top['unit']} roof)" if top else "")
-    unknown = table.get("unknown_ms", 0.0)
+    unknown = unjudged_ms(table)
     unseen = (f" (the work of {unknown:.2f} ms of kernels is unknown: "
               f"{100 * unknown / f.step_ms:.0f}% of the step not judged)"
               if unknown >= 0.1 * f.step_ms else "")

@@ -270,9 +270,12 @@ def synthetic_loader(args: argparse.Namespace, data) -> dict:
     """``{"loader": "device"}`` where a run trains on synthetic data (``data``, a
     ``DataConfig``) on a GPU and the command gave no ``--loader``: its batches made from
     samples held on the device, so that it measures the model, not the host drawing random
-    numbers; {} otherwise. The host's data path on synthetic data is a loader chosen
-    (``--loader serial``, ``threads:N``, ``multiprocess:N``)."""
-    if not data.synthetic or getattr(args, "loader", None) is not None:
+    numbers; {} otherwise (``--procs N``: CPU processes). Where the samples are too many to
+    hold, the run falls back to the serial loader and says so
+    (``kasoku.commands.train.held_synthetic``). The host's data path on synthetic data is a
+    loader chosen (``--loader serial``, ``threads:N``, ``multiprocess:N``)."""
+    if not data.synthetic or getattr(args, "loader", None) is not None \
+            or getattr(args, "procs", None):  # CPU processes: the host's path is theirs
         return {}
     from kasoku.commands.device import resolve_device  # deferred: torch, when a run starts
     return {"loader": "device"} if resolve_device(args.device).type == "cuda" else {}

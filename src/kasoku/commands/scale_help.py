@@ -32,10 +32,10 @@ def exchange_help(r: dict, wrapper: str, what: str) -> list[str]:
 
 
 def latency_words(r: dict) -> str:
-    """`` (N bucket(s) of X MB: the calls' latency, not the bytes)`` for an all-reduce of
-    small buckets, or ""."""
+    """``; N bucket(s) of X MB: its time is the calls' latency, not the bytes`` for DDP's
+    all-reduce in small buckets, or ""."""
     buckets, mb = r.get("allreduce_buckets") or 1, r.get("grad_mb") or 0.0
-    if not mb or mb / buckets >= BANDWIDTH_MB:
+    if not mb or mb / buckets >= BANDWIDTH_MB or wrapper_of(r) != "DDP":
         return ""
     return (f"; {buckets} bucket{'s' * (buckets != 1)} of {mb / buckets:.1f} MB: its time is "
             f"the calls' latency, not the bytes")
@@ -56,5 +56,6 @@ def bound_words(r: dict) -> str:
     the workers, or ""."""
     if not r.get("numa_binding"):
         return ""
-    return (f"; each worker bound to {r.get('cpus_per_worker')} CPUs "
-            f"({flag('dist.numa_binding')} {r['numa_binding']})")
+    cpus = (r.get("env") or {}).get("cpu_affinity")
+    return (f"; each worker bound to {cpus} CPUs ({flag('dist.numa_binding')} "
+            f"{r['numa_binding']})")

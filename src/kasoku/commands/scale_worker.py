@@ -128,7 +128,7 @@ def measure(request: ScaleRequest, device, world_size: int) -> dict:
         "batch_size_per_worker": scale.batch_size,
         "global_batch_size": scale.batch_size * world_size,
         "threads_per_worker": request.threads if device.type == "cpu" else None,
-        "numa_binding": scale.numa_binding, "cpus_per_worker": len(os.sched_getaffinity(0)),
+        "numa_binding": scale.numa_binding,
         "strategy": "fsdp2" if cfg.shard else "ddp",
         "comm": "all-gather + reduce-scatter" if cfg.shard else "all-reduce",
         "peak_mem_mb": wrapped["peak_mem_mb"], "alone_peak_mem_mb": alone["peak_mem_mb"],

@@ -125,8 +125,8 @@ def model_settings(module) -> tuple[bool, bool]:
     of it, or compiled in place), and whether its convolution weights are in
     ``torch.channels_last``: set by the script or by a lever, so that the verdict offers
     neither again."""
-    compiled = getattr(module, "_compiled_call_impl", None) is not None or \
-        type(module).__name__ == "OptimizedModule"
+    compiled = any(getattr(m, "_compiled_call_impl", None) is not None
+                   or type(m).__name__ == "OptimizedModule" for m in module.modules())
     convs = [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
     # a 1x1 weight is contiguous in both layouts: one other than it says which
     channels_last = all(w.is_contiguous(memory_format=torch.channels_last) for w in convs) \

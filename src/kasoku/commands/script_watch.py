@@ -216,7 +216,8 @@ class StepWatch:
         # run as it is, not traced, inside a model compiled in place (--with compile)
         @torch.compiler.disable
         def first_forward(module, args):
-            if self._in_next:
+            # a module without parameters is no model: a transform, as found_model skips it
+            if self._in_next or next(module.parameters(), None) is None:
                 return
             site = user_site(self.roots)
             if site is not None:

@@ -28,7 +28,7 @@ from kasoku.core.errors import KasokuWarning, warn_once
 from kasoku.core.flags import flag
 from kasoku.data.config import DataConfig
 from kasoku.data.prefetch import wrap_for_device
-from kasoku.data.registry import create_loader
+from kasoku.data.registry import accepts, create_loader, loader_kind
 from kasoku.distributed import World, ddp, fsdp
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.ddp import local_world_size
@@ -113,6 +113,7 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
         prewarm(accel.optimizer_impl, device, optimizer, recipe.weight_decay)
         torch.manual_seed(seed)
         train_set, val_set = workload.build_datasets(run.data, seed=seed)
+        train = held_synthetic(train, run.data, train_set, val_set)
         if batch_size > len(train_set):
             warn_once(f"batch size {batch_size} is larger than the {len(train_set)} training "
                       f"samples: each step takes all of them")
@@ -181,6 +182,22 @@ def build_run(run: RunConfig, workload: Workload, out: Path | None = None,
         release_cores(cores)  # the caller's threads back where they were
         raise
     return trainer
+
+
+def held_synthetic(train: TrainConfig, data: DataConfig, *datasets) -> TrainConfig:
+    """``train`` as it is, or with the serial loader where synthetic data was to be held on
+    the device (``cli.args.synthetic_loader``) and a split is too large to be held (said)."""
+    if train.loader != "device" or not data.synthetic:
+        return train
+    kind = loader_kind("device")
+    if all(accepts(kind, d) for d in datasets if d is not None):
+        return train
+    big = next(d for d in datasets if d is not None and not accepts(kind, d))
+    size = f" ({big.nbytes / 2**30:.1f} GiB)" if hasattr(big, "nbytes") else ""
+    warn_once(f"the synthetic samples{size} are too many to hold on the device: the serial "
+              f"loader draws them on the host (a smaller "
+              f"{flag('data.synthetic_train_size')} holds them there)")
+    return dataclasses.replace(train, loader="serial")
 
 
 def loader_cores(train: TrainConfig, device: torch.device, threads: int | None) -> dict | None:

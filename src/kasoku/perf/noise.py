@@ -316,3 +316,9 @@ class Stability:
         return {"stable": self.stable, "reasons": self.reasons, **self.spread.to_dict(),
                 "extra_windows": self.extra_windows,
                 "machine": self.machine.to_dict() if self.machine else None}
+
+
+def ranges_meet(s: dict, t: dict) -> bool:
+    """Whether two rates' windows' ranges (``{"min", "max"}``) meet: their difference is no
+    result."""
+    return s["min"] <= t["max"] and t["min"] <= s["max"]

@@ -39,6 +39,7 @@ from kasoku.commands.bench.rungs import ladder_or_specs
 from kasoku.commands.bench.sweep import WINDOW_DEFAULTS, SweepConfig, run_sweep
 from kasoku.core.flags import flag
 from kasoku.core.interrupts import Stopped
+from kasoku.perf.noise import ranges_meet
 from kasoku.workloads import create_workload
 from kasoku.workloads.registry import default_batch_sizes
 
@@ -268,7 +269,8 @@ def _ranges_meet(cpu: dict, gpu: dict) -> bool:
     """Whether the two best rungs' windows' ranges meet (a line saved before the ranges were
     kept: no)."""
     a, b = cpu.get("rate_range"), gpu.get("rate_range")
-    return bool(a and b) and a[0] <= b[1] and b[0] <= a[1]
+    return bool(a and b) and ranges_meet(dict(zip(("min", "max"), a)),
+                                         dict(zip(("min", "max"), b)))
 
 
 def _unsure(cpu: dict, gpu: dict, what: str = "the ratios are") -> str:

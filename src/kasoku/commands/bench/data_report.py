@@ -8,7 +8,7 @@ from pathlib import Path
 from kasoku.commands.table import print_table
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
-from kasoku.perf.noise import marked
+from kasoku.perf.noise import marked, ranges_meet
 
 RESULTS_FILE = "data_bench.jsonl"
 CHART_FILE = "data_bench.png"
@@ -41,7 +41,7 @@ def verdict(figures: dict, device_type: str) -> str:
     much; ``~``, no claim, where the two rates' windows' ranges meet (the noise's)."""
     margin, a = figures["margin"], figures["images_per_s"]
     b = figures.get("model_synthetic_images_per_s") or {}
-    if "min" in b and a["min"] <= b["max"] and b["min"] <= a["max"]:
+    if "min" in b and ranges_meet(a, b):
         return f"~x{margin:.1f}: within the noise of the model's rate"
     if margin >= 1:
         return f"x{margin:.1f}: keeps up"

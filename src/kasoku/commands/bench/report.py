@@ -8,6 +8,7 @@ from kasoku.commands.bench.results import median_rate, read_results
 from kasoku.commands.bench.rung_advice import amended
 from kasoku.commands.table import print_table
 from kasoku.perf.cpuinfo import describe_peak
+from kasoku.perf.noise import ranges_meet
 
 
 def unit(records: list[dict]) -> str:
@@ -45,8 +46,8 @@ def unstable(record: dict) -> bool:
 
 def within_noise(a: dict, b: dict) -> bool:
     """Whether two runs' window ranges meet: their difference is no result."""
-    s, t = a["figures"]["samples_per_s"], b["figures"]["samples_per_s"]
-    return s["min"] <= t["max"] and t["min"] <= s["max"]
+    return ranges_meet(a["figures"]["samples_per_s"], b["figures"]["samples_per_s"])
+
 
 
 def speedup_text(record: dict, plain: dict | None) -> str:
