@@ -254,7 +254,7 @@ def test_numa_binding_goes_to_pytorchs_launcher_for_gpu_workers_only(monkeypatch
     assert main(["scale", "mnist-mlp", "--procs", "1", "--numa-binding", "node"]) == 2
     err = capsys.readouterr().err
     assert "these are CPU processes" in err and "Traceback" not in err
-    assert bound_words({"numa_binding": "exclusive", "cpus_per_worker": 16}) == \
+    assert bound_words({"numa_binding": "exclusive", "env": {"cpu_affinity": 16}}) == \
         "; each worker bound to 16 CPUs (--numa-binding exclusive)"
     assert bound_words({"numa_binding": None}) == ""
 
