@@ -13,7 +13,7 @@ from test_profile_script import kasoku, write
 from kasoku.advisor.levers import Lever, host_candidates
 from kasoku.advisor.verdict import Verdict
 from kasoku.cli import main
-from kasoku.commands import script_apply, script_profile
+from kasoku.commands import script_apply, script_profile, script_timing
 from kasoku.commands.script_levers import NUMERICS, ScriptFacts, ScriptLevers
 from kasoku.commands.script_offers import script_candidates, script_lever
 from kasoku.core.errors import ConfigError
@@ -246,3 +246,15 @@ def test_a_profile_with_levers_set_sees_them_and_offers_none_again(scripts):
     eager = script_profile.script_accel("fp32", ScriptFacts())
     offered = {key for lever in host_candidates(figures, eager) for key, _ in lever.change}
     assert offered == {"accel.compile", "accel.cuda_graph", "train.batch_size"}
+
+
+def test_a_fragmented_cuda_cache_offers_expandable_segments():
+    verdict = Verdict("host-bound", "", Lever("", ""), candidates=[])
+    figures = StepFigures(step_ms=10.0)
+    retried = ScriptFacts(alloc_retries=3)
+    (lever,) = script_candidates(verdict, retried, "cuda", figures)
+    assert lever.args == ("--with", "expandable-segments")
+    assert "retried 3 allocations in the profiled steps" in lever.text
+    assert script_candidates(verdict, ScriptFacts(), "cuda", figures) == []
+    assert script_candidates(verdict, retried, "cpu", figures) == []
+    assert script_timing.alloc_retries() == 0  # no CUDA here: none

@@ -260,6 +260,9 @@ class ScriptFacts:
     the script compiled it itself, its mode unseen), or None where it runs eagerly."""
     channels_last: bool = False
     """Whether the model's convolution weights are in ``torch.channels_last``."""
+    alloc_retries: int = 0
+    """The CUDA caching allocator's retries during the profiled steps (a fragmented cache:
+    each frees it and waits for the device)."""
     loader_steps: bool = False
     """Whether the steps take their batches from a DataLoader."""
     prefetch_factor: int | None = None

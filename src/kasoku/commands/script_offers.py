@@ -123,7 +123,9 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str,
     (whose own levers include them), and where its DataLoader has workers already, whatever
     the bound, those workers kept from one epoch to the next and loading further ahead;
     pinned memory for batches copied from pageable memory (``H2D_PCT``); a fused optimizer
-    for an update not fused that takes a share of the step (``UPDATE_PCT``)."""
+    for an update not fused that takes a share of the step (``UPDATE_PCT``); CUDA's
+    expandable segments where the caching allocator retried allocations in the profiled
+    steps."""
     f = figures or StepFigures()
     data_pct, out = given(f.data_pct, 0.0), []
     h2d_pct = 100 * given(f.h2d_ms, 0.0) / f.step_ms if f.step_ms else 0.0
@@ -139,6 +141,12 @@ def extra_levers(rule: str, facts: ScriptFacts, device: str,
                          f"{update_pct:.0f}% of the step)",
                          estimate(None, "the update's share at most"),
                          {"with.fused_optimizer": True}, caveat=NUMERICS["fused-optimizer"]))
+    if device == "cuda" and facts.alloc_retries:
+        out.append(Lever(f"expandable segments: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
+                         f"True (the caching allocator freed its cache and retried "
+                         f"{facts.alloc_retries} allocation{'s' * (facts.alloc_retries != 1)} "
+                         f"in the profiled steps: its memory is fragmented)",
+                         estimate(None, "the retries' waits"), {"with.expandable_segments": True}))
     if rule != "input-bound" and facts.loader_steps and data_pct >= WAIT_PCT \
             and not facts.num_workers:
         n = default_workers()

@@ -117,3 +117,12 @@ def batch_size_of(batch) -> int | None:
         if size is not None:
             return size
     return None
+
+
+def alloc_retries() -> int:
+    """The CUDA caching allocator's retries so far in this process: allocations that found no
+    free block, freed the cache and asked the driver again (each waits for the device); 0
+    without CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return 0
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))

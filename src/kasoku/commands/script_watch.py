@@ -48,7 +48,7 @@ from torch.utils.data import dataloader as torch_dataloader
 from kasoku.commands.script_apply import loader_arguments, loader_site, model_settings, user_site
 from kasoku.commands.script_levers import ScriptFacts, ScriptLevers
 from kasoku.commands.script_run import ScriptStopped
-from kasoku.commands.script_timing import StepTimer, batch_size_of, script_device
+from kasoku.commands.script_timing import StepTimer, alloc_retries, batch_size_of, script_device
 from kasoku.core.phases import PhaseClock
 from kasoku.perf.profile.window import Window
 
@@ -98,6 +98,7 @@ class StepWatch:
         self._saved: list[tuple[object, str, object]] = []
         self._hook = self._pre_hook = self._forward_hook = None
         self._model = lambda: None  # the module the forward's line calls, once called
+        self._retries = 0  # the CUDA allocator's retries when the window started
         # id(dataset): site, num_workers of its first DataLoader, the script's (a library makes
         # another from the same dataset, as Accelerate's prepare does)
         self._sites: dict[int, tuple[str | None, int]] = {}
@@ -374,10 +375,12 @@ class StepWatch:
         self.window = Window(device, self.out, self.cfg.steps, self.cfg.warmup, work_step=True,
                              cpu_shapes=torch.device(device).type == "cpu")
         self.clock = self.window.start(PhaseClock(device))
+        self._retries = alloc_retries()  # the window's own, from here to its end
         self._loader_steps = self.facts.loader_steps = took_batch
 
     def _end(self) -> None:
         self.clock, self.done = None, True
+        self.facts.alloc_retries = alloc_retries() - self._retries
         self.optimizer = self._stepper  # kept for the update's bytes: uninstall forgets it
         self.unpatch()
         if self.cfg.stop_after_window:
