@@ -123,13 +123,14 @@ def test_reading(cpu, gpu, says):
 
 def test_a_reading_from_unstable_or_overlapping_rates_says_so():
     cpu, gpu = _side(100, 1e12, 0.40), _side(1000, 10e12, 0.42)
-    shaky = {**cpu, "unstable": True, "rate_range": [60.0, 180.0]}
-    line = cmp.summarize("w", "images", 1000, shaky, {**gpu, "rate_range": [990.0, 1010.0]})
+    shaky = {**cpu, "unstable": True, "rate_range": {"min": 60.0, "max": 180.0}}
+    steady = {**gpu, "rate_range": {"min": 990.0, "max": 1010.0}}
+    line = cmp.summarize("w", "images", 1000, shaky, steady)
     assert line["reading"].startswith(
         "the GPU is 10x faster here (unstable: the CPU's windows ranged 60-180; the ratios "
         "are approximate: measure again on a quiet machine); its peak is 10x the CPU's")
-    near = cmp.summarize("w", "images", 1000, {**cpu, "rate_range": [80.0, 120.0]},
-                         {**_side(110, 10e12, 0.04), "rate_range": [105.0, 115.0]})
+    near = cmp.summarize("w", "images", 1000, {**cpu, "rate_range": {"min": 80.0, "max": 120.0}},
+                         {**_side(110, 10e12, 0.04), "rate_range": {"min": 105, "max": 115}})
     assert near["reading"] == ("the two devices' rates are within the noise of each other "
                                "(CPU 80-120, GPU 105-115 images/s over their windows): no "
                                "faster device here")

@@ -81,10 +81,10 @@ def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
     if cfg.python:
         _require_pyinstrument()
     workload = create_workload(run.workload)
-    scratch = parallel and measure_only and not world.is_main and out is None
     # a side's other workers keep nothing: no folder of theirs in the person's runs/
-    out = Path(tempfile.mkdtemp(prefix="kasoku-side-")) if scratch else \
-        out_or_new(out, workload.name, "profile", "the profile")
+    scratch = Path(tempfile.mkdtemp(prefix="kasoku-side-")) \
+        if parallel and measure_only and not world.is_main and out is None else None
+    out = scratch or out_or_new(out, workload.name, "profile", "the profile")
     if parallel:
         run = replace(run, train=join_as_worker(world, run.train, run.dist,
                                                 resolve_device(run.train.device)))
@@ -100,8 +100,8 @@ def profile_run(run: RunConfig, cfg: ProfileConfig, out: Path | None = None,
     finally:
         if parallel:
             leave_job(trainer, torch.device(run.train.device))
-        if scratch:
-            shutil.rmtree(out.parent, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     if measure_only:
         return result
     if not speak:

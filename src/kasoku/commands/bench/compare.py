@@ -196,7 +196,7 @@ def side_figures(best: dict | None, how: str, window: Window, out: Path, device_
                 device_name=best.get("env", {}).get("device_name"),
                 samples_per_s=rate, step_time_ms=(f.get("step_time_ms") or {}).get("median"),
                 stability=f.get("stability"), unstable=unstable(best),
-                rate_range=[f["samples_per_s"].get(k, rate) for k in ("min", "max")],
+                rate_range={k: f["samples_per_s"].get(k, rate) for k in ("min", "max")},
                 compute_dtype=f.get("compute_dtype"), peak_flops_per_s=f.get("peak_flops_per_s"),
                 mfu=f.get("mfu"), mfu_note=f.get("mfu_note"),
                 model_flops_per_step=f.get("model_flops_per_step"),
@@ -261,16 +261,15 @@ def _share(side: dict) -> str:
 
 
 def _span(side: dict) -> str:
-    low, high = side.get("rate_range") or (side["samples_per_s"],) * 2
-    return f"{low:,.0f}-{high:,.0f}"
+    span = side.get("rate_range") or {"min": side["samples_per_s"], "max": side["samples_per_s"]}
+    return f"{span['min']:,.0f}-{span['max']:,.0f}"
 
 
 def _ranges_meet(cpu: dict, gpu: dict) -> bool:
     """Whether the two best rungs' windows' ranges meet (a line saved before the ranges were
     kept: no)."""
     a, b = cpu.get("rate_range"), gpu.get("rate_range")
-    return bool(a and b) and ranges_meet(dict(zip(("min", "max"), a)),
-                                         dict(zip(("min", "max"), b)))
+    return bool(a and b) and ranges_meet(a, b)
 
 
 def _unsure(cpu: dict, gpu: dict, what: str = "the ratios are") -> str:

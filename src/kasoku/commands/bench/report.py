@@ -49,7 +49,6 @@ def within_noise(a: dict, b: dict) -> bool:
     return ranges_meet(a["figures"]["samples_per_s"], b["figures"]["samples_per_s"])
 
 
-
 def speedup_text(record: dict, plain: dict | None) -> str:
     """``x1.52`` over plain at the same batch size, ``~x1.02`` where the two ranges meet (no
     claim), "" without a plain rate."""
