@@ -47,12 +47,12 @@ def withheld(row: dict) -> str:
             f"quieter machine, or with more {flag('scale.windows')}")
 
 
-def mark_chart(ax, bx, bars: list, rows: list[dict]) -> bool:
+def mark_chart(ax, bx, bars: list, rows: list[dict]) -> None:
     """On ``kasoku scale``'s chart: each unstable worker count's throughput (on ``ax``) drawn
     with the range its efficiency allows (a whisker) and a hollow point, and its step's bars
     (``bars``: the containers ``bx.bar`` returned) hatched, as bench hatches its unstable
     bars, ``bx``'s title saying so (after its legend is drawn: the legend's swatches stay
-    plain). Returns whether any was marked."""
+    plain)."""
     marked = False
     for i, row in enumerate(rows):
         if not row.get("unstable"):
@@ -72,4 +72,3 @@ def mark_chart(ax, bx, bars: list, rows: list[dict]) -> bool:
     if marked:
         bx.set_title("hatched //: unstable, no conclusion drawn (the ! lines say why)",
                      fontsize=9)
-    return marked
