@@ -119,6 +119,10 @@ def test_bf16_on_the_wire_is_offered_only_where_the_bytes_set_the_all_reduces_ti
     line = scale.summarize([_record(1, 10.0, 10.0, 0.1, device="cuda"), large])[1][
         "explanation"]
     assert "--allreduce-dtype bf16 (half the bytes)" in line and "latency" not in line
+    # gloo between CPU processes: not judged by NCCL's measure
+    cpu = _record(2, 0.23, 0.15, 0.13, grad_mb=7.2, allreduce_buckets=1)
+    line = scale.summarize([_record(1, 0.15, 0.15, 0.05), cpu])[1]["explanation"]
+    assert "--allreduce-dtype bf16" in line and "latency" not in line
 
 
 def test_workers_sharing_cores_are_named_first_when_they_cost_most():
