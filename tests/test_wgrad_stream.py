@@ -2,6 +2,7 @@
 nn.Conv2d, the gradient handed to autograd without a copy, one join per backward pass, and on
 CUDA the side stream's results against the one-stream computation."""
 import argparse
+import socket
 
 import pytest
 import torch
@@ -179,3 +180,61 @@ def test_cuda_side_stream_gradients_match_one_stream(compiled, graph):
         got[deferred] = [p.grad.float().clone() for p in acc.model.parameters()]
     for a, b in zip(got[True], got[False]):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()))
+
+
+def test_no_side_stream_off_cuda_and_refused_with_sharding():
+    # The stream data-parallel hooks are built on: none without CUDA or without such layers.
+    from kasoku.accel.compose import check_sharding
+    assert wgrad_stream.wgrad_side_stream(small_resnet(), torch.device("cpu")) is None
+    # FSDP2 reduce-scatters a block's gradients in its own hooks, which no stream choice orders
+    # after the second stream: refused, saying what to drop.
+    with pytest.raises(ConfigError, match="drop --wgrad-stream"):
+        check_sharding(AccelConfig(wgrad_stream=True), "sgd")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),
+                    reason="needs CUDA and NCCL")
+@pytest.mark.parametrize("graph", [False, True])
+def test_cuda_ddp_reads_side_stream_gradients_once_made(graph, monkeypatch):
+    # DDP copies each gradient into its bucket and all-reduces it in hooks that run on the
+    # stream its gradient accumulators were made on. Built on the main stream they read the
+    # side stream's weight gradients before they were written: uninitialized memory eagerly,
+    # the previous step's under a graph (research/probes/wgrad_ddp_race.py, on an H200).
+    # A world of one still copies and all-reduces, so its gradients must match one stream's.
+    # With DDP built on the main stream, the graph case failed on an H200 (92% of a weight's
+    # elements off); the eager race shows on ResNet-50's longer kernels (the probe), rarely
+    # on this small model's.
+    from kasoku.distributed import World, ddp
+    from kasoku.distributed.config import DistConfig
+    from kasoku.distributed.fsdp import data_parallel
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    dev = torch.device("cuda", 0)
+    ddp.join(World(), dev, 120.0)
+    try:
+        cfg = AccelConfig(precision="bf16", channels_last=True, matmul_1x1=True,
+                          compile=graph, optimizer_impl="fused", cuda_graph=graph)
+        g = torch.Generator(device=dev).manual_seed(0)
+        batches = [(torch.randn(128, 3, 64, 64, generator=g, device=dev),
+                    torch.randint(0, 10, (128,), generator=g, device=dev)) for _ in range(3)]
+        start = small_resnet().state_dict()
+        got = {}
+        for deferred in (False, True):
+            acc = accelerate(small_resnet(), F.cross_entropy, None,
+                             AccelConfig(**{**cfg.__dict__, "wgrad_stream": deferred}), dev,
+                             lambda params, impl: make_optimizer("momentum", params, 0.05,
+                                                                 impl=impl),
+                             distribute=data_parallel(DistConfig(gpus=1), dev, "bf16"))
+            for i in range(16):  # DDP's eager steps, compilation, capture, replays
+                acc.step_fn(acc.model, batches[i % 2], acc.optimizer)
+            ddp.unwrap(acc.model).load_state_dict(start)  # in place: the graph's tensors
+            acc.step_fn(acc.model, batches[2], acc.optimizer)
+            torch.cuda.synchronize()
+            got[deferred] = [p.grad.float().clone() for p in acc.model.parameters()]
+        for a, b in zip(got[True], got[False]):
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()))
+    finally:
+        ddp.leave()

@@ -24,7 +24,7 @@ from kasoku.accel.multistep import ShortChunkCheck, apply_multistep
 from kasoku.accel.precision import apply_precision
 from kasoku.accel.stem import apply_fast_stem
 from kasoku.accel.triton_adam import compile_early
-from kasoku.accel.wgrad_stream import apply_wgrad_stream
+from kasoku.accel.wgrad_stream import apply_wgrad_stream, wgrad_side_stream
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
 from kasoku.distributed.fsdp import Distribute
@@ -113,6 +113,11 @@ def check_sharding(cfg: AccelConfig, optimizer: str) -> None:
         raise ConfigError(f"{flag('dist.shard')} with {flag('accel.cuda_graph')}: FSDP2's "
                           "all-gathers allocate and free memory per step, which a captured graph "
                           "cannot; drop one of them")
+    if cfg.wgrad_stream:
+        raise ConfigError(f"{flag('dist.shard')} with {flag('accel.wgrad_stream')}: FSDP2 "
+                          "reduce-scatters a block's gradients when its backward ends, on the "
+                          "main stream's order, before the second stream has made them; drop "
+                          f"{flag('accel.wgrad_stream')} (or use DDP: no {flag('dist.shard')})")
     if cfg.compile and cfg.compile_mode in GRAPHING_MODES:
         raise ConfigError(f"{flag('dist.shard')} with compile mode {cfg.compile_mode}: that mode "
                           "captures CUDA graphs, and FSDP2's all-gathers allocate and free memory "
@@ -202,17 +207,12 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
             apply_compile(block, device, notes, **compile_options)
     if distribute is not None:
         if cfg.cuda_graph and device.type == "cuda":
-            # PyTorch's notes for DDP in a captured backward: DDP is built on a side stream,
-            # the one the step warms up and is captured on (the gradient accumulators its
-            # reducer hooks keep the stream they were made on), and the step runs
-            # DDP_WARMUP_STEPS eagerly first.
+            # PyTorch's notes for DDP in a captured backward: the step warms up and is
+            # captured on a side stream, DDP is built on a stream other than the default one
+            # (the gradient accumulators its reducer hooks keep the stream they were made
+            # on), and the step runs DDP_WARMUP_STEPS eagerly first.
             graph_stream = torch.cuda.Stream(device)
-            graph_stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(graph_stream):
-                model = distribute(model)
-            torch.cuda.current_stream(device).wait_stream(graph_stream)
-        else:
-            model = distribute(model)
+        model = _distributed(model, distribute, device, graph_stream)
         if precision.mode != "fp16-pure":
             # A sharded model's parameters are new objects (FSDP2's DTensor shards), so the
             # optimizer is built on the parameters as they are now (DDP's are the same ones).
@@ -254,3 +254,22 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     if graphed and cfg.steps_per_call > 1:
         extensions.append(ShortChunkCheck(cfg.steps_per_call))
     return Accelerated(model, optimizer, step_fn, notes, extensions, cfg.steps_per_call)
+
+
+def _distributed(model, distribute: Distribute, device: torch.device, graph_stream):
+    """``distribute(model)``, built on the stream its gradient accumulators must run on.
+
+    Autograd runs each parameter's accumulator, and the data-parallel hooks on it (DDP's copy
+    into its bucket, the bucket's all-reduce), on the stream the accumulator was made on. With
+    ``wgrad_stream`` a convolution's weight gradient is made on the second stream, and the
+    hooks must run there, after it: built on the default stream they read the gradient before
+    it was written (the previous step's, under a CUDA graph). Otherwise ``graph_stream`` (the
+    step's capture stream) when the step is captured."""
+    stream = wgrad_side_stream(model, device) or graph_stream
+    if stream is None:
+        return distribute(model)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        model = distribute(model)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return model

@@ -52,6 +52,16 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
+def wgrad_side_stream(model: nn.Module, device: torch.device) -> torch.cuda.Stream | None:
+    """The second stream ``model``'s weight gradients are made on; None when none of its
+    layers routes one there, or off CUDA."""
+    if device.type != "cuda" or not any(
+            isinstance(m, WgradStreamConv2d) or getattr(m, "wgrad_stream", False) is True
+            for m in model.modules()):
+        return None
+    return side_stream(device)
+
+
 def join_all() -> None:
     """Make each device's current stream wait for everything queued on its side stream."""
     for index, side in _side_streams.items():
