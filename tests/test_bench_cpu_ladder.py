@@ -93,6 +93,32 @@ def test_slower_rungs_threads_and_peaks_under_the_table():
     assert "2 threads (1 inter-op)" in out.getvalue()
 
 
+def test_a_fed_rung_slower_than_synthetic_says_what_feeding_costs():
+    # The profiled windows of ResNet-50's top rung at bs 512 on an H200, synthetic and fed by
+    # gpu-jpeg from 8,192 JPEGs (2026-11-29; the nvJPEG colour conversion now its own class).
+    above = _record("+wgrad-stream", 8326, 4,
+                    verdict={"line": "device-bound (memory-bound): ... norm/element-wise"})
+    above["figures"]["profile"] = {"step_ms": 61.50, "busy_pct": 99.24, "idle_data_pct": 0.0,
+                                   "by_class_ms": {"matmul/conv": 27.92}, "h2d_ms": 0.0}
+    fed = _record("+loader", 7612, 500,
+                  verdict={"line": "device-bound (memory-bound): ... norm/element-wise"})
+    fed["data"] = {"loader": "gpu-jpeg", "root": "/tmp/jpeg"}
+    fed["figures"]["profile"] = {"step_ms": 67.28, "busy_pct": 92.31, "idle_data_pct": 1.01,
+                                 "by_class_ms": {"matmul/conv": 27.89, "input": 5.75},
+                                 "h2d_ms": 4.31, "h2d_pageable": True}
+    (line,) = report.slower_lines([above, fed])
+    assert line.startswith("+loader (bs 100) is slower than +wgrad-stream (x0.91): feeding, "
+                           "not the model (gpu-jpeg): the step takes 67.3 ms against 61.5 ms")
+    assert "the GPU idles 8% of it (against 1%), 1% of it waiting for batches" in line
+    assert "the loader's kernels (decoding, crops) take 5.75 ms of the GPU" in line
+    assert "host-to-device copies 4.31 ms per step from pageable memory" in line
+    assert "norm/element-wise" not in line  # the model's verdict, the rung above's too
+    # Without both profiles: the verdict, as for any rung.
+    del above["figures"]["profile"]
+    (line,) = report.slower_lines([above, fed])
+    assert line.endswith("device-bound (memory-bound): ... norm/element-wise")
+
+
 def test_the_first_principles_peak_and_its_assumptions_are_said_once():
     theory = {"flops_per_s": 1.6e11, "cores": 2, "clock_ghz": 2.5,
               "flops_per_cycle_per_core": 32, "isa": "AVX2+FMA",

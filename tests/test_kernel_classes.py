@@ -46,6 +46,11 @@ def test_work_queued_before_the_window_is_no_steps():
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
      "communication"),
     ("triton_tem_fused_mm_0", "matmul/conv"),
+    # a gpu-jpeg-fed ResNet-50 step on an H200 (torchvision's nvJPEG decode, kasoku's crop):
+    # the loader's, which the rule for convolutions took for one ("...Conversion")
+    ("void nvjpeg::rgba2rgb<(nvjpegOutputFormat_t)3, nvjpeg::RGBAToRGBConversion::LaunchParams"
+     "<32, 8> >(nvjpegImage_t, NppiSize, nvjpegImage_t)", "input"),
+    ("crop_kernel", "input"),
 ])
 def test_kernel_classes_by_name(name, cls):
     assert kernel_class(name) == cls

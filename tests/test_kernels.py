@@ -33,6 +33,9 @@ H200_KERNELS = {  # names as torch.profiler reported them (torch 2.11, cuDNN 9)
     "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
     "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)":
         "other",
+    # a gpu-jpeg loader's colour conversion: no convolution
+    "void nvjpeg::rgba2rgb<(nvjpegOutputFormat_t)3, nvjpeg::RGBAToRGBConversion::LaunchParams"
+    "<32, 8> >(nvjpegImage_t, NppiSize, nvjpegImage_t)": "other",
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kasoku.accel.config import AccelConfig
+from kasoku.advisor.limits import unjudged_ms
 from kasoku.advisor.verdict import judge
 from kasoku.perf.profile import roofline, trace, work
 from kasoku.perf.profile.figures import StepFigures
@@ -83,6 +84,18 @@ def test_without_the_update_s_bytes_the_optimizer_has_no_gap(events, by_class_ms
     assert opt["ms"] <= table["unknown_ms"] < opt["ms"] + 0.01  # and a copy or two
     printed = {r[0]: r for r in roofline.table_rows(table, 40.0)}
     assert printed["optimizer"][3] == "unknown" and printed["optimizer"][7] == "-"
+
+
+def test_the_input_pipelines_kernels_are_shown_not_judged(events, by_class_ms):
+    # A GPU loader's decoding (nvJPEG) beside the step: a row of its own, no rate, no gap,
+    # and not counted as the model's work the verdict could not judge.
+    w = work.class_work(events, STEPS)
+    table = roofline.roofline({**by_class_ms, "input": 5.75}, w, ROOFS)
+    row = next(r for r in table["classes"] if r["class"] == "input")
+    assert row["ms"] == 5.75 and row["rate"] is None and row["gap_ms"] is None
+    assert unjudged_ms(table) == pytest.approx(unjudged_ms(roofline.roofline(by_class_ms, w,
+                                                                             ROOFS)))
+    assert table["unknown_ms"] >= 5.75
 
 
 def _figures(table: dict, step_ms: float) -> StepFigures:

@@ -105,9 +105,11 @@ def roofline_candidates(f: StepFigures, accel: AccelConfig) -> list[Lever]:
 
 def unjudged_ms(table: dict) -> float:
     """The kernels' time per step whose work is unknown (a CUDA graph's), less the
-    collectives' (whose work is not judged against a roof at all)."""
-    comm = sum(r["ms"] for r in table.get("classes", []) if r["class"] == "communication")
-    return max(0.0, table.get("unknown_ms", 0.0) - comm)
+    collectives' and the input pipeline's (neither is the model's work, nor judged against a
+    roof at all)."""
+    apart = sum(r["ms"] for r in table.get("classes", [])
+                if r["class"] in ("communication", "input"))
+    return max(0.0, table.get("unknown_ms", 0.0) - apart)
 
 
 def roofline_reason(f: StepFigures) -> str:

@@ -148,11 +148,44 @@ def slower_lines(records: list[dict]) -> list[str]:
             if above is not None:
                 s, t = r["figures"]["samples_per_s"], above["figures"]["samples_per_s"]
                 if s["max"] < t["min"]:
-                    why = (r.get("verdict") or {}).get("line") or "no verdict"
+                    why = (feeding_reason(r, above) or (r.get("verdict") or {}).get("line")
+                           or "no verdict")
                     lines.append(f"{rung} (bs {bs}) is slower than {above['rung']} "
                                  f"(x{s['median'] / t['median']:.2f}): {why}")
             above = r
     return lines
+
+
+def _fed(record: dict) -> bool:
+    return bool((record.get("data") or {}).get("loader"))
+
+
+def feeding_reason(fed: dict, above: dict) -> str | None:
+    """Why a rung fed by a loader (``+loader``) is slower than the same step on synthetic
+    batches above it, from both runs' profiled windows: the step against the step, the GPU's
+    idle share, the loader's own kernels and host-to-device copies beside the model's. The
+    model's verdict would only repeat the rung above's. None without both profiles."""
+    if not _fed(fed) or _fed(above):
+        return None
+    p = (fed.get("figures") or {}).get("profile") or {}
+    q = (above.get("figures") or {}).get("profile") or {}
+    if not p.get("step_ms") or not q.get("step_ms") or p.get("busy_pct") is None:
+        return None
+    loader = (fed.get("data") or {}).get("loader")
+    idle, idle_before = 100 - p["busy_pct"], 100 - (q.get("busy_pct") or 100)
+    parts = [f"the step takes {p['step_ms']:.1f} ms against {q['step_ms']:.1f} ms on "
+             f"synthetic batches on the device",
+             f"the GPU idles {idle:.0f}% of it (against {idle_before:.0f}%)"
+             + (f", {p['idle_data_pct']:.0f}% of it waiting for batches"
+                if (p.get("idle_data_pct") or 0) >= 0.5 else "")]
+    own = (p.get("by_class_ms") or {}).get("input") or 0.0
+    if own >= 0.05:
+        parts.append(f"the loader's kernels (decoding, crops) take {own:.2f} ms of the GPU "
+                     f"per step beside the model's")
+    if (p.get("h2d_ms") or 0) >= 0.05:
+        parts.append(f"host-to-device copies {p['h2d_ms']:.2f} ms per step"
+                     + (" from pageable memory" if p.get("h2d_pageable") else ""))
+    return f"feeding, not the model ({loader}): " + "; ".join(parts)
 
 
 def unstable_lines(records: list[dict]) -> list[str]:

@@ -31,8 +31,8 @@ _COPY_FILL = ("memcpy", "memset", "aten::copy_", "aten::fill_", "aten::zero_",
 
 _KASOKU_TRITON = ("bn_stats_kernel", "bn_forward_kernel", "bn_backward", "bn_running_kernel",
                   "max_pool_forward_kernel", "max_pool_backward_kernel", "crop_kernel")
-"""kasoku's own Triton kernels (``kasoku.accel.bn_kernels``, ``max_pool``): memory-bound
-chains like inductor's, named without "triton"."""
+"""kasoku's own Triton kernels (``kasoku.accel.bn_kernels``, ``max_pool``, the loader's crop):
+memory-bound chains like inductor's, named without "triton"."""
 
 OPTIMIZER_PREFIX = "optimizer step: "
 """Prefixed to a CPU operator that ran inside ``Optimizer.step``."""
@@ -56,12 +56,18 @@ def attention_kind(name: str) -> str | None:
 
 
 KERNEL_CLASSES = ("matmul/conv", "attention", "norm/element-wise", "loss/softmax", "optimizer",
-                  "copies", "communication", "other")
+                  "copies", "communication", "input", "other")
 """What a GPU kernel does, as far as its time's limit goes: matrix products and convolutions
 (the math), fused attention, normalization and element-wise chains, the loss and softmax
-(reductions over a row of logits), the optimizer's update, copies and fills, collectives.
-The classes of the verdict per kernel class: each has its own limit (the matmul peak for the
-math and attention, the memory's bandwidth for the rest)."""
+(reductions over a row of logits), the optimizer's update, copies and fills, collectives, and
+the input pipeline's own kernels (a GPU loader's JPEG decoding and crops: not the model's
+work, never judged against a limit). The classes of the verdict per kernel class: each has its
+own limit (the matmul peak for the math and attention, the memory's bandwidth for the rest)."""
+
+INPUT_KERNELS = ("nvjpeg", "nvimgcodec", "crop_kernel", "dali")
+"""Name parts of an input pipeline's kernels: nvJPEG's and nvImageCodec's decoding and colour
+conversion (``nvjpeg::rgba2rgb<...RGBAToRGBConversion...>``, which the rule for convolutions
+would otherwise take for one), kasoku's crop (``kasoku.data.crop_kernel``), DALI's."""
 
 _ATTENTION = FUSED_ATTENTION + ("compute_dot_do_o", "convert_dq_to_16bits", "sdpa")
 """Fused attention kernels and the helpers of cuDNN's attention backward."""
@@ -76,6 +82,8 @@ def kernel_class(name: str) -> str:
     operators their name lists (``triton_tem_`` a matrix-product template, the rest fused
     element-wise chains and reductions unless they hold the loss's softmax)."""
     low = name.lower()
+    if any(k in low for k in INPUT_KERNELS):
+        return "input"
     if "nccl" in low:
         return "communication"
     if any(k in low for k in _ATTENTION):
@@ -104,6 +112,8 @@ def classify(name: str) -> str:
         return "optimizer"
     if "triton" in low or name.startswith(_KASOKU_TRITON):
         return "triton"
+    if any(k in low for k in INPUT_KERNELS):
+        return "other"  # a loader's decoding ("...Conversion" is no convolution)
     if any(k in low for k in _CONV_MATMUL):
         return "conv/matmul"
     if any(k in low for k in _OPTIMIZER):

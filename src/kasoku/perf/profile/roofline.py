@@ -78,7 +78,7 @@ def roofline(by_class_ms: dict, work: dict[str, ClassWork], roofs: Roofs,
             w, known = ClassWork(bytes=optimizer_bytes), 1.0
         row = {"class": cls, "ms": ms, "known_pct": 100 * known, "flop": w.flop,
                "bytes": w.bytes, "unit": "TFLOP/s" if cls in MATH else "GB/s"}
-        if known == 0.0 or (not w.flop and not w.bytes) or cls == "communication":
+        if known == 0.0 or (not w.flop and not w.bytes) or cls in ("communication", "input"):
             rows.append({**row, "rate": None, "roof": None, "roof_ms": None, "gap_ms": None})
             continue
         known_ms = ms * known
