@@ -96,6 +96,15 @@ def test_the_input_pipelines_kernels_are_shown_not_judged(events, by_class_ms):
     assert unjudged_ms(table) == pytest.approx(unjudged_ms(roofline.roofline(by_class_ms, w,
                                                                              ROOFS)))
     assert table["unknown_ms"] >= 5.75
+    # A device-bound verdict names them where they take 5% of the step or more.
+    step_ms = sum(by_class_ms.values()) + 5.75
+    v = judge(_figures(table, step_ms), AccelConfig(precision="bf16", compile=True,
+                                                    cuda_graph=True))
+    assert "beside them, the loader's own kernels (decoding, crops) take 5.75 ms" in v.reason
+    small = roofline.roofline({**by_class_ms, "input": 0.5}, w, ROOFS)
+    v = judge(_figures(small, step_ms), AccelConfig(precision="bf16", compile=True,
+                                                    cuda_graph=True))
+    assert "loader's own kernels" not in v.reason
 
 
 def _figures(table: dict, step_ms: float) -> StepFigures:

@@ -125,8 +125,16 @@ def roofline_reason(f: StepFigures) -> str:
     unseen = (f" (the work of {unknown:.2f} ms of kernels is unknown: "
               f"{100 * unknown / f.step_ms:.0f}% of the step not judged)"
               if unknown >= 0.1 * f.step_ms else "")
+    fed = sum(r["ms"] for r in table.get("classes", []) if r["class"] == "input")
+    feeding = (f"; beside them, the loader's own kernels (decoding, crops) take {fed:.2f} ms "
+               f"of the GPU per step" if fed >= INPUT_SHARE * f.step_ms else "")
     return (f"; {table['gap_ms']:.2f} ms ({gap_pct(table, f.step_ms):.0f}%) of the step above "
-            f"the kernels' measured limits{most}{unseen}")
+            f"the kernels' measured limits{most}{unseen}{feeding}")
+
+
+INPUT_SHARE = 0.05
+"""The share of the step from which a GPU loader's own kernels (kernel class ``input``) are
+named in a device-bound verdict's reason: they run beside the model's on the same GPU."""
 
 
 def first_the_roofline(candidates):
