@@ -73,7 +73,7 @@ class ScriptSides:
                                 "measure_seconds": self.cfg.measure_seconds})
             cmd = [*self.launcher, "kasoku", *self.argv(extra, own)]
             args = [*self.own, *extra]
-            levers = ScriptLevers.parse([v for f, v in zip(args, args[1:]) if f == option("with")])
+            levers = ScriptLevers.parse(values_of(args))
             try:
                 proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       text=True, timeout=timeout_s, cwd=cwd or self.folder,
@@ -155,3 +155,9 @@ def saved_result(path: Path) -> dict:
     result.update(verdict=ScriptVerdict.from_dict(result["verdict"]),
                   figures=StepFigures.from_dict(result["figures"]))
     return result
+
+
+def values_of(args) -> list[str]:
+    """The ``--with`` values of a side's arguments (``--with workers=4`` -> ``workers=4``)."""
+    args, flag = list(args), option("with")
+    return [args[i + 1] for i in range(len(args) - 1) if args[i] == flag]

@@ -28,7 +28,7 @@ from pathlib import Path
 from kasoku.advisor.levers import Lever
 from kasoku.commands import ab
 from kasoku.commands.profile_config import ProfileConfig
-from kasoku.commands.script_ab import ScriptSides, side_env
+from kasoku.commands.script_ab import ScriptSides, side_env, values_of
 from kasoku.commands.script_launch import Launched, run_in_session
 from kasoku.commands.script_levers import ScriptLevers, numerics, with_text
 from kasoku.commands.script_preload import reexec_env
@@ -36,7 +36,7 @@ from kasoku.commands.script_profile import say
 from kasoku.commands.script_run import ScriptCommand
 from kasoku.commands.script_scratch import climbs, scratch_folder
 from kasoku.commands.script_with import run_with
-from kasoku.core.flags import SCRIPT_COMMAND, change_of, option, profile_args, with_args
+from kasoku.core.flags import SCRIPT_COMMAND, change_of, profile_args, with_args
 from kasoku.train.run_dir import out_or_new
 
 
@@ -176,12 +176,6 @@ def profile_tries(command: ScriptCommand | Launched, cfg: ProfileConfig, given: 
     if not profile.is_file():
         return None
     return json.loads(profile.read_text())["verdict"].get("tried") or []
-
-
-def values_of(args) -> list[str]:
-    """The ``--with`` values of a side's arguments (``--with workers=4`` -> ``workers=4``)."""
-    args, flag = list(args), option("with")
-    return [args[i + 1] for i in range(len(args) - 1) if args[i] == flag]
 
 
 def choose(tried: list[dict], sides: ScriptSides, rounds: int,
