@@ -96,6 +96,8 @@ def test_the_input_pipelines_kernels_are_shown_not_judged(events, by_class_ms):
     assert unjudged_ms(table) == pytest.approx(unjudged_ms(roofline.roofline(by_class_ms, w,
                                                                              ROOFS)))
     assert table["unknown_ms"] >= 5.75
+    printed = {r[0]: r for r in roofline.table_rows(table, sum(by_class_ms.values()) + 5.75)}
+    assert printed["input"][3] == "not judged" and printed["input"][7] == "-"
     # A device-bound verdict names them where they take 5% of the step or more.
     step_ms = sum(by_class_ms.values()) + 5.75
     v = judge(_figures(table, step_ms), AccelConfig(precision="bf16", compile=True,

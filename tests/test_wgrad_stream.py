@@ -2,6 +2,7 @@
 nn.Conv2d, the gradient handed to autograd without a copy, one join per backward pass, and on
 CUDA the side stream's results against the one-stream computation."""
 import argparse
+import contextlib
 import socket
 
 import pytest
@@ -182,10 +183,55 @@ def test_cuda_side_stream_gradients_match_one_stream(compiled, graph):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()))
 
 
+class _FakeStream:
+    def __init__(self, name: str):
+        self.name = name
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+def test_ddp_is_built_on_the_stream_its_hooks_must_run_on(monkeypatch):
+    # Autograd runs a gradient accumulator, and DDP's hooks on it, on the stream it was made
+    # on (DDP makes them when it is built): the second stream where a model's weight
+    # gradients are made there, else the capture stream of a graphed step, else as it is.
+    from kasoku.accel import compose
+    side, graph, main = _FakeStream("side"), _FakeStream("graph"), _FakeStream("main")
+    current = [main]
+
+    @contextlib.contextmanager
+    def stream(s):
+        current.append(s)
+        yield
+        current.pop()
+
+    monkeypatch.setattr(wgrad_stream, "side_stream", lambda device: side)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[-1])
+    built_on = []
+
+    def distribute(model):
+        built_on.append(current[-1].name)
+        return model
+
+    dev = torch.device("cuda", 0)  # a device object: no GPU needed
+    deferred, matmuls, plain = small_resnet(), apply_matmul_1x1(small_resnet()), small_resnet()
+    assert convert(deferred) and convert(matmuls)
+    assert any(isinstance(m, Conv1x1Matmul) and m.wgrad_stream for m in matmuls.modules())
+    for model, graph_stream in ((deferred, graph), (matmuls, None), (plain, graph),
+                                (plain, None)):
+        assert compose._distributed(model, distribute, dev, graph_stream) is model
+    assert built_on == ["side", "side", "graph", "main"]
+    assert wgrad_stream.wgrad_side_stream(deferred, dev) is side
+    assert wgrad_stream.wgrad_side_stream(plain, dev) is None
+
+
 def test_no_side_stream_off_cuda_and_refused_with_sharding():
-    # The stream data-parallel hooks are built on: none without CUDA or without such layers.
+    # The stream data-parallel hooks are built on: none without CUDA.
     from kasoku.accel.compose import check_sharding
-    assert wgrad_stream.wgrad_side_stream(small_resnet(), torch.device("cpu")) is None
+    deferred = small_resnet()
+    assert convert(deferred)
+    assert wgrad_stream.wgrad_side_stream(deferred, torch.device("cpu")) is None
     # FSDP2 reduce-scatters a block's gradients in its own hooks, which no stream choice orders
     # after the second stream: refused, saying what to drop.
     with pytest.raises(ConfigError, match="drop --wgrad-stream"):
@@ -202,8 +248,9 @@ def test_cuda_ddp_reads_side_stream_gradients_once_made(graph, monkeypatch):
     # the previous step's under a graph (research/probes/wgrad_ddp_race.py, on an H200).
     # A world of one still copies and all-reduces, so its gradients must match one stream's.
     # With DDP built on the main stream, the graph case failed on an H200 (92% of a weight's
-    # elements off); the eager race shows on ResNet-50's longer kernels (the probe), rarely
-    # on this small model's.
+    # elements off); the eager race showed on ResNet-50's longer kernels (the probe), rarely
+    # on this small model's: eagerly, the second stream is held back before each product, so
+    # that a hook not ordered after it reads the gradient before it is written.
     from kasoku.distributed import World, ddp
     from kasoku.distributed.config import DistConfig
     from kasoku.distributed.fsdp import data_parallel
@@ -213,6 +260,16 @@ def test_cuda_ddp_reads_side_stream_gradients_once_made(graph, monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", str(port))
     dev = torch.device("cuda", 0)
+    if not graph:
+        real = wgrad_stream.side_stream
+
+        def late(device):
+            side = real(device)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(1_000_000)  # ~0.5 ms of spinning on the second stream
+            return side
+
+        monkeypatch.setattr(wgrad_stream, "side_stream", late)
     ddp.join(World(), dev, 120.0)
     try:
         cfg = AccelConfig(precision="bf16", channels_last=True, matmul_1x1=True,

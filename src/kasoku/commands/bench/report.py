@@ -169,10 +169,11 @@ def feeding_reason(fed: dict, above: dict) -> str | None:
         return None
     p = (fed.get("figures") or {}).get("profile") or {}
     q = (above.get("figures") or {}).get("profile") or {}
-    if not p.get("step_ms") or not q.get("step_ms") or p.get("busy_pct") is None:
+    if not p.get("step_ms") or not q.get("step_ms") or p.get("busy_pct") is None \
+            or q.get("busy_pct") is None:
         return None
     loader = (fed.get("data") or {}).get("loader")
-    idle, idle_before = 100 - p["busy_pct"], 100 - (q.get("busy_pct") or 100)
+    idle, idle_before = 100 - p["busy_pct"], 100 - q["busy_pct"]
     parts = [f"the step takes {p['step_ms']:.1f} ms against {q['step_ms']:.1f} ms on "
              f"synthetic batches on the device",
              f"the GPU idles {idle:.0f}% of it (against {idle_before:.0f}%)"

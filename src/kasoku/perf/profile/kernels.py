@@ -64,7 +64,7 @@ the input pipeline's own kernels (a GPU loader's JPEG decoding and crops: not th
 work, never judged against a limit). The classes of the verdict per kernel class: each has its
 own limit (the matmul peak for the math and attention, the memory's bandwidth for the rest)."""
 
-INPUT_KERNELS = ("nvjpeg", "nvimgcodec", "crop_kernel", "dali")
+INPUT_KERNELS = ("nvjpeg", "nvimgcodec", "crop_kernel", "dali::")
 """Name parts of an input pipeline's kernels: nvJPEG's and nvImageCodec's decoding and colour
 conversion (``nvjpeg::rgba2rgb<...RGBAToRGBConversion...>``, which the rule for convolutions
 would otherwise take for one), kasoku's crop (``kasoku.data.crop_kernel``), DALI's."""
@@ -110,10 +110,10 @@ def classify(name: str) -> str:
     low = name.lower()
     if name.startswith(OPTIMIZER_PREFIX):
         return "optimizer"
+    if any(k in low for k in INPUT_KERNELS):
+        return "other"  # a loader's decoding and crop ("...Conversion" is no convolution)
     if "triton" in low or name.startswith(_KASOKU_TRITON):
         return "triton"
-    if any(k in low for k in INPUT_KERNELS):
-        return "other"  # a loader's decoding ("...Conversion" is no convolution)
     if any(k in low for k in _CONV_MATMUL):
         return "conv/matmul"
     if any(k in low for k in _OPTIMIZER):

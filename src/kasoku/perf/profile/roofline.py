@@ -25,6 +25,9 @@ from kasoku.perf.profile.work import ClassWork
 
 MATH = ("matmul/conv", "attention")
 """The classes judged by their FLOPs; the others by their bytes."""
+UNJUDGED = ("communication", "input")
+"""Classes shown and never judged against a roof: the collectives (their limit is the links'),
+a GPU loader's kernels (not the model's work)."""
 NO_CHEAP_LEVER_PCT = 10.0
 """The classes' gaps add up to less than this % of the step: no cheap lever left."""
 
@@ -78,7 +81,7 @@ def roofline(by_class_ms: dict, work: dict[str, ClassWork], roofs: Roofs,
             w, known = ClassWork(bytes=optimizer_bytes), 1.0
         row = {"class": cls, "ms": ms, "known_pct": 100 * known, "flop": w.flop,
                "bytes": w.bytes, "unit": "TFLOP/s" if cls in MATH else "GB/s"}
-        if known == 0.0 or (not w.flop and not w.bytes) or cls in ("communication", "input"):
+        if known == 0.0 or (not w.flop and not w.bytes) or cls in UNJUDGED:
             rows.append({**row, "rate": None, "roof": None, "roof_ms": None, "gap_ms": None})
             continue
         known_ms = ms * known
@@ -121,7 +124,8 @@ def table_rows(table: dict, step_ms: float) -> list[list[str]]:
     out = []
     for r in table["classes"]:
         work = (f"{r['flop'] / 1e12:.2f} TFLOP" if r["unit"] == "TFLOP/s" and r["flop"]
-                else f"{r['bytes'] / 1e9:.2f} GB" if r["bytes"] else "unknown")
+                else f"{r['bytes'] / 1e9:.2f} GB" if r["bytes"]
+                else "not judged" if r["class"] in UNJUDGED else "unknown")
         rate = "-" if r["rate"] is None else f"{r['rate']:,.0f} {r['unit']}"
         roof = "-" if r["roof"] is None else f"{r['roof']:,.0f}"
         over = " (at the measured peak)" if r["unit"] == "TFLOP/s" else " (bytes overcounted)"
@@ -174,11 +178,15 @@ def draw(table: dict, step_ms: float, path, title: str = ""):
     at_roof = [r["ms"] - (r["gap_ms"] or 0.0) if r["gap_ms"] is not None else 0.0
                for r in rows][::-1]
     gaps = [r["gap_ms"] or 0.0 for r in rows][::-1]
-    unknown = [r["ms"] if r["gap_ms"] is None else 0.0 for r in rows][::-1]
+    unknown = [r["ms"] if r["gap_ms"] is None and r["class"] not in UNJUDGED else 0.0
+               for r in rows][::-1]
+    apart = [r["ms"] if r["class"] in UNJUDGED else 0.0 for r in rows][::-1]
     ax.barh(names, at_roof, color="#4c72b0", label="time the class's limit allows")
     ax.barh(names, gaps, left=at_roof, color="#dd8452", hatch="//", label="above the limit")
     if any(unknown):
         ax.barh(names, unknown, color="#bbbbbb", label="work unknown")
+    if any(apart):
+        ax.barh(names, apart, color="#8fbf8f", label="not judged (collectives, the loader's)")
     for y, (roof_part, gap) in enumerate(zip(at_roof, gaps)):
         if roof_part + gap > 0:
             ax.text(roof_part + gap, y, f" {roof_part + gap:.1f}" + (f" (+{gap:.1f})" if gap
