@@ -1,7 +1,9 @@
 """Train variants of one workload with ``kasoku train`` and compare them epoch by epoch: the
 validation accuracy and elapsed time of every epoch, the first epoch at a target accuracy and
 the training time to it, and the time per step (the median epoch after the first, which holds
-the warm-up: cuDNN's autotuning, the first factor and inverse steps).
+the warm-up: cuDNN's autotuning, the first factor and inverse steps), and the rate end to end
+(what the workers trained on per second, validation and snapshots included; the median of the
+epochs after the first, per worker for ``--gpus N`` / ``--procs N``).
 
     python benchmarks/train_runs.py cifar10-resnet18 --target 0.9 --out runs/tta \\
         --common "--data ~/cifar10 --precision bf16 --channels-last --loader device" \\
@@ -26,10 +28,36 @@ from pathlib import Path
 from kasoku.commands.bench.results import append_result, read_results
 
 ACC = "validation/main/accuracy"
+UNITS = ("images", "samples", "sequences", "tokens")
+"""The log's count of what the workers trained on, summed over them (``LogReport``'s unit)."""
 
 
-def summarize(name: str, log: list[dict], target: float | None) -> dict:
-    """The per-epoch figures of one run's log entries (those with a validation accuracy)."""
+def workers_of(args: str) -> int:
+    """How many data-parallel workers a run's ``kasoku train`` arguments start (``--gpus N`` or
+    ``--procs N``; 1 without)."""
+    words = shlex.split(args)
+    for flag in ("--gpus", "--procs"):
+        if flag in words[:-1]:
+            return int(words[words.index(flag) + 1])
+    return 1
+
+
+def rates(epochs: list[dict]) -> list[float]:
+    """Each epoch's rate end to end, units per second over all workers: what it trained on
+    over its whole time, its validation pass and snapshot included (the log's elapsed time)."""
+    unit = next((u for u in UNITS if epochs and u in epochs[0]), None)
+    if unit is None:
+        return []
+    counts = [0, *(e[unit] for e in epochs)]
+    elapsed = [0.0, *(e["elapsed_time"] for e in epochs)]
+    return [(counts[k + 1] - counts[k]) / (elapsed[k + 1] - elapsed[k])
+            for k in range(len(epochs)) if elapsed[k + 1] > elapsed[k]]
+
+
+def summarize(name: str, log: list[dict], target: float | None, workers: int = 1) -> dict:
+    """The per-epoch figures of one run's log entries (those with a validation accuracy);
+    the rate end to end is the median of the epochs after the first (which holds the warm-up:
+    compilation, autotuning, the graph capture), per worker as well for ``workers``."""
     epochs = [e for e in log if ACC in e]
     acc = [round(e[ACC], 4) for e in epochs]
     elapsed = [round(e["elapsed_time"], 2) for e in epochs]
@@ -45,6 +73,11 @@ def summarize(name: str, log: list[dict], target: float | None) -> dict:
               "steps_per_epoch": per_epoch}
     if record["epoch_s_median"] and per_epoch:
         record["ms_per_step"] = round(1e3 * record["epoch_s_median"] / per_epoch, 2)
+    after_first = rates(epochs)[1:]
+    if after_first:
+        record.update(workers=workers, rate_median=round(statistics.median(after_first), 1),
+                      rate_min=round(min(after_first), 1), rate_max=round(max(after_first), 1),
+                      rate_per_worker=round(statistics.median(after_first) / workers, 1))
     if target is not None:
         hit = next((i for i, a in enumerate(acc) if a >= target), None)
         record.update(target=target, epochs_to_target=None if hit is None else hit + 1,
@@ -82,7 +115,8 @@ def main(argv=None) -> int:
         wall = time.perf_counter() - start
         log_file = folder / "log.jsonl"
         log = read_results(log_file) if log_file.exists() else []
-        record = {**summarize(name, log, args.target), "exit": code,
+        record = {**summarize(name, log, args.target, workers_of(f"{args.common} {extra}")),
+                  "exit": code,
                   "wall_s": round(wall, 1), "args": extra.strip()}
         if code != 0:
             record["output_tail"] = "\n".join(
@@ -96,11 +130,15 @@ def main(argv=None) -> int:
 
 def table(records: list[dict]) -> str:
     rows = ["| run | epochs | best acc | final acc | epochs to target | s to target | "
-            "s/epoch | ms/step |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "s/epoch | ms/step | per second, end to end (min-max) | per worker |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in records:
+        rate = (f"{r['rate_median']:,.0f} ({r['rate_min']:,.0f}-{r['rate_max']:,.0f})"
+                if r.get("rate_median") else None)
         cells = [r["name"], r["epochs"], r["best_accuracy"], r["final_accuracy"],
                  r.get("epochs_to_target"), r.get("seconds_to_target"), r["epoch_s_median"],
-                 r.get("ms_per_step")]
+                 r.get("ms_per_step"), rate,
+                 f"{r['rate_per_worker']:,.0f}" if r.get("rate_per_worker") else None]
         rows.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(rows)
 
