@@ -141,3 +141,14 @@ def test_no_flag_literal_below_the_command_line():
 
 def test_the_exempt_file_exists():
     assert all((SRC / rel).is_file() for rel in EXEMPT)
+
+
+def test_without_drops_flags_with_their_values():
+    from kasoku.core.flags import without
+    argv = ["bench", "w", "--config", "+a", "--batch-size=3", "--ladder", "--out", "o",
+            "--keep", "v", "--full"]
+    takes = {"--config": 1, "--batch-size": 1, "--out": 1, "--ladder": 0, "--full": 0}
+    assert without(argv, takes) == ["bench", "w", "--keep", "v"]
+    assert without(["x", "--resume", "auto", "--resume=f", "--epochs", "3"],
+                   {"--resume": 1}) == ["x", "--epochs", "3"]
+    assert without(["--rounds", "2", "3"], {"--rounds": 1}) == ["3"]  # one value, not two

@@ -15,7 +15,7 @@ from kasoku.cli import args as a
 from kasoku.cli.accel import accel_config_from_args, add_accel_arguments
 from kasoku.cli.distributed import add_dist_arguments, dist_config_from_args
 from kasoku.core.errors import warn_once
-from kasoku.core.flags import flag
+from kasoku.core.flags import flag, without
 from kasoku.data.config import DataConfig
 from kasoku.data.registry import list_loaders, loader_kind
 from kasoku.distributed import World
@@ -191,7 +191,7 @@ def _resume_command(argv: list[str], folder: Path | None) -> str | None:
     """The command line that continues this run from the snapshots in ``folder``."""
     if folder is None:
         return None
-    return " ".join(["kasoku", *_without(argv, "--resume"), "--resume", str(folder)])
+    return " ".join(["kasoku", *without(argv, {"--resume": 1}), "--resume", str(folder)])
 
 
 def _worker_run(run_cfg: RunConfig, args) -> tuple[RunConfig, list[str], Path | None]:
@@ -210,15 +210,3 @@ def _worker_run(run_cfg: RunConfig, args) -> tuple[RunConfig, list[str], Path | 
     return replace(run_cfg, train=replace(train, out=out)), argv + ["--out", str(out)], out
 
 
-def _without(argv: list[str], flag: str) -> list[str]:
-    """``argv`` less ``flag`` and its value (``--flag V`` or ``--flag=V``)."""
-    kept, skip_value = [], False
-    for token in argv:
-        if skip_value:
-            skip_value = False
-            continue
-        if token == flag:
-            skip_value = True
-        elif not token.startswith(flag + "="):
-            kept.append(token)
-    return kept

@@ -19,7 +19,7 @@ import time
 from kasoku.advisor.advice import Outcome, short
 from kasoku.advisor.levers import Lever
 from kasoku.advisor.verdict import MIN_GAIN, Experiment, Verdict
-from kasoku.core.flags import option
+from kasoku.core.flags import option, without
 
 ROUNDS = 3
 """Rounds of the tries where the time allows (the medians over rounds are the figures)."""
@@ -36,17 +36,7 @@ number of values it takes."""
 
 def without_own(argv: list[str]) -> list[str]:
     """The ``kasoku profile`` arguments that choose the run (not this profile's outputs)."""
-    kept, skip = [], 0
-    for token in argv:
-        if skip:
-            skip -= 1
-            continue
-        flag = token.split("=", 1)[0]
-        if flag in _OWN_FLAGS:
-            skip = _OWN_FLAGS[flag] if "=" not in token else 0
-            continue
-        kept.append(token)
-    return kept
+    return without(argv, _OWN_FLAGS)
 
 
 def measure_side(argv: list[str], timeout_s: float = SIDE_TIMEOUT_S) -> dict:

@@ -232,6 +232,22 @@ def change_args(change: Mapping[str, object]) -> tuple[str, ...]:
                                       if k.startswith(WITH)))
 
 
+def without(argv: Iterable[str], takes: Mapping[str, int]) -> list[str]:
+    """``argv`` less each flag of ``takes`` and the number of values it takes there (``--flag
+    V``; ``--flag=V`` is one token)."""
+    kept, skip = [], 0
+    for token in argv:
+        if skip:
+            skip -= 1
+            continue
+        name, joined, _ = token.partition("=")
+        if name in takes:
+            skip = 0 if joined else takes[name]
+            continue
+        kept.append(token)
+    return kept
+
+
 def change_of(args: Iterable[str]) -> dict[str, object]:
     """The change that ``change_args`` made ``args`` from (values as text): how a
     ``profile.json`` written before levers held their change is read."""

@@ -50,17 +50,24 @@ def _raise(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def stoppable():
-    """Within: SIGINT and SIGTERM raise ``Stopped``, whatever they were set to before
-    (ignored included); restored on exit. Only the main thread may set handlers, so elsewhere
-    this changes nothing."""
+def handled(handler):
+    """Within: SIGINT and SIGTERM call ``handler(signum, frame)``, whatever they were set to
+    before (ignored included); restored on exit. Only the main thread may set handlers, so
+    elsewhere this changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:
-        for s, handler in previous.items():
+        for s, before in previous.items():
             # None: a handler installed from C; the default is the closest.
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+            signal.signal(s, signal.SIG_DFL if before is None else before)
+
+
+@contextlib.contextmanager
+def stoppable():
+    """Within: SIGINT and SIGTERM raise ``Stopped`` (``handled``)."""
+    with handled(_raise):
+        yield

@@ -24,14 +24,13 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import traceback
 import uuid
 from pathlib import Path
 
 from kasoku.core.errors import ConfigError
 from kasoku.core.flags import flag
-from kasoku.core.interrupts import Stopped
+from kasoku.core.interrupts import Stopped, handled
 from kasoku.core.snapshot_names import snapshots
 from kasoku.distributed.config import DistConfig
 from kasoku.distributed.failures import JOB_DIR_ENV, blame, how, read_notes
@@ -252,15 +251,8 @@ def _stop_passed_on():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGINT)
 
-    if threading.current_thread() is not threading.main_thread():
+    with handled(handle):
         yield stop
-        return
-    saved = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _children() -> list[int]:

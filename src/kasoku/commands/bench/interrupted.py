@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 from kasoku.commands.bench.rung_spec import LADDER_LABELS
-from kasoku.core.flags import flag
+from kasoku.core.flags import flag, without
 
 _DROPPED = (flag("bench.config"), flag("train.batch_size"), flag("train.out"))
 _SWITCHES = (flag("bench.ladder"), flag("bench.full"), flag("bench.report"))
@@ -72,12 +72,4 @@ def _sizes(sizes: tuple[int, ...]) -> str:
 def _without(argv: list[str]) -> list[str]:
     """``argv`` less what the finishing commands set themselves: the rungs, the batch sizes,
     the folder and the ladder's switches (``--flag V`` and ``--flag=V`` alike)."""
-    kept, skip_value = [], False
-    for token in argv:
-        if skip_value:
-            skip_value = False
-        elif token in _DROPPED:
-            skip_value = True
-        elif token not in _SWITCHES and not token.startswith(tuple(f + "=" for f in _DROPPED)):
-            kept.append(token)
-    return kept
+    return without(argv, {**dict.fromkeys(_DROPPED, 1), **dict.fromkeys(_SWITCHES, 0)})
