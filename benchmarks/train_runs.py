@@ -3,7 +3,8 @@ validation accuracy and elapsed time of every epoch, the first epoch at a target
 the training time to it, and the time per step (the median epoch after the first, which holds
 the warm-up: cuDNN's autotuning, the first factor and inverse steps), and the rate end to end
 (what the workers trained on per second, validation and snapshots included; the median of the
-epochs after the first, per worker for ``--gpus N`` / ``--procs N``).
+epochs after the first, per worker for ``--gpus N`` / ``--procs N``), with worker 0's wait
+for its batches (the median ``time/data%`` of those epochs).
 
     python benchmarks/train_runs.py cifar10-resnet18 --target 0.9 --out runs/tta \\
         --common "--data ~/cifar10 --precision bf16 --channels-last --loader device" \\
@@ -73,6 +74,9 @@ def summarize(name: str, log: list[dict], target: float | None, workers: int = 1
               "steps_per_epoch": per_epoch}
     if record["epoch_s_median"] and per_epoch:
         record["ms_per_step"] = round(1e3 * record["epoch_s_median"] / per_epoch, 2)
+    waits = [e["time/data%"] for e in epochs[1:] if "time/data%" in e]
+    if waits:  # worker 0's steps' wait for their batches (the always-on phase timers)
+        record["data_wait_pct"] = round(statistics.median(waits), 1)
     after_first = rates(epochs)[1:]
     if after_first:
         record.update(workers=workers, rate_median=round(statistics.median(after_first), 1),
@@ -130,15 +134,16 @@ def main(argv=None) -> int:
 
 def table(records: list[dict]) -> str:
     rows = ["| run | epochs | best acc | final acc | epochs to target | s to target | "
-            "s/epoch | ms/step | per second, end to end (min-max) | per worker |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "s/epoch | ms/step | per second, end to end (min-max) | per worker | data wait |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in records:
         rate = (f"{r['rate_median']:,.0f} ({r['rate_min']:,.0f}-{r['rate_max']:,.0f})"
                 if r.get("rate_median") else None)
         cells = [r["name"], r["epochs"], r["best_accuracy"], r["final_accuracy"],
                  r.get("epochs_to_target"), r.get("seconds_to_target"), r["epoch_s_median"],
                  r.get("ms_per_step"), rate,
-                 f"{r['rate_per_worker']:,.0f}" if r.get("rate_per_worker") else None]
+                 f"{r['rate_per_worker']:,.0f}" if r.get("rate_per_worker") else None,
+                 f"{r['data_wait_pct']:.1f}%" if r.get("data_wait_pct") is not None else None]
         rows.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(rows)
 

@@ -40,4 +40,6 @@ def test_a_real_run_s_rate_end_to_end(train_runs, tmp_path, capsys):
     assert record["rate_min"] == pytest.approx(min(by_epoch), abs=0.1)
     assert record["rate_max"] == pytest.approx(max(by_epoch), abs=0.1)
     assert record["rate_per_worker"] == record["rate_median"]
+    waits = sorted(e["time/data%"] for e in epochs[1:])
+    assert record["data_wait_pct"] == pytest.approx((waits[0] + waits[1]) / 2, abs=0.05)
     assert "| one | 3 |" in capsys.readouterr().out
