@@ -159,23 +159,30 @@ def test_cuda_side_stream_gradients_match_one_stream(compiled, graph):
     # The step (eager, compiled by inductor, or compiled and graph-captured) with and without
     # the lever, from the same weights: one step on the same batch must give the same
     # gradients. A stream race (a buffer reused before the side stream read it) would not.
-    dev = torch.device("cuda")
     cfg = AccelConfig(precision="bf16", channels_last=True, matmul_1x1=True, compile=compiled,
                       optimizer_impl="fused", cuda_graph=graph)
+    assert_same_gradients(cfg, torch.device("cuda"), batch=64, steps=14)
+
+
+def assert_same_gradients(cfg: AccelConfig, dev, batch: int, steps: int, distribute=None):
+    """The step of ``cfg`` with and without the lever, from the same weights, after ``steps``
+    steps (warm-up, compilation, capture, replays): one more step on the same batch must give
+    the same gradients. ``distribute``: makes each build's data-parallel wrap."""
+    from kasoku.distributed.ddp import unwrap
     g = torch.Generator(device=dev).manual_seed(0)
-    batches = [(torch.randn(64, 3, 64, 64, generator=g, device=dev),
-                torch.randint(0, 10, (64,), generator=g, device=dev)) for _ in range(3)]
+    batches = [(torch.randn(batch, 3, 64, 64, generator=g, device=dev),
+                torch.randint(0, 10, (batch,), generator=g, device=dev)) for _ in range(3)]
     start = small_resnet().state_dict()
     got = {}
     for deferred in (False, True):
-        model = small_resnet()
-        acc = accelerate(model, F.cross_entropy, None,
+        acc = accelerate(small_resnet(), F.cross_entropy, None,
                          AccelConfig(**{**cfg.__dict__, "wgrad_stream": deferred}), dev,
-                         lambda params, impl: make_optimizer("momentum", params, 0.05, impl=impl))
+                         lambda params, impl: make_optimizer("momentum", params, 0.05, impl=impl),
+                         distribute=distribute() if distribute else None)
         assert any(type(m) is WgradStreamConv2d for m in acc.model.modules()) == deferred
-        for i in range(14):  # warm-up, compilation, capture, replays
+        for i in range(steps):
             acc.step_fn(acc.model, batches[i % 2], acc.optimizer)
-        acc.model.load_state_dict(start)  # in place: the graph's tensors
+        unwrap(acc.model).load_state_dict(start)  # in place: the graph's tensors
         acc.step_fn(acc.model, batches[2], acc.optimizer)
         torch.cuda.synchronize()
         got[deferred] = [p.grad.float().clone() for p in acc.model.parameters()]
@@ -274,24 +281,8 @@ def test_cuda_ddp_reads_side_stream_gradients_once_made(graph, monkeypatch):
     try:
         cfg = AccelConfig(precision="bf16", channels_last=True, matmul_1x1=True,
                           compile=graph, optimizer_impl="fused", cuda_graph=graph)
-        g = torch.Generator(device=dev).manual_seed(0)
-        batches = [(torch.randn(128, 3, 64, 64, generator=g, device=dev),
-                    torch.randint(0, 10, (128,), generator=g, device=dev)) for _ in range(3)]
-        start = small_resnet().state_dict()
-        got = {}
-        for deferred in (False, True):
-            acc = accelerate(small_resnet(), F.cross_entropy, None,
-                             AccelConfig(**{**cfg.__dict__, "wgrad_stream": deferred}), dev,
-                             lambda params, impl: make_optimizer("momentum", params, 0.05,
-                                                                 impl=impl),
-                             distribute=data_parallel(DistConfig(gpus=1), dev, "bf16"))
-            for i in range(16):  # DDP's eager steps, compilation, capture, replays
-                acc.step_fn(acc.model, batches[i % 2], acc.optimizer)
-            ddp.unwrap(acc.model).load_state_dict(start)  # in place: the graph's tensors
-            acc.step_fn(acc.model, batches[2], acc.optimizer)
-            torch.cuda.synchronize()
-            got[deferred] = [p.grad.float().clone() for p in acc.model.parameters()]
-        for a, b in zip(got[True], got[False]):
-            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()))
+        # DDP's eager steps, compilation, capture, replays: 16
+        assert_same_gradients(cfg, dev, batch=128, steps=16,
+                              distribute=lambda: data_parallel(DistConfig(gpus=1), dev, "bf16"))
     finally:
         ddp.leave()

@@ -12,7 +12,7 @@ from kasoku.accel.config import AccelConfig
 from kasoku.advisor.levers import Lever, _said, estimate, nothing_left
 from kasoku.core.flags import flag
 from kasoku.perf.profile.figures import StepFigures
-from kasoku.perf.profile.roofline import NO_CHEAP_LEVER_PCT, gap_pct, largest_gap
+from kasoku.perf.profile.roofline import NO_CHEAP_LEVER_PCT, UNJUDGED, gap_pct, largest_gap
 
 
 def attention_backend(f: StepFigures) -> str | None:
@@ -107,8 +107,7 @@ def unjudged_ms(table: dict) -> float:
     """The kernels' time per step whose work is unknown (a CUDA graph's), less the
     collectives' and the input pipeline's (neither is the model's work, nor judged against a
     roof at all)."""
-    apart = sum(r["ms"] for r in table.get("classes", [])
-                if r["class"] in ("communication", "input"))
+    apart = sum(r["ms"] for r in table.get("classes", []) if r["class"] in UNJUDGED)
     return max(0.0, table.get("unknown_ms", 0.0) - apart)
 
 
