@@ -129,11 +129,18 @@ def test_a_rules_fallback_is_said_in_the_scripts_terms():
     top = json.loads((FIXTURES / "h200-imagenet-resnet50-top.json").read_text())["figures"]
     judged = judge_saved(top)
     assert judged.rule == "input-bound" and "--loader" in judged.fallback.text
-    # the workers lever measured and no faster: the advice says so, then the rule's word
+    # the workers lever measured and no faster: the advice says so, then the rule's word,
+    # which no longer offers more workers (what was just measured) but fewer calls per batch
     verdict, _ = scripts_lines(top, judged, LOADER, ProfileConfig(rounds=1))
     assert verdict.lever.text.startswith("none of the levers tried was faster here")
-    assert verdict.lever.text.endswith("; more DataLoader worker processes (num_workers) at "
-                                       "train.py:12, smaller inputs, or faster storage")
+    assert "workers=" in verdict.lever.text
+    assert verdict.lever.text.endswith("; fewer Python calls per batch: a larger batch, or each "
+                                       "batch taken from the tensors by one index (the "
+                                       "DataLoader's sampler a BatchSampler, batch_size=None) "
+                                       "at train.py:12, smaller inputs, or faster storage")
+    assert "more DataLoader worker processes" not in verdict.verdict.fallback.text
+    # not measured (--estimate): the rule's word offers the workers
+    verdict, _ = scripts_lines(top, judged, LOADER, ProfileConfig(estimate=True))
     assert verdict.verdict.fallback.text.startswith("more DataLoader worker processes")
 
 

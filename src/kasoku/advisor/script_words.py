@@ -129,16 +129,21 @@ def script_class_levers(f: StepFigures, cls: str) -> str:
     return class_levers(f, cls)  # the other classes' words name no flag
 
 
-def script_fallback(verdict: Verdict, f: StepFigures, loader_site: str | None = None
-                    ) -> Lever | None:
+def script_fallback(verdict: Verdict, f: StepFigures, loader_site: str | None = None,
+                    workers_not_faster: bool = False) -> Lever | None:
     """The rule's word where no lever applies to the script or none was measured faster
     (``verdict.fallback``), in the script's terms; None where the verdict has none (balanced).
-    """
+    ``workers_not_faster``: more DataLoader workers were measured, and were not faster."""
     rule = verdict.rule.rsplit("(", 1)[-1].rstrip(")")
     if rule == "input-bound":
-        where = (f"more DataLoader worker processes (num_workers){at(loader_site)}"
-                 if loader_site else "batches loaded ahead of the step (a DataLoader with "
-                                     "worker processes)")
+        if workers_not_faster:  # the loading is too small to hand off: fewer calls per batch
+            where = ("fewer Python calls per batch: a larger batch, or each batch taken from "
+                     "the tensors by one index (the DataLoader's sampler a BatchSampler, "
+                     f"batch_size=None){at(loader_site)}")
+        else:
+            where = (f"more DataLoader worker processes (num_workers){at(loader_site)}"
+                     if loader_site else "batches loaded ahead of the step (a DataLoader with "
+                                         "worker processes)")
         return Lever(f"{where}, smaller inputs, or faster storage",
                      estimate(idle_speedup(given(f.data_pct, 0.0)), "up to"))
     if rule == "memory-full":

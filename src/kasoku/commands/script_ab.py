@@ -122,6 +122,11 @@ def advise_script(result: dict, facts: ScriptFacts, sides: ScriptSides, cfg,
             f"beside the run as given ({option('estimate')} skips this):")
         outcomes = ab.try_levers([], candidates, say=lambda line: say(line.strip()),
                                  rounds=cfg.rounds, measure=sides.measure)
+        if any("with.workers" in dict(o.lever.change) and o.result != "faster"
+               for o in outcomes):  # the fallback no longer offers what was measured
+            fallback = script_fallback(judged, result["figures"], facts.loader_site,
+                                       workers_not_faster=True)
+            advised = replace(advised, fallback=fallback)
         advised = advise(advised, outcomes)
         if (advised.lever.measured or {}).get("result") == "none faster" and edits:
             advised = Verdict(advised.rule, advised.reason, edits[0], tried=advised.tried)
