@@ -47,14 +47,17 @@ def import_compiler(backend: str = "inductor") -> None:
 
 def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
                   mode: str = "default", combo_kernels: bool = False,
-                  buffer_reuse: bool = True, backend: str = "inductor") -> nn.Module:
+                  buffer_reuse: bool = True, backend: str = "inductor",
+                  static: bool = False) -> nn.Module:
     """Compile ``model`` in place in ``mode``; returns it. Apply after everything that changes
     the weights' dtype or memory format (the compiled code specializes on them). On a CPU
     inductor needs a C++ compiler: without one the lever is warned about once, noted and
     skipped. ``combo_kernels``: inductor's combo kernels (mode default only).
     ``buffer_reuse=False``: inductor's generated code never hands a buffer to a later kernel
     (``kasoku.accel.wgrad_stream`` needs it). ``backend``: torch.compile's (tests use
-    ``aot_eager``)."""
+    ``aot_eager``). ``static``: never compiled for symbolic shapes (``dynamic=False``): a
+    second batch size in the process compiles again for its own shapes, instead of once more
+    with a symbolic batch dimension (torch.compile's automatic dynamic shapes)."""
     if mode not in COMPILE_MODES:
         raise ConfigError(f"unknown compile mode {mode!r}; choose one of "
                           f"{', '.join(COMPILE_MODES)}")
@@ -83,7 +86,7 @@ def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
         from torch._inductor import list_mode_options
         options = {**list_mode_options(mode), **options}
         mode = None
-    model.compile(mode=mode, backend=backend, options=options)
+    model.compile(mode=mode, backend=backend, options=options, dynamic=False if static else None)
     return model
 
 

@@ -195,8 +195,13 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     graph_stream, params = None, precision.params
     # FSDP2 (fsdp.sharder): each block compiled before the wrap, its hooks outside the code.
     per_block = cfg.compile and distribute is not None and distribute.compiles_blocks
+    # Static shapes where the step is a CUDA graph (its shapes are fixed anyway) or makes
+    # weight gradients on the second stream: after a first build at another batch size in the
+    # process, the compile for symbolic shapes gave the graphed DDP step a wrong 1x1 weight
+    # gradient (87% of its elements off, on an H200; research/probes/wgrad_ddp_order.py).
     compile_options = {"mode": cfg.compile_mode, "combo_kernels": cfg.combo_kernels,
-                       "buffer_reuse": not cfg.wgrad_stream}
+                       "buffer_reuse": not cfg.wgrad_stream,
+                       "static": cfg.cuda_graph or cfg.wgrad_stream}
     if per_block:
         blocks = checkpointable_blocks(model)
         if blocks is None:
