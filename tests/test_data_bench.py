@@ -160,6 +160,37 @@ def test_loaders_against_a_model_on_cpu(tmp_path):
     assert (tmp_path / "data_bench.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_each_batch_size_has_a_model_build_of_its_own(tmp_path, monkeypatch):
+    # A CUDA graph holds one batch shape, and the step is compiled for its own shapes: one
+    # build serving several batch sizes ran the later ones outside its graph. Each build sees
+    # batches of one size only, measured on synthetic batches and then fed.
+    from kasoku.commands.bench import data_measure
+    real, builds = data_measure.make_runner, []
+
+    def recording(*args, **kwargs):
+        runner, sizes = real(*args, **kwargs), set()
+        builds.append(sizes)
+
+        def run(batches):
+            def seen():
+                for x, y in batches:
+                    sizes.add(len(x))
+                    yield x, y
+            return runner(seen())
+        return run
+    monkeypatch.setattr(data_measure, "make_runner", recording)
+    result, _, progress = _bench(
+        tmp_path, sources=("mnist-mlp",), loaders=("serial", "device"), model="mnist-mlp",
+        batch_sizes=(10, 20), image_size=None,
+        data=DataConfig(synthetic=True, synthetic_train_size=200))
+    assert result.exit_code == 0, [r["error"] for r in result.records]
+    assert builds == [{10}, {20}]
+    assert [r["batch_size"] for r in result.records] == [10, 10, 20, 20]
+    assert all(r["figures"]["fed_images_per_s"]["median"] > 0 for r in result.records)
+    assert progress.index("bs 10 on synthetic") < progress.index("serial bs 10") \
+        < progress.index("bs 20 on synthetic") < progress.index("serial bs 20")
+
+
 def test_a_source_of_another_shape_than_the_model_is_refused(jpegs, tmp_path):
     with pytest.raises(ConfigError, match=r"shape \(3, 224, 224\).*mnist-mlp takes"):
         _bench(tmp_path, sources=(str(jpegs),), model="mnist-mlp", image_size=None)

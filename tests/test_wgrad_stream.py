@@ -148,19 +148,27 @@ def test_skipped_off_cuda_and_refused_with_inductors_graphs(monkeypatch):
 
 def test_graphed_or_second_stream_steps_compile_for_static_shapes(monkeypatch):
     # After a build at another batch size in the process, torch.compile compiles again for a
-    # symbolic batch size, which gave the graphed DDP step a wrong weight gradient (the GPU
-    # test below); those steps are compiled for their own shapes only, others as they were.
+    # symbolic batch size, and those builds of the graphed DDP step with and without the
+    # second stream disagreed (the GPU test below); the model and the objective of those
+    # steps are compiled for their own shapes only, other steps' as they were.
     from kasoku.accel import compile as compile_module
     seen = []
     monkeypatch.setattr(compile_module, "has_cxx_compiler", lambda: True)
-    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.append(kw["dynamic"]))
+    monkeypatch.setattr(nn.Module, "compile",
+                        lambda self, **kw: seen.append(("model", kw["dynamic"])))
+
+    def objective(fn, **kw):
+        seen.append(("objective", kw["dynamic"]))
+        return fn
+    monkeypatch.setattr(torch, "compile", objective)
     for cfg in (AccelConfig(compile=True, wgrad_stream=True),
                 AccelConfig(compile=True, cuda_graph=True), AccelConfig(compile=True)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # no second stream nor graph on the CPU
             accelerate(small_resnet(), F.cross_entropy, None, cfg, torch.device("cpu"),
                        lambda params, impl: make_optimizer("momentum", params, 0.05, impl=impl))
-    assert seen == [False, False, None]
+    assert seen == [(part, dynamic) for dynamic in (False, False, None)
+                    for part in ("model", "objective")]
 
 
 def test_cli_flag():
@@ -276,8 +284,9 @@ def test_cuda_ddp_reads_side_stream_gradients_once_made(graph, monkeypatch):
     # elements off); the eager race showed on ResNet-50's longer kernels (the probe), rarely
     # on this small model's: eagerly, the second stream is held back before each product, so
     # that a hook not ordered after it reads the gradient before it is written. The graph case
-    # builds at a second batch size too: compiled for a symbolic batch size, that step's 1x1
-    # weight gradient was 87% off on an H200 (research/probes/wgrad_ddp_order.py).
+    # builds at a second batch size too: compiled for a symbolic batch size, the two builds
+    # disagreed on a 1x1 weight gradient, 87% of it, on an H200 (research/probes/
+    # wgrad_ddp_order.py, each batch size in a process group of its own).
     from kasoku.distributed import World, ddp
     from kasoku.distributed.config import DistConfig
     from kasoku.distributed.fsdp import data_parallel

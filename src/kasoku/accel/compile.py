@@ -90,11 +90,13 @@ def apply_compile(model: nn.Module, device=None, notes: list[str] | None = None,
     return model
 
 
-def compile_fn(fn: Callable | None, device=None, backend: str = "inductor") -> Callable | None:
+def compile_fn(fn: Callable | None, device=None, backend: str = "inductor",
+               static: bool = False) -> Callable | None:
     """``fn`` (the step's objective: output and targets to its loss and metric) compiled in
     torch.compile's default mode, or ``fn`` itself where inductor cannot run (a CPU without
     a C++ compiler: ``apply_compile`` says so). Default mode whatever the model's: a mode that
-    captures CUDA graphs of its own would capture the loss apart from the step."""
+    captures CUDA graphs of its own would capture the loss apart from the step. ``static``:
+    as ``apply_compile``'s."""
     if fn is None:
         return None
     device = torch.device(device) if device is not None else None
@@ -102,4 +104,4 @@ def compile_fn(fn: Callable | None, device=None, backend: str = "inductor") -> C
             and not has_cxx_compiler():
         return fn
     import_compiler(backend)
-    return torch.compile(fn, backend=backend)
+    return torch.compile(fn, backend=backend, dynamic=False if static else None)

@@ -195,13 +195,15 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
     graph_stream, params = None, precision.params
     # FSDP2 (fsdp.sharder): each block compiled before the wrap, its hooks outside the code.
     per_block = cfg.compile and distribute is not None and distribute.compiles_blocks
-    # Static shapes where the step is a CUDA graph (its shapes are fixed anyway) or makes
-    # weight gradients on the second stream: after a first build at another batch size in the
-    # process, the compile for symbolic shapes gave the graphed DDP step a wrong 1x1 weight
-    # gradient (87% of its elements off, on an H200; research/probes/wgrad_ddp_order.py).
+    # Static shapes (model and objective) where the step is a CUDA graph or makes weight
+    # gradients on the second stream: after a first build at another batch size in the
+    # process, the builds for a symbolic batch size of the graphed DDP step with and without
+    # the second stream disagreed on a 1x1 weight gradient (87% of its elements, on an H200;
+    # research/probes/wgrad_ddp_order.py). A new shape (an epoch's last, shorter batch; the
+    # evaluation's) compiles once more for that shape.
+    static = cfg.cuda_graph or cfg.wgrad_stream
     compile_options = {"mode": cfg.compile_mode, "combo_kernels": cfg.combo_kernels,
-                       "buffer_reuse": not cfg.wgrad_stream,
-                       "static": cfg.cuda_graph or cfg.wgrad_stream}
+                       "buffer_reuse": not cfg.wgrad_stream, "static": static}
     if per_block:
         blocks = checkpointable_blocks(model)
         if blocks is None:
@@ -231,7 +233,7 @@ def accelerate(model: torch.nn.Module, loss_fn: Callable, metric_fn: Callable | 
         loss_fn = apply_fused_loss(loss_fn, device, notes)
     step_fn = precision.make_step(loss_fn, metric_fn)
     if cfg.compile:  # the loss and the metric too, one graph: both read the whole output
-        step_fn.objective = compile_fn(step_fn.objective, device)
+        step_fn.objective = compile_fn(step_fn.objective, device, static=static)
     if grad_clip is not None:
         step_fn.update = ClippedUpdate(step_fn.update, grad_clip)
     if cfg.channels_last and has_conv2d(model):

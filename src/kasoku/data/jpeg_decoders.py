@@ -171,8 +171,10 @@ def make_decoder(choice: str, device: torch.device, own_process: bool = False):
     # torchvision first: on an H200 both decode a batch in the same time (the hardware
     # decoder), but nvImageCodec's Python call holds the GIL while it decodes, so a second
     # decoding thread and the training thread stall behind it (research/notebook.md).
-    # In a worker process of its own, nvImageCodec's hardware decoder is the faster
-    # (gpu-jpeg-procs:6 on an H200: 20,968 images/s, torchvision's 18,563).
+    # In a worker process of its own, nvImageCodec's hardware decoder was the faster on
+    # 2026-11-21 (gpu-jpeg-procs:6 on an H200, bs 256: 20,968 images/s, torchvision's 18,563)
+    # and the slower on 2026-11-29 (gpu-jpeg-procs:4 on another, bs 512: 17,577, torchvision's
+    # 20,960): kept until a like-for-like measurement decides (docs/benchmarks.md).
     order = ([["torchvision", "nvimgcodec"], ["nvimgcodec", "torchvision"]][own_process]
              if choice == "auto" else [choice])
     failures = []

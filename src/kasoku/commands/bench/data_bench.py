@@ -148,17 +148,17 @@ def run_data_bench(req: DataBenchRequest, stream=None, progress=None) -> DataBen
         model.check(source)
     make_out_dir(req.out, "data_bench.jsonl and data_bench.png")  # before measuring anything
     model_rates = {}
-    if model is not None:
-        for bs in batch_sizes:
-            say(f"model {model.name} bs {bs} on synthetic on-device batches ...")
-            model_rates[bs] = rates = model.synthetic_rates(bs, req, req.seed)
-            say(f"  {rates['median']:,.0f} {sample_word(model.workload)}/s (min "
-                f"{rates['min']:,.0f}, max {rates['max']:,.0f})")
     env = environment(device)
     run_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{os.getpid()}"
     records, total = [], len(sources) * len(req.loaders) * len(batch_sizes)
     for batch_size, source, spec in ((b, s, spec) for b in batch_sizes for s in sources
                                      for spec in req.loaders):
+        if model is not None and batch_size not in model_rates:
+            # Each batch size's own build (LoaderModel.at), measured before its loaders.
+            say(f"model {model.name} bs {batch_size} on synthetic on-device batches ...")
+            model_rates[batch_size] = rates = model.synthetic_rates(batch_size, req, req.seed)
+            say(f"  {rates['median']:,.0f} {sample_word(model.workload)}/s (min "
+                f"{rates['min']:,.0f}, max {rates['max']:,.0f})")
         record = _record(req, source, spec, batch_size, device, model, run_id, env)
         try:
             spec_req = scaled_to_workers(req, spec)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from kasoku.accel.config import AccelConfig
+from kasoku.accel.teardown import release_levers
 from kasoku.commands.bench.data_sources import Source, in_memory
 from kasoku.commands.bench.pool import batch_spec, cycle, make_pool
 from kasoku.commands.bench.rungs import Rung
@@ -35,17 +36,35 @@ from kasoku.workloads import create_workload
 class LoaderModel:
     """A workload's model and training step (``kasoku.commands.bench.worker``'s runner), measured on
     synthetic on-device batches and fed by loaders. ``req``: the ``DataBenchRequest`` (its
-    ``warmup``, ``batches`` and ``windows``)."""
+    ``warmup``, ``batches`` and ``windows``).
+
+    One build per batch size (``at``), as ``kasoku bench`` has one process per batch size: a
+    CUDA graph holds one batch shape (a later batch size would run outside it, eagerly) and
+    the step is compiled for its own shapes; the previous build is released first."""
 
     def __init__(self, name: str, accel: AccelConfig | None, device: torch.device, seed: int):
-        self.name, self.device, self.notes = name, device, []
+        self.name, self.device, self.notes, self.seed = name, device, [], seed
         self.workload = create_workload(name)
-        torch.manual_seed(seed)
-        model = self.workload.build_model()
-        self.spec = batch_spec(self.workload, model)
         self.rung = Rung("model", accel or AccelConfig())
-        self.runner = make_runner(self.rung, self.workload, model.to(device), device,
-                                   self.workload.recipe.lr, self.notes)
+        self.spec = batch_spec(self.workload, self._model())
+        self.runner, self.batch_size = None, None
+
+    def _model(self) -> torch.nn.Module:
+        torch.manual_seed(self.seed)
+        return self.workload.build_model()
+
+    def at(self, batch_size: int) -> None:
+        """Build the step that ``synthetic_rates`` and ``fed_rates`` run at ``batch_size``."""
+        if batch_size == self.batch_size:
+            return
+        if self.runner is not None:
+            release_levers(getattr(self.runner, "step", None), self.device)
+            self.runner = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self.runner = make_runner(self.rung, self.workload, self._model().to(self.device),
+                                  self.device, self.workload.recipe.lr, self.notes)
+        self.batch_size = batch_size
 
     def check(self, source: Source) -> None:
         shape = tuple(torch.as_tensor(source.dataset[0][0]).shape)
@@ -57,6 +76,7 @@ class LoaderModel:
                               "size)")
 
     def synthetic_rates(self, batch_size: int, req, seed: int) -> dict:
+        self.at(batch_size)
         pool = make_pool(self.spec, batch_size, self.device, seed=seed)
         # The first step holds compilation and autotuning: warm-up, never in a window.
         timed(self.device, lambda: self.runner(cycle(pool, req.warmup + 1)))
@@ -141,6 +161,7 @@ def measure_loader(figures: dict, source: Source, spec: str, batch_size: int,
                        cpu_percent=100 * cores / cpu.usable_cores())
         if model is not None:
             # Fed as `kasoku train` feeds it: host batches copied ahead on a side stream.
+            model.at(batch_size)
             figures["fed_images_per_s"] = model.fed_rates(wrap_for_device(loader, device), req)
     finally:
         if loader is not None:
