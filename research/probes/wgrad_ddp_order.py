@@ -99,8 +99,12 @@ def main():
         return
     for seq in SEQUENCES[int(os.environ.get("FROM", "0")):]:
         print(" -> ".join(seq), flush=True)
-        out = subprocess.run([sys.executable, __file__, *seq], capture_output=True, text=True,
-                             timeout=150)
+        try:
+            out = subprocess.run([sys.executable, __file__, *seq], capture_output=True,
+                                 text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            print("  (no result within 300 s)", flush=True)
+            continue
         print("\n".join(line for line in out.stdout.splitlines() if line.startswith("  ")),
               flush=True)
         if out.returncode:
