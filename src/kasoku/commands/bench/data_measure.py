@@ -62,6 +62,7 @@ class LoaderModel:
             self.runner = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+        self.notes = []  # the levers' notes of this build (each build notes the same)
         self.runner = make_runner(self.rung, self.workload, self._model().to(self.device),
                                   self.device, self.workload.recipe.lr, self.notes)
         self.batch_size = batch_size
