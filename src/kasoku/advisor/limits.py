@@ -107,8 +107,12 @@ def unjudged_ms(table: dict) -> float:
     """The kernels' time per step whose work is unknown (a CUDA graph's), less the
     collectives' and the input pipeline's (neither is the model's work, nor judged against a
     roof at all)."""
-    apart = sum(r["ms"] for r in table.get("classes", []) if r["class"] in UNJUDGED)
-    return max(0.0, table.get("unknown_ms", 0.0) - apart)
+    return max(0.0, table.get("unknown_ms", 0.0) - classes_ms(table, UNJUDGED))
+
+
+def classes_ms(table: dict, classes: tuple[str, ...]) -> float:
+    """The kernels' time per step in ``classes`` (a roofline table's rows)."""
+    return sum(r["ms"] for r in table.get("classes", []) if r["class"] in classes)
 
 
 def roofline_reason(f: StepFigures) -> str:
@@ -124,7 +128,7 @@ def roofline_reason(f: StepFigures) -> str:
     unseen = (f" (the work of {unknown:.2f} ms of kernels is unknown: "
               f"{100 * unknown / f.step_ms:.0f}% of the step not judged)"
               if unknown >= 0.1 * f.step_ms else "")
-    fed = sum(r["ms"] for r in table.get("classes", []) if r["class"] == "input")
+    fed = classes_ms(table, ("input",))
     feeding = (f"; beside them, the loader's own kernels (decoding, crops) take {fed:.2f} ms "
                f"of the GPU per step" if fed >= INPUT_SHARE * f.step_ms else "")
     return (f"; {table['gap_ms']:.2f} ms ({gap_pct(table, f.step_ms):.0f}%) of the step above "

@@ -46,7 +46,8 @@ class LoaderModel:
         self.name, self.device, self.notes, self.seed = name, device, [], seed
         self.workload = create_workload(name)
         self.rung = Rung("model", accel or AccelConfig())
-        self.spec = batch_spec(self.workload, self._model())
+        self._first = self._model()  # read for the shapes, then trained by the first build
+        self.spec = batch_spec(self.workload, self._first)
         self.runner, self.batch_size = None, None
 
     def _model(self) -> torch.nn.Module:
@@ -63,8 +64,10 @@ class LoaderModel:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         self.notes = []  # the levers' notes of this build (each build notes the same)
-        self.runner = make_runner(self.rung, self.workload, self._model().to(self.device),
-                                  self.device, self.workload.recipe.lr, self.notes)
+        model = self._first if self._first is not None else self._model()
+        self._first = None
+        self.runner = make_runner(self.rung, self.workload, model.to(self.device), self.device,
+                                  self.workload.recipe.lr, self.notes)
         self.batch_size = batch_size
 
     def check(self, source: Source) -> None:
