@@ -290,3 +290,29 @@ def test_the_loader_against_the_model_claims_nothing_inside_the_noise():
     assert verdict(figures((2900, 3100), (950, 1050)), "cpu") == "x3.0: keeps up"
     assert verdict(figures((900, 1300), (1000, 1200)), "cuda") == \
         "~x1.0: within the noise of the model's rate"
+
+
+def test_the_charts_markers_say_their_batch_size_and_source_where_several(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from kasoku.commands.bench.data_report import plot_data_bench
+    texts, real = [], Axes.annotate
+
+    def annotate(self, text, *args, **kwargs):
+        texts.append(text)
+        return real(self, text, *args, **kwargs)
+    monkeypatch.setattr(Axes, "annotate", annotate)
+
+    def record(source, loader, bs):
+        return {"status": "ok", "source_label": source, "loader": loader, "batch_size": bs,
+                "figures": {"images_per_s": {"median": 100.0, "min": 90.0, "max": 110.0}},
+                "env": {"cpu_name": "cpu", "cpu_count": 2}}
+    plot_data_bench([record("a", "serial", 8)], tmp_path / "one.png")
+    assert texts == ["serial"]
+    texts.clear()
+    plot_data_bench([record("a", "serial", 8), record("a", "device", 16)], tmp_path / "two.png")
+    assert texts == ["serial (bs 8)", "device (bs 16)"]
+    texts.clear()
+    plot_data_bench([record("a", "serial", 8), record("b", "serial", 8)], tmp_path / "src.png")
+    assert texts == ["serial (a)", "serial (b)"]
+    assert (tmp_path / "src.png").read_bytes()[:8] == PNG_MAGIC

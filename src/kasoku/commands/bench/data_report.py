@@ -116,8 +116,12 @@ def plot_data_bench(records: list[dict], path: Path) -> Path | None:
     sizes = sorted({r["batch_size"] for r in ok})
     # One series per source, and per batch size when several were measured.
     series = list(dict.fromkeys((r["source_label"], r["batch_size"]) for r in ok))
+    several_sources = len({source for source, _ in series}) > 1
     for i, (source, bs) in enumerate(series):
         label = source if len(sizes) == 1 else f"{source}, batch {bs}"
+        # A marker's own words: its loader, and its series where the colour alone would say it.
+        which = ", ".join(([source] if several_sources else [])
+                          + ([f"bs {bs}"] if len(sizes) > 1 else []))
         color = f"C{i % 10}"
         mine = [r for r in ok if (r["source_label"], r["batch_size"]) == (source, bs)]
         line = sorted((_processes(r["loader"])[1], r) for r in mine
@@ -128,7 +132,8 @@ def plot_data_bench(records: list[dict], path: Path) -> Path | None:
             name, x = _processes(r["loader"])
             if name != "multiprocess":
                 _points(ax, [(x, r)], color, "s" if name == "serial" else "^", None)
-                ax.annotate(r["loader"], (x, r["figures"]["images_per_s"]["median"]),
+                ax.annotate(r["loader"] + (f" ({which})" if which else ""),
+                            (x, r["figures"]["images_per_s"]["median"]),
                             textcoords="offset points", xytext=(5, 4), fontsize=7, color=color)
     models = {r["batch_size"]: r for r in ok if "model_synthetic_images_per_s" in r["figures"]}
     for j, (bs, model) in enumerate(sorted(models.items())):
